@@ -106,8 +106,8 @@ class Session:
             if self.next_token is None and self.slot.num_confirmed > 0:
                 self.pending.append(self.slot.unconfirm_last())
                 self.turn_cached -= 1
-                self.turn.cached_tokens = self.turn_cached
         if self.turn is not None and self.slot is not None:
+            self.turn.cached_tokens = self.turn_cached
             self.turn.t_ready = max(self.turn.t_end_of_input, time.monotonic())
 
     # ------------------------------------------------------------- scheduling

@@ -1,0 +1,41 @@
+"""Server configuration: what `llmserve serve` was asked for, and what it derives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_path: Path | None = None  # None: the default PyPI model
+    n_ctx: int = 8192  # total KV cells, shared by all slots (unified cache)
+    n_parallel: int = 4
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_threads: int = 2
+    embeddings: bool = False
+    host: str = "127.0.0.1"
+    port: int = 50051
+    shutdown_grace_s: float = 10.0
+    verbose: bool = False
+    log_format: str = "json"
+
+    @property
+    def n_batch_effective(self) -> int:
+        """llama-server's rule: with embeddings on, a logical batch is one ubatch."""
+        return min(self.n_batch, self.n_ubatch) if self.embeddings else self.n_batch
+
+    @property
+    def n_ctx_per_slot(self) -> int:
+        return self.n_ctx // self.n_parallel
+
+    def validate(self) -> None:
+        if self.n_parallel < 1:
+            raise ValueError("--parallel must be at least 1")
+        if self.n_ubatch < 1 or self.n_batch < 1:
+            raise ValueError("--batch-size and --ubatch-size must be positive")
+        if self.n_ctx_per_slot < 16:
+            raise ValueError(f"--ctx-size {self.n_ctx} leaves fewer than 16 tokens per slot")
+        if self.n_threads < 1:
+            raise ValueError("--threads must be at least 1")

@@ -1,0 +1,100 @@
+"""One Embed call: bounded read-ahead in, results out in input order.
+
+The reader tokenizes and validates each input and submits it to the executor,
+but never has more than `WINDOW` inputs in flight: a client streaming millions
+of documents keeps server memory flat, and gRPC flow control holds the rest.
+Every input must fit one ubatch (llama.cpp aborts the process otherwise), so an
+oversize input is INVALID_ARGUMENT naming its index and both sizes, or is cut
+to the ubatch when the request asks to truncate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+from llmserve.v1 import llmserve_pb2 as pb
+
+from .bridge import LoopSink
+from .domain import EmbedInput, EmbedResult, SessionFailed
+from .engine import Engine
+from .errors import FailedPrecondition, InvalidArgument, error_from_status_name
+
+WINDOW = 256
+
+TokenizeInput = Callable[[Engine, pb.Input, str, bool], tuple[int, ...]]
+
+
+class _ReaderDone:
+    def __init__(self, num_inputs: int) -> None:
+        self.num_inputs = num_inputs
+
+
+class _ReaderFailed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class EmbedStream:
+    def __init__(self, engine: Engine, tokenize_input: TokenizeInput) -> None:
+        self.engine = engine
+        self._tokenize_input = tokenize_input
+
+    async def run(self, requests: AsyncIterator[pb.EmbedRequest]) -> AsyncIterator[EmbedResult]:
+        if not self.engine.config.embeddings:
+            raise FailedPrecondition("this server was started without --embeddings")
+        sink = LoopSink(asyncio.get_running_loop())
+        window = asyncio.Semaphore(WINDOW)
+        reader = asyncio.create_task(self._read(requests, sink, window))
+        ready: dict[int, EmbedResult] = {}
+        next_index = 0
+        total: int | None = None
+        try:
+            while total is None or next_index < total:
+                event = await sink.get()
+                if isinstance(event, EmbedResult):
+                    ready[event.index] = event
+                    while next_index in ready:
+                        yield ready.pop(next_index)
+                        next_index += 1
+                        window.release()
+                elif isinstance(event, _ReaderDone):
+                    total = event.num_inputs
+                elif isinstance(event, SessionFailed):
+                    raise error_from_status_name(event.status, event.message)
+                elif isinstance(event, _ReaderFailed):
+                    raise event.error
+        finally:
+            reader.cancel()
+
+    async def _read(self, requests: AsyncIterator[pb.EmbedRequest], sink: LoopSink, window: asyncio.Semaphore) -> None:
+        engine = self.engine
+        n_ubatch = engine.limits.n_ubatch
+        normalize, truncate, add_bos = True, False, True
+        index = 0
+        try:
+            async for request in requests:
+                if request.HasField("options"):
+                    opts = request.options
+                    normalize = opts.normalize if opts.HasField("normalize") else True
+                    add_bos = opts.add_bos if opts.HasField("add_bos") else True
+                    truncate = opts.truncate
+                for j, item in enumerate(request.inputs):
+                    tokens = self._tokenize_input(engine, item, f"inputs[{j}]", add_bos and engine.meta.add_bos)
+                    truncated = len(tokens) > n_ubatch
+                    if truncated and not truncate:
+                        raise InvalidArgument(
+                            f"input {index} has {len(tokens)} tokens, more than the ubatch size of "
+                            f"{n_ubatch}; split it or set options.truncate",
+                            field=f"inputs[{j}]",
+                        )
+                    await window.acquire()
+                    engine.executor.embed(
+                        (EmbedInput(index, tokens[:n_ubatch], normalize, truncated),), sink
+                    )
+                    index += 1
+            sink.put_local(_ReaderDone(index))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the writer maps it to a status
+            sink.put_local(_ReaderFailed(exc))

@@ -1,0 +1,71 @@
+"""The engine: model runner + batching executor, built from a ServerConfig.
+
+The transport holds one Engine; it is the only way into llama.cpp.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from . import __version__
+from .config import ServerConfig
+from .executor import Executor
+from .model_files import default_model_path
+from .runner import POOLING_NAMES, LlamaRunner, RunnerConfig
+from .validation import Limits
+
+log = structlog.get_logger("llmserve.engine")
+
+
+class Engine:
+    def __init__(self, config: ServerConfig) -> None:
+        model_path = config.model_path or default_model_path()
+        if config.embeddings and config.n_batch_effective != config.n_batch:
+            log.info(
+                "n_batch_clamped_for_embeddings",
+                n_batch=config.n_batch,
+                n_ubatch=config.n_ubatch,
+                reason="embedding inputs must fit one ubatch",
+            )
+        self.config = config
+        self.runner = LlamaRunner(
+            RunnerConfig(
+                model_path=model_path,
+                n_ctx=config.n_ctx,
+                n_parallel=config.n_parallel,
+                n_batch=config.n_batch_effective,
+                n_ubatch=config.n_ubatch,
+                n_threads=config.n_threads,
+                embeddings=config.embeddings,
+                verbose=config.verbose,
+            )
+        )
+        self.meta = self.runner.meta
+        self.limits = Limits(
+            n_vocab=self.runner.n_vocab,
+            n_ctx_per_slot=config.n_ctx_per_slot,
+            n_ubatch=config.n_ubatch,
+        )
+        self.executor = Executor(self.runner, config.n_parallel, config.n_ctx_per_slot)
+        self.version = __version__
+        self.pooling = POOLING_NAMES[1] if config.embeddings else POOLING_NAMES[0]
+        log.info(
+            "engine_ready",
+            model=self.meta.name,
+            path=self.meta.path,
+            n_ctx=config.n_ctx,
+            n_ctx_per_slot=config.n_ctx_per_slot,
+            n_parallel=config.n_parallel,
+            n_batch=config.n_batch_effective,
+            n_ubatch=config.n_ubatch,
+            n_threads=config.n_threads,
+            embeddings=config.embeddings,
+        )
+
+    def start(self) -> None:
+        self.executor.start()
+
+    def stop(self) -> None:
+        """Join the executor (open sessions end UNAVAILABLE), then free the model."""
+        self.executor.stop()
+        self.runner.close()

@@ -1,0 +1,124 @@
+"""Every gRPC status the service returns is decided here.
+
+Handlers raise `ServiceError` subclasses; `rpc_errors` turns them into a status
+with google.rpc details (BadRequest field violations, RetryInfo), and turns any
+other exception into INTERNAL, logged with its traceback: INTERNAL means a bug.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import structlog
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+log = structlog.get_logger("llmserve.errors")
+
+
+class ServiceError(Exception):
+    code = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str, *, field: str | None = None, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.retry_after_s = retry_after_s
+
+    def to_status(self) -> grpc.Status:
+        details = []
+        if self.field is not None:
+            bad = error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(field=self.field, description=self.message)
+                ]
+            )
+            details.append(_pack(bad))
+        if self.retry_after_s is not None:
+            delay = duration_pb2.Duration()
+            delay.FromMilliseconds(int(self.retry_after_s * 1000))
+            details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
+        status = status_pb2.Status(
+            code=getattr(code_pb2, self.code.name), message=self.message, details=details
+        )
+        return rpc_status.to_status(status)
+
+
+class InvalidArgument(ServiceError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class FailedPrecondition(ServiceError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ResourceExhausted(ServiceError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unavailable(ServiceError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class Internal(ServiceError):
+    code = grpc.StatusCode.INTERNAL
+
+
+_BY_NAME = {cls.code.name: cls for cls in (InvalidArgument, FailedPrecondition, ResourceExhausted, Unavailable, Internal)}
+
+
+def error_from_status_name(name: str, message: str) -> ServiceError:
+    """The executor reports failures by status name (it knows nothing of gRPC)."""
+    return _BY_NAME.get(name, Internal)(message)
+
+
+def _pack(message: Any) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: ServiceError) -> None:
+    await context.abort_with_status(error.to_status())
+
+
+def _bug(method: str, exc: BaseException) -> Internal:
+    log.error("rpc_internal_error", method=method, exc_info=exc)
+    return Internal(f"internal error: {type(exc).__name__}")
+
+
+def rpc_errors(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a servicer method (coroutine or async generator) with the status mapping."""
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def stream_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
+            try:
+                async for response in method(self, request, context):
+                    yield response
+            except ServiceError as error:
+                await _abort(context, error)
+            except (grpc.aio.AbortError, GeneratorExit):
+                raise
+            except Exception as exc:  # noqa: BLE001 - anything else is a bug
+                await _abort(context, _bug(method.__name__, exc))
+
+        return stream_wrapper
+
+    @functools.wraps(method)
+    async def unary_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except ServiceError as error:
+            await _abort(context, error)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - anything else is a bug
+            await _abort(context, _bug(method.__name__, exc))
+
+    return unary_wrapper

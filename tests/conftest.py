@@ -1,0 +1,84 @@
+"""Shared fixtures: the real server, started once per test session on loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+SERVER_ARGS = ["-np", "8", "-c", "16384", "-t", "2", "--embeddings"]
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    address: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(args: list[str], log_path: Path) -> RunningServer:
+    """Start `llmserve serve` as a real process and wait until health says SERVING."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    port = free_port()
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llmserve.service", "serve", "--port", str(port), *args],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited: {log_path.read_text()[-3000:]}")
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return RunningServer(address, process, log_path)
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError("server did not become healthy in time")
+
+
+def stop_server(server: RunningServer) -> int:
+    server.process.terminate()
+    try:
+        return server.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        return server.process.wait()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    running = start_server(SERVER_ARGS, tmp_path_factory.mktemp("server") / "server.log")
+    yield running
+    code = stop_server(running)
+    assert code == 0, f"server exit code {code}"
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    from llmserve.service.model_files import default_model_path
+
+    return default_model_path()

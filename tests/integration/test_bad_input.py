@@ -1,0 +1,90 @@
+"""Bad input: a clear INVALID_ARGUMENT naming the field, and the server keeps serving."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from llmserve.client import Client, make_input, pb, session_config
+from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+
+
+def _generate(address: str, *requests: pb.GenerateRequest) -> list[pb.GenerateResponse]:
+    with grpc.insecure_channel(address) as channel:
+        return list(pb_grpc.LLMServiceStub(channel).Generate(iter(requests), timeout=30))
+
+
+def _field_of(err: grpc.RpcError) -> str:
+    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    assert status is not None
+    for detail in status.details:
+        bad = error_details_pb2.BadRequest()
+        if detail.Unpack(bad):
+            return bad.field_violations[0].field
+    return ""
+
+
+CASES = {
+    "empty input": (pb.GenerateRequest(config=session_config(), end_of_turn=True), "input"),
+    "empty text": (
+        pb.GenerateRequest(config=session_config(), input=pb.Input(text=""), end_of_turn=True),
+        "input.text",
+    ),
+    "negative token id": (
+        pb.GenerateRequest(config=session_config(), input=make_input([2, -1]), end_of_turn=True),
+        "input.tokens.ids",
+    ),
+    "token id past the vocabulary": (
+        pb.GenerateRequest(config=session_config(), input=make_input([2, 262144]), end_of_turn=True),
+        "input.tokens.ids",
+    ),
+    "NaN temperature": (
+        pb.GenerateRequest(config=session_config(temperature=float("nan")), input=make_input("hi"), end_of_turn=True),
+        "config.sampling.temperature",
+    ),
+    "negative temperature": (
+        pb.GenerateRequest(config=session_config(temperature=-1.0), input=make_input("hi"), end_of_turn=True),
+        "config.sampling.temperature",
+    ),
+    "negative top_p": (
+        pb.GenerateRequest(config=session_config(top_p=-0.5), input=make_input("hi"), end_of_turn=True),
+        "config.sampling.top_p",
+    ),
+    "negative top_k": (
+        pb.GenerateRequest(config=session_config(top_k=-3), input=make_input("hi"), end_of_turn=True),
+        "config.sampling.top_k",
+    ),
+    "max_tokens beyond the context": (
+        pb.GenerateRequest(config=session_config(max_tokens=10**6), input=make_input("hi"), end_of_turn=True),
+        "config.stopping.max_tokens",
+    ),
+    "no config": (pb.GenerateRequest(input=make_input("hi"), end_of_turn=True), "config"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_generate_input_is_invalid_argument(server, case: str) -> None:  # type: ignore[no-untyped-def]
+    request, field = CASES[case]
+    with pytest.raises(grpc.RpcError) as err:
+        _generate(server.address, request)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    assert _field_of(err.value) == field
+    with Client(server.address, timeout=30) as client:  # the server keeps serving
+        assert client.generate("Hello", max_tokens=2).turn_end.usage.completion_tokens == 2
+
+
+def test_prompt_longer_than_the_slot_is_invalid(server) -> None:  # type: ignore[no-untyped-def]
+    with Client(server.address, timeout=30) as client:
+        per_slot = client.model_info().n_ctx_per_slot
+        with pytest.raises(grpc.RpcError) as err:
+            client.generate([2] + [1000] * per_slot, max_tokens=1)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(per_slot) in err.value.details()
+
+
+def test_bad_detokenize_ids(server) -> None:  # type: ignore[no-untyped-def]
+    with Client(server.address, timeout=30) as client, pytest.raises(grpc.RpcError) as err:
+        client.detokenize([1, 999999999])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
