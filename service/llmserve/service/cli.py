@@ -27,11 +27,31 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--shutdown-grace", type=float, default=d.shutdown_grace_s, help="seconds to drain on SIGTERM")
     s.add_argument("--log-format", choices=("json", "console"), default=d.log_format)
     s.add_argument("-v", "--verbose", action="store_true", help="debug logs, including llama.cpp's")
+    h = sub.add_parser("health", help="exit 0 if the server at --address reports SERVING")
+    h.add_argument("--address", default=f"{d.host}:{d.port}")
+    h.add_argument("--timeout", type=float, default=3.0)
     return parser
+
+
+def _health(address: str, timeout: float) -> int:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.RpcError as err:
+            print(f"{address}: {err.code().name}")
+            return 1
+    name = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(f"{address}: {name}")
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.command == "health":
+        raise SystemExit(_health(args.address, args.timeout))
     config = ServerConfig(
         model_path=args.model,
         n_ctx=args.ctx_size,
