@@ -8,7 +8,7 @@ PORT   ?= 50051
 # llama-cpp-python compiles from source once; pip caches the wheel afterwards.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc)
 
-.PHONY: install model serve test unit proto clean
+.PHONY: install model serve test unit lint proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ test: model
 
 unit: install
 	$(PY) -m pytest tests/unit
+
+lint: install
+	$(VENV)/bin/ruff check service client tests bench
 
 # Regenerate the committed Python stubs from proto/ (tests/unit/test_stubs.py checks drift).
 proto: install

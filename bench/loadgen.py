@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 
 import grpc
-
 from llmserve.client import make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 

@@ -6,7 +6,6 @@ import queue
 from collections.abc import Iterator, Sequence
 
 import grpc
-
 from llmserve.client import make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 

@@ -7,8 +7,8 @@ import sys
 import time
 
 import grpc
-
 from llmserve.client import Client, pb
+
 from tests.helpers import SessionStream
 
 LONG = dict(max_tokens=1000, temperature=0, ignore_eos=True)

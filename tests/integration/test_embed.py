@@ -5,7 +5,6 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
-
 from llmserve.client import Client, pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import grpc
-
 from llmserve.client import Client, pb
+
 from tests.helpers import SessionStream
 
 TURN1 = "Question: What is the capital of Italy?\nAnswer:"

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from llmserve.client import Client
+
 from tests.conftest import SERVER_ARGS, RunningServer, start_server, stop_server
 
 PROMPTS = [

@@ -16,7 +16,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import grpc
-
 from llmserve.v1 import llmserve_pb2 as pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 

@@ -15,12 +15,12 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 import structlog
 
 from .allocator import SlotAllocator
+from .commands import STOP, AddInput, Cancel, Close, Embed, ExecutorSnapshot, Open, SlotSnapshot
 from .domain import EmbedInput, EmbedResult, FinishReason, SessionFailed, SessionParams
 from .runner import LlamaRunner
 from .sampler import Sampler
@@ -30,55 +30,6 @@ from .session import EventSink, Session
 log = structlog.get_logger("llmserve.executor")
 
 
-@dataclass(frozen=True)
-class SlotSnapshot:
-    seq_id: int
-    busy: bool
-    num_cached_tokens: int
-
-
-@dataclass(frozen=True)
-class ExecutorSnapshot:
-    """Published by the executor after every step; read from any thread."""
-
-    slots: tuple[SlotSnapshot, ...] = ()
-    num_sessions: int = 0
-    num_waiting: int = 0
-    num_embed_queued: int = 0
-    num_steps: int = 0
-
-
-@dataclass(frozen=True)
-class _Open:
-    key: int
-    params: SessionParams
-    sink: EventSink
-
-
-@dataclass(frozen=True)
-class _Input:
-    key: int
-    tokens: tuple[int, ...]
-    end_of_turn: bool
-
-
-@dataclass(frozen=True)
-class _Cancel:
-    key: int
-
-
-@dataclass(frozen=True)
-class _Close:
-    key: int
-
-
-@dataclass(frozen=True)
-class _Embed:
-    inputs: tuple[EmbedInput, ...]
-    sink: EventSink
-
-
-_STOP = object()
 
 
 class Executor:
@@ -107,25 +58,25 @@ class Executor:
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop after the current step; open sessions end UNAVAILABLE."""
-        self._commands.put(_STOP)
+        self._commands.put(STOP)
         self._thread.join(timeout)
 
     def open_session(self, params: SessionParams, sink: EventSink) -> int:
         key = next(self._keys)
-        self._commands.put(_Open(key, params, sink))
+        self._commands.put(Open(key, params, sink))
         return key
 
     def add_input(self, key: int, tokens: tuple[int, ...], end_of_turn: bool) -> None:
-        self._commands.put(_Input(key, tokens, end_of_turn))
+        self._commands.put(AddInput(key, tokens, end_of_turn))
 
     def cancel(self, key: int) -> None:
-        self._commands.put(_Cancel(key))
+        self._commands.put(Cancel(key))
 
     def close(self, key: int) -> None:
-        self._commands.put(_Close(key))
+        self._commands.put(Close(key))
 
     def embed(self, inputs: tuple[EmbedInput, ...], sink: EventSink) -> None:
-        self._commands.put(_Embed(inputs, sink))
+        self._commands.put(Embed(inputs, sink))
 
     # ------------------------------------------------------------ the thread
 
@@ -153,31 +104,31 @@ class Executor:
             except queue.Empty:
                 return True
             block = False
-            if command is _STOP:
+            if command is STOP:
                 return False
             self._handle(command)
 
     def _handle(self, command: object) -> None:
-        if isinstance(command, _Open):
+        if isinstance(command, Open):
             self._open(command)
-        elif isinstance(command, _Embed):
+        elif isinstance(command, Embed):
             self._embeds.extend((item, command.sink) for item in command.inputs)
         else:
             session = self._sessions.get(command.key)  # type: ignore[attr-defined]
             if session is None:
                 return
-            if isinstance(command, _Input):
+            if isinstance(command, AddInput):
                 if session.turn is not None:
                     session.later.append((command.tokens, command.end_of_turn))
                 else:
                     self._accept_input(session, command.tokens, command.end_of_turn)
-            elif isinstance(command, _Cancel):
+            elif isinstance(command, Cancel):
                 if session.turn is not None:
                     self._finish(session, FinishReason.CANCELLED, session.next_token)
-            elif isinstance(command, _Close):
+            elif isinstance(command, Close):
                 self._release(session)
 
-    def _open(self, command: _Open) -> None:
+    def _open(self, command: Open) -> None:
         params = command.params
         banned = tuple(self._eog) if params.stopping.ignore_eos else ()
         session = Session(command.key, params, command.sink, self.n_ctx_per_slot)
@@ -330,29 +281,19 @@ class Executor:
 
     def _run_embeddings(self, count: int) -> None:
         items = [self._embeds.popleft() for _ in range(count)]
-        batch = self.runner.batch
-        batch.clear()
-        first_seq = self.n_parallel
-        for j, (item, _) in enumerate(items):
-            batch.add(item.tokens, 0, first_seq + j, False)
-        batch.mark_all_outputs()
-        self.runner.set_embeddings(True)
         try:
-            status = self.runner.decode()
-            for j, (item, sink) in enumerate(items):
-                if status != 0:
-                    sink.put(SessionFailed("INTERNAL", f"llama_decode failed with status {status}"))
-                    continue
-                vector = self.runner.sequence_embedding(first_seq + j)
-                if item.normalize:
-                    norm = float(np.linalg.norm(vector))
-                    if norm > 0.0:
-                        vector /= norm
-                sink.put(EmbedResult(item.index, vector, len(item.tokens), item.truncated))
-        finally:
-            self.runner.set_embeddings(False)
-            for j in range(len(items)):
-                self.runner.seq_rm(first_seq + j, -1, -1)
+            vectors = self.runner.embed([item.tokens for item, _ in items], first_seq_id=self.n_parallel)
+        except RuntimeError as exc:
+            log.error("embedding_step_failed", error=str(exc))
+            for _, sink in items:
+                sink.put(SessionFailed("INTERNAL", str(exc)))
+            return
+        for (item, sink), vector in zip(items, vectors):
+            if item.normalize:
+                norm = float(np.linalg.norm(vector))
+                if norm > 0.0:
+                    vector /= norm
+            sink.put(EmbedResult(item.index, vector, len(item.tokens), item.truncated))
 
     # ------------------------------------------------------------ bookkeeping
 

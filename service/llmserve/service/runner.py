@@ -177,10 +177,29 @@ class LlamaRunner:
         """Run the batch as filled; 0 on success (llama_decode's status otherwise)."""
         return int(llama_cpp.llama_decode(self.ctx, self.batch.finish()))
 
-    def set_embeddings(self, on: bool) -> None:
-        llama_cpp.llama_set_embeddings(self.ctx, on)
+    def embed(self, inputs: list[tuple[int, ...]], first_seq_id: int) -> list[np.ndarray]:
+        """Pooled embeddings of inputs packed into one ubatch, one sequence id each.
 
-    def sequence_embedding(self, seq_id: int) -> np.ndarray:
+        The caller guarantees the inputs fit one ubatch together (llama.cpp aborts
+        the process otherwise). The sequences are removed from the KV afterwards.
+        """
+        batch = self.batch
+        batch.clear()
+        for j, tokens in enumerate(inputs):
+            batch.add(tokens, 0, first_seq_id + j, False)
+        batch.mark_all_outputs()
+        llama_cpp.llama_set_embeddings(self.ctx, True)
+        try:
+            status = self.decode()
+            if status != 0:
+                raise RuntimeError(f"llama_decode failed with status {status}")
+            return [self._sequence_embedding(first_seq_id + j) for j in range(len(inputs))]
+        finally:
+            llama_cpp.llama_set_embeddings(self.ctx, False)
+            for j in range(len(inputs)):
+                self.seq_rm(first_seq_id + j, -1, -1)
+
+    def _sequence_embedding(self, seq_id: int) -> np.ndarray:
         ptr = llama_cpp.llama_get_embeddings_seq(self.ctx, seq_id)
         if not ptr:
             raise RuntimeError(f"no pooled embedding for sequence {seq_id}")

@@ -15,7 +15,6 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-
 from llmserve.v1 import llmserve_pb2, llmserve_pb2_grpc
 
 from .config import ServerConfig

@@ -10,18 +10,16 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-import grpc
 import structlog
-
 from llmserve.v1 import llmserve_pb2 as pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
 from . import validation
 from .bridge import LoopSink
-from .domain import EmbedInput, EmbedResult, SessionFailed, TokenEvent, TurnEndEvent
+from .domain import SessionFailed, TokenEvent, TurnEndEvent
 from .embed_stream import EmbedStream
 from .engine import Engine
-from .errors import InvalidArgument, ServiceError, Unavailable, error_from_status_name, rpc_errors
+from .errors import InvalidArgument, Unavailable, error_from_status_name, rpc_errors
 
 log = structlog.get_logger("llmserve.servicer")
 

@@ -1,0 +1,63 @@
+"""Messages that cross into the executor thread, and the snapshot it publishes.
+
+The transport puts commands on the executor's queue; the executor drains the
+queue once per step. All frozen: they cross threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .domain import EmbedInput, SessionParams
+from .session import EventSink
+
+
+@dataclass(frozen=True)
+class SlotSnapshot:
+    seq_id: int
+    busy: bool
+    num_cached_tokens: int
+
+
+@dataclass(frozen=True)
+class ExecutorSnapshot:
+    """Published by the executor after every step; read from any thread."""
+
+    slots: tuple[SlotSnapshot, ...] = ()
+    num_sessions: int = 0
+    num_waiting: int = 0
+    num_embed_queued: int = 0
+    num_steps: int = 0
+
+
+@dataclass(frozen=True)
+class Open:
+    key: int
+    params: SessionParams
+    sink: EventSink
+
+
+@dataclass(frozen=True)
+class AddInput:
+    key: int
+    tokens: tuple[int, ...]
+    end_of_turn: bool
+
+
+@dataclass(frozen=True)
+class Cancel:
+    key: int
+
+
+@dataclass(frozen=True)
+class Close:
+    key: int
+
+
+@dataclass(frozen=True)
+class Embed:
+    inputs: tuple[EmbedInput, ...]
+    sink: EventSink
+
+
+STOP = object()  # ends the executor loop

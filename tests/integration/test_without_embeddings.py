@@ -1,0 +1,30 @@
+"""A server started without --embeddings: no Embed, no n_batch clamp."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from llmserve.client import Client
+
+from tests.conftest import RunningServer, start_server, stop_server
+
+
+@pytest.fixture(scope="module")
+def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    running = start_server(["-np", "2", "-c", "2048", "-t", "2", "-b", "1024"], tmp_path_factory.mktemp("plain") / "server.log")
+    yield running
+    assert stop_server(running) == 0
+
+
+def test_embed_is_failed_precondition(plain_server: RunningServer) -> None:
+    with Client(plain_server.address, timeout=30) as client:
+        with pytest.raises(grpc.RpcError) as err:
+            list(client.embed(["hello"]))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "--embeddings" in err.value.details()
+        info = client.model_info()
+        assert not info.can_embed
+        assert info.n_batch == 1024 and info.n_ubatch == 512  # no clamp without embeddings
+        assert client.generate("Hi", max_tokens=3).turn_end.usage.completion_tokens == 3
