@@ -7,6 +7,7 @@ import sys
 import time
 
 import grpc
+import pytest
 from llmserve.client import Client, pb
 
 from tests.helpers import SessionStream
@@ -75,12 +76,35 @@ def test_dropped_connection_frees_the_slot(server) -> None:  # type: ignore[no-u
         assert client.generate("Hello", max_tokens=2).turn_end.usage.completion_tokens == 2
 
 
-def test_deadline_frees_the_slot(server) -> None:  # type: ignore[no-untyped-def]
-    with Client(server.address, timeout=0.3) as client:
-        try:
-            client.generate("Write a very long story:", **LONG)
-            raise AssertionError("deadline did not fire")
-        except grpc.RpcError as err:
-            assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+def test_deadline_ends_the_turn_and_frees_the_slot(server) -> None:  # type: ignore[no-untyped-def]
+    responses: list[pb.GenerateResponse] = []
+    with Client(server.address, timeout=0.5) as client:
+        with pytest.raises(grpc.RpcError) as err:
+            for response in client.stream("Write a very long story:", **LONG):
+                responses.append(response)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    # The server ends the turn just before the deadline, while the stream is writable.
+    assert responses[-1].turn_end.finish_reason == pb.FINISH_REASON_DEADLINE
+    assert 0 < responses[-1].turn_end.usage.completion_tokens < 1000
     with Client(server.address, timeout=10) as client:
+        _wait_all_free(client)
+
+
+def test_deadline_while_waiting_for_a_slot(server) -> None:  # type: ignore[no-untyped-def]
+    """All slots busy: a queued call with a short deadline ends DEADLINE_EXCEEDED in time."""
+    with grpc.insecure_channel(server.address) as channel, Client(server.address, timeout=10) as client:
+        n = client.model_info().n_parallel
+        holders = [SessionStream(channel, **LONG) for _ in range(n)]
+        for h in holders:
+            h.send("Keep talking about anything at all:")
+        for h in holders:
+            h.next_response()
+        start = time.monotonic()
+        with pytest.raises(grpc.RpcError) as err, Client(server.address, timeout=0.4) as short:
+            short.generate("Hello", max_tokens=4)
+        elapsed = time.monotonic() - start
+        for h in holders:
+            h.call.cancel()
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert elapsed < 1.0
         _wait_all_free(client)

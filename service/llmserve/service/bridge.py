@@ -14,15 +14,35 @@ class LoopSink:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._queue: asyncio.Queue[object] = asyncio.Queue()
+        # Each counter has one writer thread, so reading their difference is safe.
+        self._num_put = 0  # executor thread
+        self._num_taken = 0  # loop thread
+
+    @property
+    def backlog(self) -> int:
+        """Events the executor sent that the request has not consumed yet."""
+        return self._num_put - self._num_taken
 
     def put(self, event: object) -> None:
+        self._num_put += 1
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
 
     def put_local(self, event: object) -> None:
-        self._queue.put_nowait(event)
+        self._queue.put_nowait(_Local(event))
 
     async def get(self) -> object:
-        return await self._queue.get()
+        event = await self._queue.get()
+        if isinstance(event, _Local):
+            return event.event
+        self._num_taken += 1
+        return event
+
+
+class _Local:
+    __slots__ = ("event",)
+
+    def __init__(self, event: object) -> None:
+        self.event = event

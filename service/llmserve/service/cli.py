@@ -1,35 +1,82 @@
-"""`llmserve` command line. Flags follow llama-server's names where the concept is the same."""
+"""`llmserve` command line.
+
+Flags follow llama-server's names where the concept is the same. Every `serve`
+flag can also come from an environment variable named after its long form:
+`--ctx-size` ← `LLMSERVE_CTX_SIZE`, `--embeddings` ← `LLMSERVE_EMBEDDINGS=1`
+(flags win over the environment).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .config import ServerConfig
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def _env_name(long_flag: str) -> str:
+    return "LLMSERVE_" + long_flag.lstrip("-").upper().replace("-", "_")
+
+
+class _Flags:
+    """Adds options whose defaults may come from LLMSERVE_* variables."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+    def add(self, *names: str, type: Callable[[str], Any] | None = str, default: Any = None, help: str = "") -> None:
+        long_flag = next(n for n in names if n.startswith("--"))
+        env = _env_name(long_flag)
+        raw = os.environ.get(env)
+        value = default if raw is None else (type(raw) if type else raw)
+        self.parser.add_argument(*names, type=type, default=value, help=f"{help} [env {env}]")
+
+    def switch(self, *names: str, help: str = "") -> None:
+        long_flag = next(n for n in names if n.startswith("--"))
+        env = _env_name(long_flag)
+        value = os.environ.get(env, "").lower() in _TRUE
+        self.parser.add_argument(*names, action="store_true", default=value, help=f"{help} [env {env}]")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmserve", description="Serve a GGUF model over gRPC.")
     sub = parser.add_subparsers(dest="command", required=True)
     d = ServerConfig()
-    s = sub.add_parser("serve", help="run the gRPC server")
-    s.add_argument("-m", "--model", type=Path, default=None, help="GGUF file (default: gemma-3-270m Q4_K_M from PyPI)")
-    s.add_argument("-c", "--ctx-size", type=int, default=d.n_ctx, help="total KV context shared by all slots")
-    s.add_argument("-np", "--parallel", type=int, default=d.n_parallel, help="number of slots (concurrent sessions)")
-    s.add_argument("-b", "--batch-size", type=int, default=d.n_batch, help="logical batch size (tokens per step)")
-    s.add_argument("-ub", "--ubatch-size", type=int, default=d.n_ubatch, help="physical batch size")
-    s.add_argument("-t", "--threads", type=int, default=min(os.cpu_count() or 2, 8), help="CPU threads")
-    s.add_argument("--host", default=d.host)
-    s.add_argument("--port", type=int, default=d.port)
-    s.add_argument("--embeddings", action="store_true", help="serve Embed (clamps the batch to one ubatch)")
-    s.add_argument("--shutdown-grace", type=float, default=d.shutdown_grace_s, help="seconds to drain on SIGTERM")
-    s.add_argument("--log-format", choices=("json", "console"), default=d.log_format)
-    s.add_argument("-v", "--verbose", action="store_true", help="debug logs, including llama.cpp's")
-    h = sub.add_parser("health", help="exit 0 if the server at --address reports SERVING")
-    h.add_argument("--address", default=f"{d.host}:{d.port}")
-    h.add_argument("--timeout", type=float, default=3.0)
+    serve = sub.add_parser(
+        "serve", help="run the gRPC server", formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    f = _Flags(serve)
+    f.add("-m", "--model", type=Path, help="GGUF model file (default: gemma-3-270m Q4_K_M from PyPI)")
+    f.add("-c", "--ctx-size", type=int, default=d.n_ctx, help="total KV context, shared by all slots")
+    f.add("-np", "--parallel", type=int, default=d.n_parallel, help="slots: sessions served at once")
+    f.add("-b", "--batch-size", type=int, default=d.n_batch, help="logical batch: max tokens per step")
+    f.add("-ub", "--ubatch-size", type=int, default=d.n_ubatch, help="physical batch; the max embedding input")
+    f.add("-t", "--threads", type=int, default=min(os.cpu_count() or 2, 8), help="CPU threads for llama.cpp")
+    f.add("--host", default=d.host, help="address to listen on")
+    f.add("--port", type=int, default=d.port, help="gRPC port")
+    f.switch("--embeddings", help="serve Embed (clamps the batch to one ubatch)")
+    f.add("--max-queue", type=int, default=d.max_queue, help="sessions that may wait for a slot; more get RESOURCE_EXHAUSTED")
+    f.add("--max-input-tokens", type=int, help="input tokens per session (default and cap: the slot's context)")
+    f.add("--max-message-bytes", type=int, default=d.max_message_bytes, help="largest request message accepted")
+    f.add("--shutdown-grace", type=float, default=d.shutdown_grace_s, help="seconds in-flight turns get on SIGTERM")
+    f.add("--metrics-port", type=int, help="serve Prometheus metrics on this port (off when unset)")
+    f.add("--metrics-host", default=d.metrics_host, help="address for the metrics endpoint")
+    f.add("--tls-cert", type=Path, help="server certificate (PEM); enables TLS with --tls-key")
+    f.add("--tls-key", type=Path, help="server private key (PEM)")
+    f.add("--tls-client-ca", type=Path, help="CA (PEM) for client certificates: requires mTLS")
+    f.add("--api-key", help="require 'authorization: Bearer <key>' on every RPC but health")
+    f.add("--log-format", default=d.log_format, help="json, console, or auto (console on a TTY)")
+    f.switch("-v", "--verbose", help="debug logs, including llama.cpp's info lines")
+
+    health = sub.add_parser("health", help="exit 0 if the server at --address reports SERVING")
+    health.add_argument("--address", default=f"{d.host}:{d.port}")
+    health.add_argument("--timeout", type=float, default=3.0)
     return parser
 
 
@@ -62,7 +109,16 @@ def main(argv: list[str] | None = None) -> None:
         embeddings=args.embeddings,
         host=args.host,
         port=args.port,
+        max_queue=args.max_queue,
+        max_input_tokens=args.max_input_tokens,
+        max_message_bytes=args.max_message_bytes,
         shutdown_grace_s=args.shutdown_grace,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
+        api_key=args.api_key,
         verbose=args.verbose,
         log_format=args.log_format,
     )

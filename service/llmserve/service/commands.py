@@ -17,6 +17,7 @@ class SlotSnapshot:
     seq_id: int
     busy: bool
     num_cached_tokens: int
+    paused: bool = False
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class ExecutorSnapshot:
     num_waiting: int = 0
     num_embed_queued: int = 0
     num_steps: int = 0
+    num_kv_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class Open:
     key: int
     params: SessionParams
     sink: EventSink
+    deadline: float | None  # time.monotonic() by which the session must end
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,18 @@ class ServerConfig:
     embeddings: bool = False
     host: str = "127.0.0.1"
     port: int = 50051
+    max_queue: int = 64  # sessions that may wait for a slot
+    max_input_tokens: int | None = None  # per session; None: the slot's context
+    max_message_bytes: int = 16 * 1024 * 1024
     shutdown_grace_s: float = 10.0
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    api_key: str | None = None
     verbose: bool = False
-    log_format: str = "json"
+    log_format: str = "auto"
 
     @property
     def n_batch_effective(self) -> int:
@@ -39,3 +48,11 @@ class ServerConfig:
             raise ValueError(f"--ctx-size {self.n_ctx} leaves fewer than 16 tokens per slot")
         if self.n_threads < 1:
             raise ValueError("--threads must be at least 1")
+        if self.max_queue < 0:
+            raise ValueError("--max-queue must be >= 0")
+        if self.max_input_tokens is not None and self.max_input_tokens < 1:
+            raise ValueError("--max-input-tokens must be positive")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")

@@ -68,6 +68,7 @@ class SessionParams:
     request_id: str
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stopping: StoppingParams = field(default_factory=StoppingParams)
+    priority: int = 0
 
 
 # ----------------------------------------------------------- executor → client

@@ -11,7 +11,7 @@ to the ubatch when the request asks to truncate.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from llmserve.v1 import llmserve_pb2 as pb
 
@@ -19,10 +19,10 @@ from .bridge import LoopSink
 from .domain import EmbedInput, EmbedResult, SessionFailed
 from .engine import Engine
 from .errors import FailedPrecondition, InvalidArgument, error_from_status_name
+from .inputs import input_tokens
+from .validation import MAX_EMBED_INPUTS_PER_MESSAGE
 
 WINDOW = 256
-
-TokenizeInput = Callable[[Engine, pb.Input, str, bool], tuple[int, ...]]
 
 
 class _ReaderDone:
@@ -36,9 +36,8 @@ class _ReaderFailed:
 
 
 class EmbedStream:
-    def __init__(self, engine: Engine, tokenize_input: TokenizeInput) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._tokenize_input = tokenize_input
 
     async def run(self, requests: AsyncIterator[pb.EmbedRequest]) -> AsyncIterator[EmbedResult]:
         if not self.engine.config.embeddings:
@@ -79,8 +78,13 @@ class EmbedStream:
                     normalize = opts.normalize if opts.HasField("normalize") else True
                     add_bos = opts.add_bos if opts.HasField("add_bos") else True
                     truncate = opts.truncate
+                if len(request.inputs) > MAX_EMBED_INPUTS_PER_MESSAGE:
+                    raise InvalidArgument(
+                        f"{len(request.inputs)} inputs in one message; the limit is {MAX_EMBED_INPUTS_PER_MESSAGE}",
+                        field="inputs",
+                    )
                 for j, item in enumerate(request.inputs):
-                    tokens = self._tokenize_input(engine, item, f"inputs[{j}]", add_bos and engine.meta.add_bos)
+                    tokens = input_tokens(engine, item, f"inputs[{j}]", add_bos and engine.meta.add_bos)
                     truncated = len(tokens) > n_ubatch
                     if truncated and not truncate:
                         raise InvalidArgument(

@@ -10,6 +10,7 @@ import structlog
 from . import __version__
 from .config import ServerConfig
 from .executor import Executor
+from .metrics import Metrics
 from .model_files import default_model_path
 from .runner import POOLING_NAMES, LlamaRunner, RunnerConfig
 from .validation import Limits
@@ -18,7 +19,7 @@ log = structlog.get_logger("llmserve.engine")
 
 
 class Engine:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, metrics: Metrics | None = None) -> None:
         model_path = config.model_path or default_model_path()
         if config.embeddings and config.n_batch_effective != config.n_batch:
             log.info(
@@ -46,11 +47,11 @@ class Engine:
             n_ctx_per_slot=config.n_ctx_per_slot,
             n_ubatch=config.n_ubatch,
         )
-        self.executor = Executor(self.runner, config.n_parallel, config.n_ctx_per_slot)
+        self.executor = Executor(self.runner, config.n_parallel, config.n_ctx_per_slot, metrics)
         self.version = __version__
         self.pooling = POOLING_NAMES[1] if config.embeddings else POOLING_NAMES[0]
         log.info(
-            "engine_ready",
+            "model_loaded",
             model=self.meta.name,
             path=self.meta.path,
             n_ctx=config.n_ctx,

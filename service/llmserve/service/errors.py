@@ -7,6 +7,7 @@ other exception into INTERNAL, logged with its traceback: INTERNAL means a bug.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections.abc import Callable
@@ -65,11 +66,22 @@ class Unavailable(ServiceError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class DeadlineExceeded(ServiceError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Unauthenticated(ServiceError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
 class Internal(ServiceError):
     code = grpc.StatusCode.INTERNAL
 
 
-_BY_NAME = {cls.code.name: cls for cls in (InvalidArgument, FailedPrecondition, ResourceExhausted, Unavailable, Internal)}
+_BY_NAME = {
+    cls.code.name: cls
+    for cls in (InvalidArgument, FailedPrecondition, ResourceExhausted, Unavailable, DeadlineExceeded, Internal)
+}
 
 
 def error_from_status_name(name: str, message: str) -> ServiceError:
@@ -92,33 +104,59 @@ def _bug(method: str, exc: BaseException) -> Internal:
     return Internal(f"internal error: {type(exc).__name__}")
 
 
+def _gone_code(context: grpc.aio.ServicerContext) -> str:
+    """The call ended from the client's side: its deadline, or a cancel/disconnect."""
+    remaining = context.time_remaining()
+    return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+
+
 def rpc_errors(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a servicer method (coroutine or async generator) with the status mapping."""
+    """Wrap a servicer method (coroutine or async generator) with the status mapping.
+
+    Also counts every finished call by method and status (`self.metrics.requests`).
+    """
+    name = method.__name__
     if inspect.isasyncgenfunction(method):
 
         @functools.wraps(method)
         async def stream_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
+            code = "OK"
             try:
                 async for response in method(self, request, context):
                     yield response
             except ServiceError as error:
+                code = error.code.name
                 await _abort(context, error)
-            except (grpc.aio.AbortError, GeneratorExit):
+            except grpc.aio.AbortError:
+                raise
+            except (asyncio.CancelledError, GeneratorExit):
+                code = _gone_code(context)
                 raise
             except Exception as exc:  # noqa: BLE001 - anything else is a bug
-                await _abort(context, _bug(method.__name__, exc))
+                code = "INTERNAL"
+                await _abort(context, _bug(name, exc))
+            finally:
+                self.metrics.requests.labels(name, code).inc()
 
         return stream_wrapper
 
     @functools.wraps(method)
     async def unary_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        code = "OK"
         try:
             return await method(self, request, context)
         except ServiceError as error:
+            code = error.code.name
             await _abort(context, error)
         except grpc.aio.AbortError:
             raise
+        except asyncio.CancelledError:
+            code = _gone_code(context)
+            raise
         except Exception as exc:  # noqa: BLE001 - anything else is a bug
-            await _abort(context, _bug(method.__name__, exc))
+            code = "INTERNAL"
+            await _abort(context, _bug(name, exc))
+        finally:
+            self.metrics.requests.labels(name, code).inc()
 
     return unary_wrapper

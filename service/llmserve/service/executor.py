@@ -22,6 +22,7 @@ import structlog
 from .allocator import SlotAllocator
 from .commands import STOP, AddInput, Cancel, Close, Embed, ExecutorSnapshot, Open, SlotSnapshot
 from .domain import EmbedInput, EmbedResult, FinishReason, SessionFailed, SessionParams
+from .metrics import Metrics
 from .runner import LlamaRunner
 from .sampler import Sampler
 from .scheduler import Scheduler, SeqDemand, StepPlan
@@ -33,8 +34,11 @@ log = structlog.get_logger("llmserve.executor")
 
 
 class Executor:
-    def __init__(self, runner: LlamaRunner, n_parallel: int, n_ctx_per_slot: int) -> None:
+    def __init__(
+        self, runner: LlamaRunner, n_parallel: int, n_ctx_per_slot: int, metrics: Metrics | None = None
+    ) -> None:
         cfg = runner.config
+        self.metrics = metrics or Metrics()
         self.runner = runner
         self.n_parallel = n_parallel
         self.n_ctx_per_slot = n_ctx_per_slot
@@ -47,6 +51,7 @@ class Executor:
         self._waiting: deque[Session] = deque()
         self._embeds: deque[tuple[EmbedInput, EventSink]] = deque()
         self._num_steps = 0
+        self._step_s = 0.02  # moving average of a step's duration (deadline margin)
         self.snapshot = ExecutorSnapshot()
         self._thread = threading.Thread(target=self._run, name="llmserve-executor", daemon=True)
 
@@ -61,9 +66,10 @@ class Executor:
         self._commands.put(STOP)
         self._thread.join(timeout)
 
-    def open_session(self, params: SessionParams, sink: EventSink) -> int:
+    def open_session(self, params: SessionParams, sink: EventSink, deadline: float | None = None) -> int:
+        """Open a session; `deadline` (time.monotonic) ends it with DEADLINE in time to tell the client."""
         key = next(self._keys)
-        self._commands.put(Open(key, params, sink))
+        self._commands.put(Open(key, params, sink, deadline))
         return key
 
     def add_input(self, key: int, tokens: tuple[int, ...], end_of_turn: bool) -> None:
@@ -83,6 +89,7 @@ class Executor:
     def _run(self) -> None:
         try:
             while self._drain(block=False):
+                self._expire_deadlines()
                 self._admit()
                 try:
                     worked = self._step()
@@ -91,16 +98,16 @@ class Executor:
                     self._fail_busy_sessions("INTERNAL", "internal error in the executor")
                     worked = True
                 self._publish()
-                if not worked and not self._drain(block=True):
+                if not worked and not self._drain(block=True, timeout=self._idle_timeout()):
                     break
         finally:
             self._shutdown_sessions()
 
-    def _drain(self, block: bool) -> bool:
-        """Handle queued commands (wait for one if `block`); False once stopped."""
+    def _drain(self, block: bool, timeout: float | None = None) -> bool:
+        """Handle queued commands (wait up to `timeout` for one if `block`); False once stopped."""
         while True:
             try:
-                command = self._commands.get(block=block)
+                command = self._commands.get(block=block, timeout=timeout if block else None)
             except queue.Empty:
                 return True
             block = False
@@ -131,7 +138,7 @@ class Executor:
     def _open(self, command: Open) -> None:
         params = command.params
         banned = tuple(self._eog) if params.stopping.ignore_eos else ()
-        session = Session(command.key, params, command.sink, self.n_ctx_per_slot)
+        session = Session(command.key, params, command.sink, self.n_ctx_per_slot, command.deadline)
         session.sampler = Sampler(params.sampling, self.runner.n_vocab, banned)
         self._sessions[command.key] = session
         self._waiting.append(session)
@@ -175,13 +182,33 @@ class Executor:
         self._release(session)
 
     def _admit(self) -> None:
-        """Give free slots to waiting sessions that have input, first come first served."""
-        for session in list(self._waiting):
+        """Give free slots to waiting sessions that have input: higher priority first, then FIFO."""
+        for session in sorted(self._waiting, key=lambda s: (-s.params.priority, s.key)):
             if not self.allocator.can_allocate():
                 return
             if session.pending:
                 self._waiting.remove(session)
                 session.attach(self.allocator.allocate(session.pending))
+
+    def _idle_timeout(self) -> float | None:
+        """How long the idle loop may sleep: paused sessions resume when their client
+        reads (polled), and deadlines must be caught in time."""
+        if any(s.paused for s in self._sessions.values()):
+            return 0.005
+        deadlines = [s.deadline for s in self._sessions.values() if s.deadline is not None]
+        if not deadlines:
+            return None
+        return max(min(deadlines) - time.monotonic() - 1.5 * self._step_s - 0.005, 0.0)
+
+    def _expire_deadlines(self) -> None:
+        """End sessions whose deadline falls before the next step could finish."""
+        horizon = time.monotonic() + 1.5 * self._step_s + 0.005
+        for s in list(self._sessions.values()):
+            if s.deadline is not None and s.deadline <= horizon:
+                if s.turn is not None:
+                    s.later.clear()
+                    self._finish(s, FinishReason.DEADLINE, s.next_token, message="the call's deadline expired")
+                self._fail(s, "DEADLINE_EXCEEDED", "the call's deadline expired")
 
     # ------------------------------------------------------------- one step
 
@@ -189,17 +216,26 @@ class Executor:
         demands = [
             SeqDemand(s.key, s.generating, s.num_prefill_ready)
             for s in self._sessions.values()
-            if s.slot is not None
+            if s.slot is not None and not s.paused
         ]
         sizes = [len(item.tokens) for item, _ in itertools.islice(self._embeds, self.scheduler.max_embed_seqs)]
         plan = self.scheduler.plan(demands, sizes)
         if plan.is_empty:
             return False
         self._num_steps += 1
+        start = time.perf_counter()
         if plan.is_embedding:
+            kind = "embed"
+            num_tokens = sum(sizes[: plan.num_embed])
             self._run_embeddings(plan.num_embed)
         else:
+            kind = "generate"
+            num_tokens = plan.num_tokens
             self._run_generation(plan)
+        elapsed = time.perf_counter() - start
+        self._step_s = 0.9 * self._step_s + 0.1 * elapsed
+        self.metrics.step_duration.labels(kind).observe(elapsed)
+        self.metrics.batch_tokens.labels(kind).observe(num_tokens)
         return True
 
     def _run_generation(self, plan: StepPlan) -> None:
@@ -241,8 +277,12 @@ class Executor:
         assert s.turn is not None and s.sampler is not None and s.slot is not None
         token = s.sampler.sample(self.runner.ctx, row)
         turn = s.turn
+        now = time.monotonic()
         if turn.t_first_token is None:
-            turn.t_first_token = time.monotonic()
+            turn.t_first_token = now
+        else:
+            self.metrics.itl.observe(now - s.t_last_token)
+        s.t_last_token = now
         turn.completion_tokens += 1
         turn.held_ids.append(token)
         stopping = s.params.stopping
@@ -294,6 +334,8 @@ class Executor:
                 if norm > 0.0:
                     vector /= norm
             sink.put(EmbedResult(item.index, vector, len(item.tokens), item.truncated))
+        self.metrics.embeddings.inc(len(items))
+        self.metrics.embedding_tokens.inc(sum(len(item.tokens) for item, _ in items))
 
     # ------------------------------------------------------------ bookkeeping
 
@@ -312,12 +354,20 @@ class Executor:
         self._publish()
 
     def _publish(self) -> None:
-        self.snapshot = ExecutorSnapshot(
+        paused = {s.slot.seq_id for s in self._sessions.values() if s.slot is not None and s.paused}
+        snapshot = self.snapshot = ExecutorSnapshot(
             slots=tuple(
-                SlotSnapshot(slot.seq_id, slot.busy, len(slot.tokens)) for slot in self.allocator.slots
+                SlotSnapshot(slot.seq_id, slot.busy, len(slot.tokens), slot.seq_id in paused)
+                for slot in self.allocator.slots
             ),
             num_sessions=len(self._sessions),
             num_waiting=len(self._waiting),
             num_embed_queued=len(self._embeds),
             num_steps=self._num_steps,
+            num_kv_tokens=self.allocator.num_cached_tokens,
         )
+        num_busy = sum(slot.busy for slot in snapshot.slots)
+        self.metrics.slots.labels("busy").set(num_busy)
+        self.metrics.slots.labels("idle").set(len(snapshot.slots) - num_busy)
+        self.metrics.waiting.set(snapshot.num_waiting)
+        self.metrics.kv_used.set(snapshot.num_kv_tokens / (self.n_parallel * self.n_ctx_per_slot))

@@ -1,4 +1,8 @@
-"""structlog set-up: JSON lines on stderr (or console rendering for humans)."""
+"""structlog set-up: JSON lines on stdout (console rendering on a TTY).
+
+Every line of a call carries its request id (bound with structlog's contextvars
+by the transport). llama.cpp's own log goes through the same logger.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,10 @@ import sys
 import structlog
 
 
-def configure_logging(fmt: str = "json", verbose: bool = False) -> None:
+def configure_logging(fmt: str = "auto", verbose: bool = False) -> None:
     level = logging.DEBUG if verbose else logging.INFO
-    renderer = structlog.dev.ConsoleRenderer() if fmt == "console" else structlog.processors.JSONRenderer()
+    console = fmt == "console" or (fmt == "auto" and sys.stdout.isatty())
+    renderer = structlog.dev.ConsoleRenderer() if console else structlog.processors.JSONRenderer()
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -20,6 +25,6 @@ def configure_logging(fmt: str = "json", verbose: bool = False) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
         cache_logger_on_first_use=True,
     )

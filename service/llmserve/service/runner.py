@@ -8,29 +8,38 @@ only read the immutable vocabulary, it is used by the executor thread alone.
 from __future__ import annotations
 
 import ctypes
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
 import numpy as np
+import structlog
 
 from .batch import BatchBuffer
 
 POOLING_NAMES = {-1: "unspecified", 0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
-_GGML_LOG_WARN, _GGML_LOG_ERROR, _GGML_LOG_CONT = 3, 4, 5  # ggml.h enum ggml_log_level
-_log_state = {"verbose": False, "last_level": 0}
+# ggml.h enum ggml_log_level
+_GGML_LEVELS = {1: "debug", 2: "info", 3: "warning", 4: "error"}
+_GGML_LOG_CONT = 5
+_llama_log_state: dict[str, object] = {"verbose": False, "level": 2, "buffer": ""}
+_llama_logger = structlog.get_logger("llama.cpp")
 
 
 @llama_cpp.llama_log_callback
 def _llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
-    """llama.cpp's own log: warnings and errors only, unless --verbose."""
-    if level == _GGML_LOG_CONT:
-        level = _log_state["last_level"]
-    _log_state["last_level"] = level
-    if _log_state["verbose"] or level in (_GGML_LOG_WARN, _GGML_LOG_ERROR):
-        sys.stderr.write(text.decode("utf-8", "replace"))
+    """llama.cpp's log, line by line, through structlog: warnings and errors by
+    default, everything with --verbose."""
+    state = _llama_log_state
+    if level != _GGML_LOG_CONT:
+        state["level"] = level
+    state["buffer"] = str(state["buffer"]) + text.decode("utf-8", "replace")
+    if not str(state["buffer"]).endswith("\n"):
+        return
+    message, state["buffer"] = str(state["buffer"]).strip(), ""
+    name = _GGML_LEVELS.get(int(state["level"]), "info")  # type: ignore[call-overload]
+    if message and (state["verbose"] or name in ("warning", "error")):
+        getattr(_llama_logger, name)("llama_cpp", message=message)
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,7 @@ class ModelMeta:
 
 class LlamaRunner:
     def __init__(self, config: RunnerConfig) -> None:
-        _log_state["verbose"] = config.verbose
+        _llama_log_state["verbose"] = config.verbose
         llama_cpp.llama_log_set(_llama_log, ctypes.c_void_p(0))
         self.config = config
         llama_cpp.llama_backend_init()

@@ -22,11 +22,20 @@ from .domain import FinishReason, SessionParams, TokenEvent, TurnEndEvent
 from .sampler import Sampler
 from .textstream import TextStream
 
+# Events a session may have waiting in its sink before the executor pauses it:
+# a client that stops reading holds up only its own sequence.
+MAX_BACKLOG = 64
+
 
 class EventSink(Protocol):
     """Where a request's events go (the transport bridges it into the event loop)."""
 
     def put(self, event: object) -> None: ...
+
+    @property
+    def backlog(self) -> int:
+        """Events put but not yet taken by the consumer."""
+        ...
 
 
 @dataclass
@@ -44,10 +53,14 @@ class Turn:
 
 
 class Session:
-    def __init__(self, key: int, params: SessionParams, sink: EventSink, max_tokens: int) -> None:
+    def __init__(
+        self, key: int, params: SessionParams, sink: EventSink, max_tokens: int, deadline: float | None = None
+    ) -> None:
         self.key = key
         self.params = params
         self.sink = sink
+        self.deadline = deadline
+        self.t_last_token = 0.0
         self.max_context = max_tokens  # KV cells this session may hold (per-slot limit)
         self.t_open = time.monotonic()
         self.queue_ms = 0.0
@@ -115,6 +128,10 @@ class Session:
     @property
     def generating(self) -> bool:
         return self.next_token is not None
+
+    @property
+    def paused(self) -> bool:
+        return self.sink.backlog >= MAX_BACKLOG
 
     @property
     def num_prefill_ready(self) -> int:

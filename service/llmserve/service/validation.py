@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import secrets
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ from .errors import InvalidArgument
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 MAX_REQUEST_ID_LENGTH = 128
+MAX_EMBED_INPUTS_PER_MESSAGE = 1024
 
 
 @dataclass(frozen=True)
@@ -98,8 +98,7 @@ def stopping_params(msg: pb.StoppingCriteria, limits: Limits) -> StoppingParams:
     return StoppingParams(max_tokens=max_tokens, stop=tuple(msg.stop), ignore_eos=msg.ignore_eos)
 
 
-def session_params(msg: pb.SessionConfig, limits: Limits) -> SessionParams:
-    request_id = msg.request_id or uuid.uuid4().hex
+def session_params(msg: pb.SessionConfig, limits: Limits, request_id: str) -> SessionParams:
     if len(request_id) > MAX_REQUEST_ID_LENGTH:
         raise InvalidArgument(
             f"request_id is limited to {MAX_REQUEST_ID_LENGTH} characters", field="config.request_id"
@@ -108,6 +107,7 @@ def session_params(msg: pb.SessionConfig, limits: Limits) -> SessionParams:
         request_id=request_id,
         sampling=sampling_params(msg.sampling, limits),
         stopping=stopping_params(msg.stopping, limits),
+        priority=msg.priority,
     )
 
 

@@ -1,0 +1,196 @@
+"""One Generate call: a reader task feeds the executor, the writer streams events out.
+
+The reader validates and tokenizes each message and forwards input, turn ends
+and cancels to the executor. The writer turns executor events into responses.
+They share a `_State` on the event-loop thread. The call ends OK once the client
+has half-closed and no turn is open; it ends with the executor's status when the
+session fails, and with UNAVAILABLE when the server drains between turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import structlog
+from llmserve.v1 import llmserve_pb2 as pb
+
+from .bridge import LoopSink
+from .domain import FinishReason, SessionFailed, SessionParams, TokenEvent, TurnEndEvent
+from .engine import Engine
+from .errors import DeadlineExceeded, InvalidArgument, Unavailable, error_from_status_name
+from .inputs import input_tokens
+from .metrics import Metrics
+
+log = structlog.get_logger("llmserve.generate")
+
+
+@dataclass
+class _State:
+    turns_open: int = 0
+    turn_tokens: int = 0
+    session_tokens: int = 0
+    has_history: bool = False
+    needs_bos: bool = True
+    draining: bool = False
+
+
+class _ClientDone:
+    """The client half-closed its side of the stream."""
+
+
+class Drain:
+    """The server is shutting down: end the session once no turn is open."""
+
+
+class _ReaderFailed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class GenerateStream:
+    def __init__(self, engine: Engine, metrics: Metrics, max_input_tokens: int) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.max_input_tokens = max_input_tokens
+        self.sink = LoopSink(asyncio.get_running_loop())
+        self.state = _State()
+
+    async def run(
+        self, first: pb.GenerateRequest, params: SessionParams, requests: AsyncIterator[pb.GenerateRequest],
+        deadline: float | None,
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        engine, state = self.engine, self.state
+        add_bos = first.config.add_bos if first.config.HasField("add_bos") else True
+        state.needs_bos = add_bos and engine.meta.add_bos
+        key = engine.executor.open_session(params, self.sink, deadline)
+        reader = asyncio.create_task(self._read(first, requests, key))
+        client_done = False
+        try:
+            while True:
+                event = await self.sink.get()
+                if isinstance(event, TokenEvent):
+                    yield pb.GenerateResponse(
+                        request_id=params.request_id,
+                        chunk=pb.TokenChunk(text=event.text, token_ids=event.token_ids),
+                    )
+                elif isinstance(event, TurnEndEvent):
+                    state.turns_open -= 1
+                    self._record(event)
+                    yield pb.GenerateResponse(request_id=params.request_id, turn_end=turn_end_proto(event))
+                    if event.finish_reason == FinishReason.DEADLINE:
+                        raise DeadlineExceeded("the call's deadline expired")
+                elif isinstance(event, _ClientDone):
+                    client_done = True
+                elif isinstance(event, Drain):
+                    state.draining = True
+                elif isinstance(event, SessionFailed):
+                    raise error_from_status_name(event.status, event.message)
+                elif isinstance(event, _ReaderFailed):
+                    raise event.error
+                if state.turns_open == 0:
+                    if client_done:
+                        return
+                    if state.draining:
+                        raise Unavailable("the server is shutting down")
+        finally:
+            reader.cancel()
+            engine.executor.close(key)
+
+    def _record(self, event: TurnEndEvent) -> None:
+        m = self.metrics
+        m.turns.labels(event.finish_reason.name).inc()
+        m.prompt_tokens.inc(event.prompt_tokens)
+        m.cached_tokens.inc(event.cached_tokens)
+        m.generated_tokens.inc(event.completion_tokens)
+        if event.completion_tokens:
+            m.ttft.observe(event.ttft_ms / 1000.0)
+        log.info(
+            "turn_end",
+            status="OK" if event.finish_reason != FinishReason.ERROR else "ERROR",
+            finish_reason=event.finish_reason.name,
+            prompt_tokens=event.prompt_tokens,
+            cached_tokens=event.cached_tokens,
+            completion_tokens=event.completion_tokens,
+            queue_ms=round(event.queue_ms, 1),
+            ttft_ms=round(event.ttft_ms, 1),
+            tokens_per_s=round(tokens_per_second(event), 1),
+        )
+
+    async def _read(self, first: pb.GenerateRequest, requests: AsyncIterator[pb.GenerateRequest], key: int) -> None:
+        try:
+            self._on_message(first, key)
+            async for message in requests:
+                self._on_message(message, key)
+            if self.state.turn_tokens:  # input without end_of_turn, then half-close: run it
+                self._end_turn(key, ())
+            self.sink.put_local(_ClientDone())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - handed to the writer, which maps it
+            self.sink.put_local(_ReaderFailed(exc))
+
+    def _on_message(self, message: pb.GenerateRequest, key: int) -> None:
+        engine, state = self.engine, self.state
+        if message.cancel:
+            engine.executor.cancel(key)
+        tokens: tuple[int, ...] = ()
+        if message.HasField("input"):
+            tokens = input_tokens(engine, message.input, "input", state.needs_bos)
+            state.needs_bos = False
+            state.turn_tokens += len(tokens)
+            state.session_tokens += len(tokens)
+            if state.turn_tokens > engine.limits.n_ctx_per_slot:
+                raise InvalidArgument(
+                    f"the turn's input has {state.turn_tokens} tokens, more than the per-slot context "
+                    f"of {engine.limits.n_ctx_per_slot}",
+                    field="input",
+                )
+            if state.session_tokens > self.max_input_tokens:
+                raise InvalidArgument(
+                    f"the session's input reached {state.session_tokens} tokens, more than the limit "
+                    f"of {self.max_input_tokens} (--max-input-tokens)",
+                    field="input",
+                )
+        if message.end_of_turn:
+            self._end_turn(key, tokens)
+        elif tokens:
+            engine.executor.add_input(key, tokens, False)
+
+    def _end_turn(self, key: int, tokens: tuple[int, ...]) -> None:
+        state = self.state
+        if state.turn_tokens == 0 and not state.has_history:
+            raise InvalidArgument("the turn has no input: send text or token ids", field="input")
+        state.turns_open += 1
+        state.has_history = True
+        state.turn_tokens = 0
+        self.engine.executor.add_input(key, tokens, True)
+
+
+def tokens_per_second(event: TurnEndEvent) -> float:
+    decode_s = event.decode_ms / 1000.0
+    return (event.completion_tokens - 1) / decode_s if decode_s > 0 and event.completion_tokens > 1 else 0.0
+
+
+def turn_end_proto(event: TurnEndEvent) -> pb.TurnEnd:
+    return pb.TurnEnd(
+        finish_reason=int(event.finish_reason),
+        matched_stop=event.matched_stop,
+        usage=pb.Usage(
+            prompt_tokens=event.prompt_tokens,
+            cached_tokens=event.cached_tokens,
+            completion_tokens=event.completion_tokens,
+        ),
+        timings=pb.Timings(
+            queue_ms=event.queue_ms,
+            time_to_first_token_ms=event.ttft_ms,
+            prompt_ms=event.prompt_ms,
+            decode_ms=event.decode_ms,
+            decode_tokens_per_second=tokens_per_second(event),
+        ),
+        seed=event.seed,
+        message=event.message,
+    )
+
+

@@ -1,0 +1,45 @@
+"""Prometheus metrics (prometheus-client), all named `llmserve_*`.
+
+One `Metrics` object per server, on its own registry; the executor records
+steps, batch sizes, inter-token latency and slot gauges, the transport records
+requests, turns and tokens. Served on `--metrics-port` when set.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.requests = Counter("llmserve_requests", "Finished RPCs by method and status code", ["rpc", "code"], registry=r)
+        self.turns = Counter("llmserve_turns", "Finished Generate turns by finish reason", ["finish_reason"], registry=r)
+        self.prompt_tokens = Counter("llmserve_prompt_tokens", "Input tokens of finished turns", registry=r)
+        self.cached_tokens = Counter("llmserve_cached_tokens", "Input tokens served from the KV cache", registry=r)
+        self.generated_tokens = Counter("llmserve_generated_tokens", "Tokens sampled", registry=r)
+        self.embeddings = Counter("llmserve_embeddings", "Embedding inputs computed", registry=r)
+        self.embedding_tokens = Counter("llmserve_embedding_tokens", "Tokens of embedding inputs", registry=r)
+        self.ttft = Histogram(
+            "llmserve_time_to_first_token_seconds", "End of input to first token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            "llmserve_inter_token_latency_seconds", "Time between a session's tokens", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.step_duration = Histogram(
+            "llmserve_step_duration_seconds", "Executor step (one llama_decode) duration", ["kind"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.batch_tokens = Histogram(
+            "llmserve_batch_tokens", "Tokens per executor step", ["kind"], buckets=_TOKEN_BUCKETS, registry=r
+        )
+        self.slots = Gauge("llmserve_slots", "KV slots by state", ["state"], registry=r)
+        self.waiting = Gauge("llmserve_waiting_sessions", "Sessions waiting for a slot", registry=r)
+        self.sessions = Gauge("llmserve_sessions", "Open Generate sessions", registry=r)
+        self.kv_used = Gauge("llmserve_kv_cells_used_ratio", "KV cells holding tokens / generation cells", registry=r)
+
+    def serve(self, host: str, port: int) -> None:
+        start_http_server(port, addr=host, registry=self.registry)
