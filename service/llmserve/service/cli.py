@@ -44,12 +44,21 @@ class _Flags:
         self.parser.add_argument(*names, action="store_true", default=value, help=f"{help} [env {env}]")
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: X)" except where there is no default to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False:
+            return action.help or ""
+        return super()._get_help_string(action) or ""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmserve", description="Serve a GGUF model over gRPC.")
     sub = parser.add_subparsers(dest="command", required=True)
     d = ServerConfig()
     serve = sub.add_parser(
-        "serve", help="run the gRPC server", formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        "serve", help="run the gRPC server", formatter_class=_HelpFormatter
     )
     f = _Flags(serve)
     f.add("-m", "--model", type=Path, help="GGUF model file (default: gemma-3-270m Q4_K_M from PyPI)")
@@ -95,10 +104,7 @@ def _health(address: str, timeout: float) -> int:
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
-    if args.command == "health":
-        raise SystemExit(_health(args.address, args.timeout))
+def build_config(args: argparse.Namespace) -> ServerConfig:
     config = ServerConfig(
         model_path=args.model,
         n_ctx=args.ctx_size,
@@ -122,8 +128,20 @@ def main(argv: list[str] | None = None) -> None:
         verbose=args.verbose,
         log_format=args.log_format,
     )
+    config.validate()
+    return config
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return _parser().parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.command == "health":
+        raise SystemExit(_health(args.address, args.timeout))
     try:
-        config.validate()
+        config = build_config(args)
     except ValueError as exc:
         raise SystemExit(f"llmserve: {exc}") from None
 

@@ -1,0 +1,54 @@
+"""Standard services: health (Check and Watch) and reflection driven by `buf curl`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ROOT = Path(__file__).resolve().parents[2]
+BUF = ROOT / "node_modules/.bin/buf"
+
+
+def test_health_check_and_watch(server) -> None:  # type: ignore[no-untyped-def]
+    with grpc.insecure_channel(server.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "llmserve.v1.LLMService"):
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        watch = stub.Watch(health_pb2.HealthCheckRequest(service="llmserve.v1.LLMService"), timeout=5)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        watch.cancel()
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=5)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def _buf(*args: str) -> str:
+    assert BUF.exists() or shutil.which("buf"), "buf is installed by `make tools` (npm @bufbuild/buf)"
+    cmd = [str(BUF if BUF.exists() else "buf"), "curl", "--protocol", "grpc", "--http2-prior-knowledge", *args]
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=60).stdout
+
+
+def test_buf_curl_lists_and_calls_through_reflection(server) -> None:  # type: ignore[no-untyped-def]
+    base = f"http://{server.address}"
+    methods = _buf("--list-methods", base).split()
+    for name in ("Generate", "Embed", "Tokenize", "Detokenize", "GetModelInfo"):
+        assert f"llmserve.v1.LLMService/{name}" in methods
+    info = json.loads(_buf(f"{base}/llmserve.v1.LLMService/GetModelInfo"))
+    assert info["architecture"] == "gemma3"
+    request = {
+        "config": {"sampling": {"temperature": 0}, "stopping": {"maxTokens": 4}},
+        "input": {"text": "Hello"},
+        "endOfTurn": True,
+    }
+    out = _buf("-d", json.dumps(request), f"{base}/llmserve.v1.LLMService/Generate")
+    messages = [json.loads(chunk) for chunk in out.replace("}\n{", "}\x00{").split("\x00")]
+    assert messages[-1]["turnEnd"]["finishReason"] == "FINISH_REASON_LENGTH"
+    assert messages[-1]["turnEnd"]["usage"]["completionTokens"] == 4
+    assert "".join(m["chunk"]["text"] for m in messages[:-1] if "chunk" in m)

@@ -1,0 +1,52 @@
+"""`llmserve serve` flags: llama-server names, defaults in --help, LLMSERVE_* variables."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from llmserve.service import cli
+
+FLAGS = [
+    "--model", "--ctx-size", "--parallel", "--batch-size", "--ubatch-size", "--threads", "--host", "--port",
+    "--embeddings", "--max-queue", "--max-input-tokens", "--max-message-bytes", "--shutdown-grace",
+    "--metrics-port", "--metrics-host", "--tls-cert", "--tls-key", "--tls-client-ca", "--api-key",
+    "--log-format", "--verbose",
+]
+
+
+def test_help_documents_every_flag_with_its_default_and_variable() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "llmserve.service", "serve", "--help"], check=True, capture_output=True, text=True
+    ).stdout
+    out = " ".join(out.split())  # argparse wraps lines
+    for flag in FLAGS:
+        assert flag in out, flag
+        assert cli._env_name(flag) in out, flag
+    for short in ("-m", "-c", "-np", "-b", "-ub", "-t"):
+        assert f"{short} " in out or f"{short}," in out
+    assert "(default: 8192)" in out and "(default: 64)" in out
+
+
+def test_llama_server_short_flags() -> None:
+    config = cli.build_config(cli.parse_args(["serve", "-c", "4096", "-np", "2", "-b", "256", "-ub", "128", "-t", "1", "--embeddings"]))
+    assert (config.n_ctx, config.n_parallel, config.n_batch, config.n_ubatch, config.n_threads) == (4096, 2, 256, 128, 1)
+    assert config.embeddings and config.n_batch_effective == 128  # clamped to the ubatch
+
+
+def test_environment_variables_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMSERVE_CTX_SIZE", "2048")
+    monkeypatch.setenv("LLMSERVE_EMBEDDINGS", "true")
+    monkeypatch.setenv("LLMSERVE_API_KEY", "from-env")
+    monkeypatch.setenv("LLMSERVE_MAX_QUEUE", "7")
+    config = cli.build_config(cli.parse_args(["serve"]))
+    assert (config.n_ctx, config.embeddings, config.api_key, config.max_queue) == (2048, True, "from-env", 7)
+    assert cli.build_config(cli.parse_args(["serve", "-c", "1024"])).n_ctx == 1024
+
+
+def test_inconsistent_flags_are_refused() -> None:
+    with pytest.raises(ValueError, match="--tls-cert and --tls-key"):
+        cli.build_config(cli.parse_args(["serve", "--tls-cert", "a.pem"]))
+    with pytest.raises(ValueError, match="per slot"):
+        cli.build_config(cli.parse_args(["serve", "-c", "32", "-np", "4"]))
