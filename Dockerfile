@@ -10,5 +10,5 @@ COPY client ./client
 RUN pip install --no-cache-dir '.[server]' \
     && python -m llmserve.service.model_files
 EXPOSE 50051
-ENTRYPOINT ["llmserve", "serve", "--host", "0.0.0.0", "--port", "50051"]
-CMD ["--embeddings"]
+ENV LLMSERVE_HOST=0.0.0.0 LLMSERVE_PORT=50051
+ENTRYPOINT ["llmserve", "serve"]

@@ -14,6 +14,8 @@ from typing import Any
 
 import grpc
 
+from .errors import Unauthenticated
+
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 
 
@@ -28,7 +30,8 @@ def server_credentials(cert: Path, key: Path, client_ca: Path | None) -> grpc.Se
 
 def _denying_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid API key (authorization: Bearer <key>)")
+        error = Unauthenticated("missing or invalid API key (authorization: Bearer <key>)")
+        await context.abort_with_status(error.to_status())
 
     kind = {
         (False, False): grpc.unary_unary_rpc_method_handler,
