@@ -27,7 +27,14 @@ FINISH_REASON_CONTEXT_FULL: FinishReason
 FINISH_REASON_ERROR: FinishReason
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "presence_penalty", "frequency_penalty", "repeat_last_n")
+    __slots__ = ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "presence_penalty", "frequency_penalty", "repeat_last_n", "dynatemp_range", "dynatemp_exponent", "typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "mirostat", "mirostat_tau", "mirostat_eta", "logit_bias")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +44,21 @@ class SamplingParams(_message.Message):
     PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
     FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     REPEAT_LAST_N_FIELD_NUMBER: _ClassVar[int]
+    DYNATEMP_RANGE_FIELD_NUMBER: _ClassVar[int]
+    DYNATEMP_EXPONENT_FIELD_NUMBER: _ClassVar[int]
+    TYPICAL_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_N_SIGMA_FIELD_NUMBER: _ClassVar[int]
+    XTC_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    XTC_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    DRY_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    DRY_BASE_FIELD_NUMBER: _ClassVar[int]
+    DRY_ALLOWED_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DRY_PENALTY_LAST_N_FIELD_NUMBER: _ClassVar[int]
+    DRY_SEQUENCE_BREAKERS_FIELD_NUMBER: _ClassVar[int]
+    MIROSTAT_FIELD_NUMBER: _ClassVar[int]
+    MIROSTAT_TAU_FIELD_NUMBER: _ClassVar[int]
+    MIROSTAT_ETA_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -46,31 +68,80 @@ class SamplingParams(_message.Message):
     presence_penalty: float
     frequency_penalty: float
     repeat_last_n: int
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., repeat_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repeat_last_n: _Optional[int] = ...) -> None: ...
+    dynatemp_range: float
+    dynatemp_exponent: float
+    typical_p: float
+    top_n_sigma: float
+    xtc_probability: float
+    xtc_threshold: float
+    dry_multiplier: float
+    dry_base: float
+    dry_allowed_length: int
+    dry_penalty_last_n: int
+    dry_sequence_breakers: StringList
+    mirostat: int
+    mirostat_tau: float
+    mirostat_eta: float
+    logit_bias: _containers.ScalarMap[int, float]
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., repeat_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repeat_last_n: _Optional[int] = ..., dynatemp_range: _Optional[float] = ..., dynatemp_exponent: _Optional[float] = ..., typical_p: _Optional[float] = ..., top_n_sigma: _Optional[float] = ..., xtc_probability: _Optional[float] = ..., xtc_threshold: _Optional[float] = ..., dry_multiplier: _Optional[float] = ..., dry_base: _Optional[float] = ..., dry_allowed_length: _Optional[int] = ..., dry_penalty_last_n: _Optional[int] = ..., dry_sequence_breakers: _Optional[_Union[StringList, _Mapping]] = ..., mirostat: _Optional[int] = ..., mirostat_tau: _Optional[float] = ..., mirostat_eta: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ...) -> None: ...
+
+class StringList(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, values: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StoppingCriteria(_message.Message):
-    __slots__ = ("max_tokens", "stop", "ignore_eos")
+    __slots__ = ("max_tokens", "stop", "ignore_eos", "min_tokens", "stop_token_ids")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     stop: _containers.RepeatedScalarFieldContainer[str]
     ignore_eos: bool
-    def __init__(self, max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
+    min_tokens: int
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class OutputOptions(_message.Message):
+    __slots__ = ("top_logprobs", "prompt_logprobs", "include_special")
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_SPECIAL_FIELD_NUMBER: _ClassVar[int]
+    top_logprobs: int
+    prompt_logprobs: bool
+    include_special: bool
+    def __init__(self, top_logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[bool] = ..., include_special: _Optional[bool] = ...) -> None: ...
+
+class Constraint(_message.Message):
+    __slots__ = ("grammar", "json_schema")
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    grammar: str
+    json_schema: str
+    def __init__(self, grammar: _Optional[str] = ..., json_schema: _Optional[str] = ...) -> None: ...
 
 class SessionConfig(_message.Message):
-    __slots__ = ("request_id", "sampling", "stopping", "add_bos", "priority")
+    __slots__ = ("request_id", "sampling", "stopping", "add_bos", "priority", "output", "constraint", "n")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STOPPING_FIELD_NUMBER: _ClassVar[int]
     ADD_BOS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     sampling: SamplingParams
     stopping: StoppingCriteria
     add_bos: bool
     priority: int
-    def __init__(self, request_id: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., add_bos: _Optional[bool] = ..., priority: _Optional[int] = ...) -> None: ...
+    output: OutputOptions
+    constraint: Constraint
+    n: int
+    def __init__(self, request_id: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., add_bos: _Optional[bool] = ..., priority: _Optional[int] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., n: _Optional[int] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -78,13 +149,29 @@ class TokenIds(_message.Message):
     ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
+class ChatMessages(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
+
 class Input(_message.Message):
-    __slots__ = ("text", "tokens")
+    __slots__ = ("text", "tokens", "messages")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     text: str
     tokens: TokenIds
-    def __init__(self, text: _Optional[str] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ...) -> None: ...
+    messages: ChatMessages
+    def __init__(self, text: _Optional[str] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("config", "input", "end_of_turn", "cancel")
@@ -98,13 +185,43 @@ class GenerateRequest(_message.Message):
     cancel: bool
     def __init__(self, config: _Optional[_Union[SessionConfig, _Mapping]] = ..., input: _Optional[_Union[Input, _Mapping]] = ..., end_of_turn: _Optional[bool] = ..., cancel: _Optional[bool] = ...) -> None: ...
 
+class TopLogprob(_message.Message):
+    __slots__ = ("token_id", "text", "logprob")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    text: str
+    logprob: float
+    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., logprob: _Optional[float] = ...) -> None: ...
+
+class TokenLogprob(_message.Message):
+    __slots__ = ("token_id", "logprob", "top")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    logprob: float
+    top: _containers.RepeatedCompositeFieldContainer[TopLogprob]
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
+
 class TokenChunk(_message.Message):
-    __slots__ = ("text", "token_ids")
+    __slots__ = ("text", "token_ids", "logprobs", "index")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    index: int
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
+
+class PromptLogprobs(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, tokens: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "cached_tokens", "completion_tokens")
@@ -131,30 +248,36 @@ class Timings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., time_to_first_token_ms: _Optional[float] = ..., prompt_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., decode_tokens_per_second: _Optional[float] = ...) -> None: ...
 
 class TurnEnd(_message.Message):
-    __slots__ = ("finish_reason", "matched_stop", "usage", "timings", "seed", "message")
+    __slots__ = ("finish_reason", "matched_stop", "usage", "timings", "seed", "message", "index", "matched_stop_token_id")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     MATCHED_STOP_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     finish_reason: FinishReason
     matched_stop: str
     usage: Usage
     timings: Timings
     seed: int
     message: str
-    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., matched_stop: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    index: int
+    matched_stop_token_id: int
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., matched_stop: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., index: _Optional[int] = ..., matched_stop_token_id: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "chunk", "turn_end")
+    __slots__ = ("request_id", "chunk", "turn_end", "prompt_logprobs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     TURN_END_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     chunk: TokenChunk
     turn_end: TurnEnd
-    def __init__(self, request_id: _Optional[str] = ..., chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., turn_end: _Optional[_Union[TurnEnd, _Mapping]] = ...) -> None: ...
+    prompt_logprobs: PromptLogprobs
+    def __init__(self, request_id: _Optional[str] = ..., chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., turn_end: _Optional[_Union[TurnEnd, _Mapping]] = ..., prompt_logprobs: _Optional[_Union[PromptLogprobs, _Mapping]] = ...) -> None: ...
 
 class EmbedOptions(_message.Message):
     __slots__ = ("normalize", "truncate", "add_bos")
@@ -237,7 +360,7 @@ class SlotInfo(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., busy: _Optional[bool] = ..., num_cached_tokens: _Optional[int] = ..., paused: _Optional[bool] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "path", "architecture", "num_parameters", "n_ctx_train", "n_ctx", "n_ctx_per_slot", "n_embd", "vocab_size", "bos_token_id", "eos_token_id", "eog_token_ids", "has_chat_template", "can_generate", "can_embed", "n_parallel", "n_batch", "n_ubatch", "pooling_type", "version", "slots", "num_sessions_waiting", "max_queue")
+    __slots__ = ("name", "path", "architecture", "num_parameters", "n_ctx_train", "n_ctx", "n_ctx_per_slot", "n_embd", "vocab_size", "bos_token_id", "eos_token_id", "eog_token_ids", "has_chat_template", "can_generate", "can_embed", "n_parallel", "n_batch", "n_ubatch", "pooling_type", "version", "slots", "num_sessions_waiting", "max_queue", "features")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
@@ -261,6 +384,7 @@ class ModelInfo(_message.Message):
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     NUM_SESSIONS_WAITING_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     architecture: str
@@ -284,4 +408,25 @@ class ModelInfo(_message.Message):
     slots: _containers.RepeatedCompositeFieldContainer[SlotInfo]
     num_sessions_waiting: int
     max_queue: int
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., num_parameters: _Optional[int] = ..., n_ctx_train: _Optional[int] = ..., n_ctx: _Optional[int] = ..., n_ctx_per_slot: _Optional[int] = ..., n_embd: _Optional[int] = ..., vocab_size: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., eog_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., can_generate: _Optional[bool] = ..., can_embed: _Optional[bool] = ..., n_parallel: _Optional[int] = ..., n_batch: _Optional[int] = ..., n_ubatch: _Optional[int] = ..., pooling_type: _Optional[str] = ..., version: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotInfo, _Mapping]]] = ..., num_sessions_waiting: _Optional[int] = ..., max_queue: _Optional[int] = ...) -> None: ...
+    features: Features
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., num_parameters: _Optional[int] = ..., n_ctx_train: _Optional[int] = ..., n_ctx: _Optional[int] = ..., n_ctx_per_slot: _Optional[int] = ..., n_embd: _Optional[int] = ..., vocab_size: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., eog_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., can_generate: _Optional[bool] = ..., can_embed: _Optional[bool] = ..., n_parallel: _Optional[int] = ..., n_batch: _Optional[int] = ..., n_ubatch: _Optional[int] = ..., pooling_type: _Optional[str] = ..., version: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotInfo, _Mapping]]] = ..., num_sessions_waiting: _Optional[int] = ..., max_queue: _Optional[int] = ..., features: _Optional[_Union[Features, _Mapping]] = ...) -> None: ...
+
+class Features(_message.Message):
+    __slots__ = ("samplers", "max_top_logprobs", "prompt_logprobs", "grammar", "json_schema", "chat", "chat_template_source", "max_samples")
+    SAMPLERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    CHAT_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    MAX_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    samplers: _containers.RepeatedScalarFieldContainer[str]
+    max_top_logprobs: int
+    prompt_logprobs: bool
+    grammar: bool
+    json_schema: bool
+    chat: bool
+    chat_template_source: str
+    max_samples: int
+    def __init__(self, samplers: _Optional[_Iterable[str]] = ..., max_top_logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[bool] = ..., grammar: _Optional[bool] = ..., json_schema: _Optional[bool] = ..., chat: _Optional[bool] = ..., chat_template_source: _Optional[str] = ..., max_samples: _Optional[int] = ...) -> None: ...

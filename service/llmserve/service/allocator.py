@@ -92,6 +92,10 @@ class SlotAllocator:
     def num_cached_tokens(self) -> int:
         return sum(len(slot.tokens) for slot in self.slots)
 
+    @property
+    def num_idle(self) -> int:
+        return sum(not slot.busy for slot in self.slots)
+
     def can_allocate(self) -> bool:
         return any(not slot.busy for slot in self.slots)
 

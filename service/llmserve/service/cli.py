@@ -80,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     f.add("--tls-key", type=Path, help="server private key (PEM)")
     f.add("--tls-client-ca", type=Path, help="CA (PEM) for client certificates: requires mTLS")
     f.add("--api-key", help="require 'authorization: Bearer <key>' on every RPC but health")
+    f.add("--chat-template-file", type=Path, help="jinja2 chat template overriding the model's")
     f.add("--log-format", default=d.log_format, help="json, console, or auto (console on a TTY)")
     f.switch("-v", "--verbose", help="debug logs, including llama.cpp's info lines")
 
@@ -125,6 +126,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
         api_key=args.api_key,
+        chat_template_file=args.chat_template_file,
         verbose=args.verbose,
         log_format=args.log_format,
     )

@@ -45,6 +45,7 @@ class AddInput:
     key: int
     tokens: tuple[int, ...]
     end_of_turn: bool
+    replace: bool = False  # chat: tokens are the whole rendered history
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ class ServerConfig:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
     api_key: str | None = None
+    chat_template_file: Path | None = None
     verbose: bool = False
     log_format: str = "auto"
 

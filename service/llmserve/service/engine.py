@@ -8,6 +8,7 @@ from __future__ import annotations
 import structlog
 
 from . import __version__
+from .chat import ChatTemplate
 from .config import ServerConfig
 from .executor import Executor
 from .metrics import Metrics
@@ -47,6 +48,7 @@ class Engine:
             n_ctx_per_slot=config.n_ctx_per_slot,
             n_ubatch=config.n_ubatch,
         )
+        self.chat_template = self._chat_template(config)
         self.executor = Executor(self.runner, config.n_parallel, config.n_ctx_per_slot, metrics)
         self.version = __version__
         self.pooling = POOLING_NAMES[1] if config.embeddings else POOLING_NAMES[0]
@@ -62,6 +64,18 @@ class Engine:
             n_threads=config.n_threads,
             embeddings=config.embeddings,
         )
+
+    def _chat_template(self, config: ServerConfig) -> ChatTemplate | None:
+        bos = self.runner.piece(self.meta.bos_token_id, special=True).decode("utf-8", "replace")
+        eos = self.runner.piece(self.meta.eos_token_id, special=True).decode("utf-8", "replace")
+        if config.chat_template_file is not None:
+            log.info("chat_template", source="file", path=str(config.chat_template_file))
+            return ChatTemplate.from_file(config.chat_template_file, bos, eos)
+        if self.meta.chat_template:
+            log.info("chat_template", source="model")
+            return ChatTemplate(self.meta.chat_template, bos, eos, "model")
+        log.info("chat_template", source="none", detail="chat input needs --chat-template-file")
+        return None
 
     def start(self) -> None:
         self.executor.start()

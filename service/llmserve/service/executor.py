@@ -15,17 +15,19 @@ import queue
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 
 import numpy as np
 import structlog
 
 from .allocator import SlotAllocator
 from .commands import STOP, AddInput, Cancel, Close, Embed, ExecutorSnapshot, Open, SlotSnapshot
-from .domain import EmbedInput, EmbedResult, FinishReason, SessionFailed, SessionParams
+from .domain import EmbedInput, EmbedResult, FinishReason, SamplingParams, SessionFailed, SessionParams
+from .generation import GenerationStep
 from .metrics import Metrics
 from .runner import LlamaRunner
-from .sampler import Sampler
-from .scheduler import Scheduler, SeqDemand, StepPlan
+from .sampler import GrammarError, Sampler
+from .scheduler import Scheduler, SeqDemand
 from .session import EventSink, Session
 
 log = structlog.get_logger("llmserve.executor")
@@ -45,6 +47,7 @@ class Executor:
         self.allocator = SlotAllocator(n_parallel, n_ctx_per_slot)
         self.scheduler = Scheduler(cfg.n_batch, cfg.n_ubatch, cfg.max_embed_seqs)
         self._eog = frozenset(runner.meta.eog_token_ids)
+        self._generation = GenerationStep(runner, self.metrics, self._finish, self._fail, self._fork)
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._keys = itertools.count(1)
         self._sessions: dict[int, Session] = {}
@@ -72,8 +75,9 @@ class Executor:
         self._commands.put(Open(key, params, sink, deadline))
         return key
 
-    def add_input(self, key: int, tokens: tuple[int, ...], end_of_turn: bool) -> None:
-        self._commands.put(AddInput(key, tokens, end_of_turn))
+    def add_input(self, key: int, tokens: tuple[int, ...], end_of_turn: bool, replace: bool = False) -> None:
+        """Append input (or, with `replace`, give the whole rendered history: chat)."""
+        self._commands.put(AddInput(key, tokens, end_of_turn, replace))
 
     def cancel(self, key: int) -> None:
         self._commands.put(Cancel(key))
@@ -90,7 +94,8 @@ class Executor:
         try:
             while self._drain(block=False):
                 self._expire_deadlines()
-                self._admit()
+                if self._admit():
+                    self._publish()  # slots taken before the first token streams out
                 try:
                     worked = self._step()
                 except Exception:  # a bug: fail the sessions involved, keep serving
@@ -125,26 +130,36 @@ class Executor:
             if session is None:
                 return
             if isinstance(command, AddInput):
-                if session.turn is not None:
-                    session.later.append((command.tokens, command.end_of_turn))
+                if session.turn is not None or session.samples_open:
+                    session.later.append((command.tokens, command.end_of_turn, command.replace))
                 else:
-                    self._accept_input(session, command.tokens, command.end_of_turn)
+                    self._accept_input(session, command.tokens, command.end_of_turn, command.replace)
             elif isinstance(command, Cancel):
-                if session.turn is not None:
-                    self._finish(session, FinishReason.CANCELLED, session.next_token)
+                for sample in (*session.children, session):
+                    if sample.turn is not None:
+                        self._finish(sample, FinishReason.CANCELLED, sample.next_token)
             elif isinstance(command, Close):
                 self._release(session)
 
     def _open(self, command: Open) -> None:
         params = command.params
-        banned = tuple(self._eog) if params.stopping.ignore_eos else ()
         session = Session(command.key, params, command.sink, self.n_ctx_per_slot, command.deadline)
-        session.sampler = Sampler(params.sampling, self.runner.n_vocab, banned)
+        try:
+            session.sampler = self._sampler(params.sampling, params.stopping.ignore_eos)
+        except GrammarError as exc:  # the transport checks first; this is the backstop
+            command.sink.put(SessionFailed("INVALID_ARGUMENT", str(exc)))
+            return
         self._sessions[command.key] = session
         self._waiting.append(session)
 
-    def _accept_input(self, session: Session, tokens: tuple[int, ...], end_of_turn: bool) -> None:
-        if tokens:
+    def _sampler(self, sampling: SamplingParams, ignore_eos: bool = False) -> Sampler:
+        banned = tuple(self._eog) if ignore_eos else ()
+        return Sampler(sampling, self.runner.vocab, self.runner.n_vocab, self.n_ctx_per_slot, banned)
+
+    def _accept_input(self, session: Session, tokens: tuple[int, ...], end_of_turn: bool, replace: bool) -> None:
+        if replace:
+            session.replace_history(tokens)
+        elif tokens:
             session.add_input(tokens)
         if not end_of_turn:
             return
@@ -156,15 +171,53 @@ class Executor:
         elif not session.pending and session.num_context_tokens == 0:
             self._fail(session, "INVALID_ARGUMENT", "the turn has no input")
 
-    def _finish(self, session: Session, reason: FinishReason, last_token: int | None, **kw: str) -> None:
-        session.finish_turn(reason, last_token, **kw)
-        while session.later and session.turn is None:
-            tokens, end_of_turn = session.later.popleft()
-            self._accept_input(session, tokens, end_of_turn)
+    def _finish(self, session: Session, reason: FinishReason, last_token: int | None, **kw: object) -> None:
+        session.finish_turn(reason, last_token, **kw)  # type: ignore[arg-type]
+        if session.parent is not None:  # a forked sample lives for one turn
+            self._release(session)
+        group = session.group
+        while group.later and group.turn is None and group.samples_open == 0:
+            tokens, end_of_turn, replace = group.later.popleft()
+            self._accept_input(group, tokens, end_of_turn, replace)
+
+    def _fork(self, parent: Session) -> list[Session]:
+        """First logits of a turn with n > 1: copy the KV into the reserved slots."""
+        if not parent.reserved or parent.turn is None or parent.turn.t_first_token is not None:
+            return []
+        assert parent.slot is not None
+        children = []
+        for slot in parent.reserved:
+            index = len(parent.children) + 1
+            self.runner.seq_rm(slot.seq_id, -1, -1)
+            self.runner.seq_cp(parent.slot.seq_id, slot.seq_id)
+            slot.tokens[:] = parent.slot.tokens
+            slot.num_confirmed = len(slot.tokens)
+            sampling = replace(parent.params.sampling, seed=(parent.params.sampling.seed + index) % 2**32)
+            params = replace(parent.params, sampling=sampling, num_samples=1)
+            child = Session(next(self._keys), params, parent.sink, self.n_ctx_per_slot, parent.deadline, parent, index)
+            child.slot = slot
+            child.sampler = self._sampler(sampling, params.stopping.ignore_eos)
+            child.sampler.accept(slot.tokens)
+            child.turn = parent.turn.fork()
+            child.queue_ms = parent.queue_ms
+            parent.children.append(child)
+            parent.samples_open += 1
+            self._sessions[child.key] = child
+            children.append(child)
+        parent.reserved.clear()
+        return children
 
     def _release(self, session: Session) -> None:
         """The stream is gone: free the slot now; its KV stays as a prefix cache."""
         self._sessions.pop(session.key, None)
+        if session.parent is not None and session in session.parent.children:
+            session.parent.children.remove(session)
+        for child in list(session.children):
+            self._release(child)
+        session.children.clear()
+        for slot in session.reserved:
+            self.allocator.free(slot)
+        session.reserved.clear()
         if session.slot is not None:
             self.allocator.free(session.slot)
             session.slot = None
@@ -181,14 +234,19 @@ class Executor:
         session.sink.put(SessionFailed(status, message))
         self._release(session)
 
-    def _admit(self) -> None:
+    def _admit(self) -> bool:
         """Give free slots to waiting sessions that have input: higher priority first, then FIFO."""
+        admitted = False
         for session in sorted(self._waiting, key=lambda s: (-s.params.priority, s.key)):
-            if not self.allocator.can_allocate():
-                return
+            need = session.params.num_samples
+            if self.allocator.num_idle < need:
+                break
             if session.pending:
                 self._waiting.remove(session)
                 session.attach(self.allocator.allocate(session.pending))
+                session.reserved = [self.allocator.allocate(()) for _ in range(need - 1)]
+                admitted = True
+        return admitted
 
     def _idle_timeout(self) -> float | None:
         """How long the idle loop may sleep: paused sessions resume when their client
@@ -203,11 +261,12 @@ class Executor:
     def _expire_deadlines(self) -> None:
         """End sessions whose deadline falls before the next step could finish."""
         horizon = time.monotonic() + 1.5 * self._step_s + 0.005
-        for s in list(self._sessions.values()):
+        for s in [s for s in self._sessions.values() if s.parent is None]:
             if s.deadline is not None and s.deadline <= horizon:
-                if s.turn is not None:
-                    s.later.clear()
-                    self._finish(s, FinishReason.DEADLINE, s.next_token, message="the call's deadline expired")
+                s.later.clear()
+                for sample in (*s.children, s):
+                    if sample.turn is not None:
+                        self._finish(sample, FinishReason.DEADLINE, sample.next_token, message="the call's deadline expired")
                 self._fail(s, "DEADLINE_EXCEEDED", "the call's deadline expired")
 
     # ------------------------------------------------------------- one step
@@ -231,93 +290,12 @@ class Executor:
         else:
             kind = "generate"
             num_tokens = plan.num_tokens
-            self._run_generation(plan)
+            self._generation.run(plan, self._sessions)
         elapsed = time.perf_counter() - start
         self._step_s = 0.9 * self._step_s + 0.1 * elapsed
         self.metrics.step_duration.labels(kind).observe(elapsed)
         self.metrics.batch_tokens.labels(kind).observe(num_tokens)
         return True
-
-    def _run_generation(self, plan: StepPlan) -> None:
-        batch = self.runner.batch
-        batch.clear()
-        entries: list[tuple[Session, list[int], int | None]] = []
-        for key in plan.decode:
-            s = self._sessions[key]
-            assert s.slot is not None and s.next_token is not None
-            row = batch.add([s.next_token], len(s.slot.tokens), s.slot.seq_id, True)
-            entries.append((s, [s.next_token], row))
-        for key, n in plan.prefill:
-            s = self._sessions[key]
-            self._trim_stale_tail(s)
-            assert s.slot is not None
-            chunk = s.pending[:n]
-            wants_logits = s.turn is not None and n == len(s.pending)
-            row = batch.add(chunk, len(s.slot.tokens), s.slot.seq_id, wants_logits)
-            entries.append((s, chunk, row if wants_logits else None))
-        status = self.runner.decode()
-        if status != 0:
-            log.error("decode_failed", status=status, num_tokens=batch.num_tokens)
-            for s, _, _ in entries:
-                self._drop_sequence(s)
-                self._fail(s, "INTERNAL", f"llama_decode failed with status {status}")
-            return
-        for s, tokens, row in entries:
-            assert s.slot is not None and s.sampler is not None
-            s.slot.append(tokens)
-            if s.generating:
-                s.next_token = None
-            else:
-                del s.pending[: len(tokens)]
-                s.sampler.accept(tokens)
-            if row is not None:
-                self._sample(s, row)
-
-    def _sample(self, s: Session, row: int) -> None:
-        assert s.turn is not None and s.sampler is not None and s.slot is not None
-        token = s.sampler.sample(self.runner.ctx, row)
-        turn = s.turn
-        now = time.monotonic()
-        if turn.t_first_token is None:
-            turn.t_first_token = now
-        else:
-            self.metrics.itl.observe(now - s.t_last_token)
-        s.t_last_token = now
-        turn.completion_tokens += 1
-        turn.held_ids.append(token)
-        stopping = s.params.stopping
-        if token in self._eog and not stopping.ignore_eos:
-            self._finish(s, FinishReason.STOP, token)
-            return
-        text, stop = turn.stream.push(self.runner.piece(token))
-        if stop is not None:
-            s.emit_tokens(text)
-            self._finish(s, FinishReason.STOP_SEQUENCE, token, matched_stop=stop)
-            return
-        if text:
-            s.emit_tokens(text)
-        if stopping.max_tokens is not None and turn.completion_tokens >= stopping.max_tokens:
-            self._finish(s, FinishReason.LENGTH, token)
-        elif s.slot.num_confirmed + 1 > s.max_context:
-            self._finish(s, FinishReason.CONTEXT_FULL, token, message="the slot's context is full")
-        else:
-            s.next_token = token
-
-    def _trim_stale_tail(self, s: Session) -> None:
-        slot = s.slot
-        assert slot is not None
-        history = slot.tokens[: slot.num_confirmed]
-        start = slot.take_stale_tail()
-        if start is not None and not self.runner.seq_rm(slot.seq_id, start, -1):
-            # The cache cannot cut there: drop the sequence and prefill it all again.
-            log.warning("seq_rm_partial_failed", seq_id=slot.seq_id, position=start)
-            self._drop_sequence(s)
-            s.pending[:0] = history
-
-    def _drop_sequence(self, s: Session) -> None:
-        if s.slot is not None:
-            self.runner.seq_rm(s.slot.seq_id, -1, -1)
-            s.slot.reset()
 
     def _run_embeddings(self, count: int) -> None:
         items = [self._embeds.popleft() for _ in range(count)]
@@ -340,13 +318,13 @@ class Executor:
     # ------------------------------------------------------------ bookkeeping
 
     def _fail_busy_sessions(self, status: str, message: str) -> None:
-        for s in list(self._sessions.values()):
+        for s in [s for s in self._sessions.values() if s.parent is None]:
             if s.slot is not None:
-                self._drop_sequence(s)
+                self._generation.drop_sequence(s)
                 self._fail(s, status, message)
 
     def _shutdown_sessions(self) -> None:
-        for s in list(self._sessions.values()):
+        for s in [s for s in self._sessions.values() if s.parent is None]:
             self._fail(s, "UNAVAILABLE", "the server is shutting down")
         while self._embeds:
             _, sink = self._embeds.popleft()

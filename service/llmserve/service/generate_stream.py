@@ -11,15 +11,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 from llmserve.v1 import llmserve_pb2 as pb
 
 from .bridge import LoopSink
-from .domain import FinishReason, SessionFailed, SessionParams, TokenEvent, TurnEndEvent
+from .chat import MAX_MESSAGES, ChatMessage
+from .domain import (
+    FinishReason,
+    PromptLogprobsEvent,
+    SessionFailed,
+    SessionParams,
+    TokenEvent,
+    TokenLogprob,
+    TurnEndEvent,
+)
 from .engine import Engine
-from .errors import DeadlineExceeded, InvalidArgument, Unavailable, error_from_status_name
+from .errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable, error_from_status_name
 from .inputs import input_tokens
 from .metrics import Metrics
 
@@ -34,6 +43,8 @@ class _State:
     has_history: bool = False
     needs_bos: bool = True
     draining: bool = False
+    chat: list[ChatMessage] | None = None  # the conversation, when the session uses messages
+    reply: list[str] = field(default_factory=list)  # sample 0's text of the running turn
 
 
 class _ClientDone:
@@ -71,12 +82,28 @@ class GenerateStream:
             while True:
                 event = await self.sink.get()
                 if isinstance(event, TokenEvent):
+                    if event.index == 0 and state.chat is not None:
+                        state.reply.append(event.text)
                     yield pb.GenerateResponse(
                         request_id=params.request_id,
-                        chunk=pb.TokenChunk(text=event.text, token_ids=event.token_ids),
+                        chunk=pb.TokenChunk(
+                            text=event.text,
+                            token_ids=event.token_ids,
+                            logprobs=[logprob_proto(lp) for lp in event.logprobs],
+                            index=event.index,
+                        ),
+                    )
+                elif isinstance(event, PromptLogprobsEvent):
+                    yield pb.GenerateResponse(
+                        request_id=params.request_id,
+                        prompt_logprobs=pb.PromptLogprobs(tokens=[logprob_proto(lp) for lp in event.tokens]),
                     )
                 elif isinstance(event, TurnEndEvent):
-                    state.turns_open -= 1
+                    if event.final:
+                        state.turns_open -= 1
+                    if event.index == 0 and state.chat is not None:
+                        state.chat.append(ChatMessage("assistant", "".join(state.reply)))
+                        state.reply.clear()
                     self._record(event)
                     yield pb.GenerateResponse(request_id=params.request_id, turn_end=turn_end_proto(event))
                     if event.finish_reason == FinishReason.DEADLINE:
@@ -136,41 +163,87 @@ class GenerateStream:
         if message.cancel:
             engine.executor.cancel(key)
         tokens: tuple[int, ...] = ()
+        if message.HasField("input") and message.input.WhichOneof("kind") == "messages":
+            tokens = self._render_chat(message.input.messages)
+            # The whole rendered conversation is this turn's input (the KV reuses its prefix).
+            state.turn_tokens = state.session_tokens = len(tokens)
+            self._check_sizes()
+            if message.end_of_turn:
+                self._end_turn(key, tokens, replace=True)
+            else:
+                engine.executor.add_input(key, tokens, False, replace=True)
+            return
         if message.HasField("input"):
+            if state.chat is not None:
+                raise InvalidArgument("a session that uses chat messages must keep to messages", field="input")
             tokens = input_tokens(engine, message.input, "input", state.needs_bos)
             state.needs_bos = False
             state.turn_tokens += len(tokens)
             state.session_tokens += len(tokens)
-            if state.turn_tokens > engine.limits.n_ctx_per_slot:
-                raise InvalidArgument(
-                    f"the turn's input has {state.turn_tokens} tokens, more than the per-slot context "
-                    f"of {engine.limits.n_ctx_per_slot}",
-                    field="input",
-                )
-            if state.session_tokens > self.max_input_tokens:
-                raise InvalidArgument(
-                    f"the session's input reached {state.session_tokens} tokens, more than the limit "
-                    f"of {self.max_input_tokens} (--max-input-tokens)",
-                    field="input",
-                )
+            self._check_sizes()
         if message.end_of_turn:
             self._end_turn(key, tokens)
         elif tokens:
             engine.executor.add_input(key, tokens, False)
 
-    def _end_turn(self, key: int, tokens: tuple[int, ...]) -> None:
+    def _check_sizes(self) -> None:
+        engine, state = self.engine, self.state
+        if state.turn_tokens > engine.limits.n_ctx_per_slot:
+            raise InvalidArgument(
+                f"the turn's input has {state.turn_tokens} tokens, more than the per-slot context "
+                f"of {engine.limits.n_ctx_per_slot}",
+                field="input",
+            )
+        if state.session_tokens > self.max_input_tokens:
+            raise InvalidArgument(
+                f"the session's input reached {state.session_tokens} tokens, more than the limit "
+                f"of {self.max_input_tokens} (--max-input-tokens)",
+                field="input",
+            )
+
+    def _render_chat(self, msg: pb.ChatMessages) -> tuple[int, ...]:
+        engine, state = self.engine, self.state
+        if engine.chat_template is None:
+            raise FailedPrecondition(
+                "the model has no chat template (tokenizer.chat_template); start the server with "
+                "--chat-template-file, or send text or token ids"
+            )
+        if state.chat is None:
+            if state.has_history or state.turn_tokens:
+                raise InvalidArgument("a session that started with text or tokens cannot switch to messages", field="input")
+            state.chat = []
+        if not msg.messages:
+            raise InvalidArgument("messages must not be empty", field="input.messages")
+        if len(state.chat) + len(msg.messages) > MAX_MESSAGES:
+            raise InvalidArgument(f"a session holds at most {MAX_MESSAGES} messages", field="input.messages")
+        for i, m in enumerate(msg.messages):
+            if not m.role:
+                raise InvalidArgument("every message needs a role", field=f"input.messages[{i}].role")
+            state.chat.append(ChatMessage(m.role, m.content))
+        text = engine.chat_template.render(state.chat, add_generation_prompt=True)
+        return tuple(engine.runner.tokenize(text, add_special=False, parse_special=True))
+
+    def _end_turn(self, key: int, tokens: tuple[int, ...], replace: bool = False) -> None:
         state = self.state
         if state.turn_tokens == 0 and not state.has_history:
             raise InvalidArgument("the turn has no input: send text or token ids", field="input")
         state.turns_open += 1
         state.has_history = True
         state.turn_tokens = 0
-        self.engine.executor.add_input(key, tokens, True)
+        self.engine.executor.add_input(key, tokens, True, replace)
 
 
 def tokens_per_second(event: TurnEndEvent) -> float:
     decode_s = event.decode_ms / 1000.0
     return (event.completion_tokens - 1) / decode_s if decode_s > 0 and event.completion_tokens > 1 else 0.0
+
+
+def logprob_proto(lp: TokenLogprob) -> pb.TokenLogprob:
+    return pb.TokenLogprob(
+        token_id=lp.token_id,
+        logprob=lp.logprob,
+        top=[pb.TopLogprob(token_id=t, text=text, logprob=v) for t, text, v in lp.top],
+    )
 
 
 def turn_end_proto(event: TurnEndEvent) -> pb.TurnEnd:
@@ -191,6 +264,8 @@ def turn_end_proto(event: TurnEndEvent) -> pb.TurnEnd:
         ),
         seed=event.seed,
         message=event.message,
+        index=event.index,
+        matched_stop_token_id=event.matched_stop_token_id,
     )
 
 

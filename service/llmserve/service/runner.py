@@ -186,6 +186,16 @@ class LlamaRunner:
         """Run the batch as filled; 0 on success (llama_decode's status otherwise)."""
         return int(llama_cpp.llama_decode(self.ctx, self.batch.finish()))
 
+    def logits_row(self, row: int) -> np.ndarray:
+        """A view (no copy) of the logits of batch row `row` from the last decode."""
+        ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
+        if not ptr:
+            raise RuntimeError(f"no logits for batch row {row}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def seq_cp(self, src: int, dst: int) -> None:
+        llama_cpp.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
+
     def embed(self, inputs: list[tuple[int, ...]], first_seq_id: int) -> list[np.ndarray]:
         """Pooled embeddings of inputs packed into one ubatch, one sequence id each.
 

@@ -1,17 +1,21 @@
 """Per-request llama.cpp sampler chains (ctypes).
 
-Order follows llama-server (logit bias, penalties, top_k, top_p, min_p,
-temperature, dist) except that top_k runs before the penalties: the penalty
-sampler does a hash lookup for every candidate, milliseconds per token over a
-262k vocabulary, and top_k first cuts the candidates to k.
+The chain follows llama-server's order (logit bias; penalties, DRY, top-n-sigma,
+top_k, typical, top_p, min_p, XTC, temperature; then the draw, or temperature +
+mirostat) with one change for speed: penalties and DRY run after top_k. Both
+scan every candidate (milliseconds per token over a 262k vocabulary) and only
+lower logits, so after top_k they cost microseconds and can only differ in which
+tokens just outside the top k could have moved in.
 
-A greedy chain with no penalties and no bias is the argmax of the logits row,
-which `Sampler.sample` computes with numpy instead of copying the whole
-vocabulary into a llama_token_data_array.
+A greedy chain with nothing else to apply is the argmax of the logits row, done
+with numpy. A grammar is applied llama-server's way: sample with the chain, and
+only if the grammar rejects that token, constrain the full row and sample again
+(applying a grammar to 262k candidates on every token would cost tens of ms).
 """
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 
 import llama_cpp
@@ -19,66 +23,161 @@ import numpy as np
 
 from .domain import SamplingParams
 
+SAMPLER_NAMES = (
+    "logit_bias", "penalties", "dry", "top_n_sigma", "top_k", "typical_p", "top_p", "min_p", "xtc",
+    "temperature", "dynamic_temperature", "mirostat", "mirostat_v2", "greedy", "grammar",
+)
+
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
+
+
+class GrammarError(ValueError):
+    """The GBNF grammar did not parse."""
+
+
+def check_grammar(vocab: llama_cpp.llama_vocab_p, grammar: str) -> None:
+    """Parse a grammar once (thread-safe: reads the vocabulary only)."""
+    smpl = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+    if not smpl:
+        raise GrammarError("the grammar does not parse (GBNF with a 'root' rule expected)")
+    llama_cpp.llama_sampler_free(smpl)
+
 
 class Sampler:
-    """Owns one llama_sampler chain; used and freed by the executor thread only."""
+    """Owns one llama_sampler chain (and grammar); used and freed by the executor thread only."""
 
     def __init__(
         self,
         params: SamplingParams,
+        vocab: llama_cpp.llama_vocab_p,
         n_vocab: int,
+        n_ctx: int,
         banned_tokens: Sequence[int] = (),
     ) -> None:
         self.params = params
         self._n_vocab = n_vocab
-        self._is_argmax = params.is_greedy and not params.has_penalties and not banned_tokens
-        self._chain = llama_cpp.llama_sampler_chain_init(
-            llama_cpp.llama_sampler_chain_default_params()
-        )
-        add = lambda smpl: llama_cpp.llama_sampler_chain_add(self._chain, smpl)  # noqa: E731
-        if banned_tokens:
-            biases = (llama_cpp.llama_logit_bias * len(banned_tokens))()
-            for i, token in enumerate(banned_tokens):
-                biases[i].token = token
-                biases[i].bias = float("-inf")
-            add(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(banned_tokens), biases))
-        if params.top_k > 0:
-            add(llama_cpp.llama_sampler_init_top_k(params.top_k))
-        if params.has_penalties:
-            add(
-                llama_cpp.llama_sampler_init_penalties(
-                    n_vocab,
-                    params.repeat_last_n,
-                    params.repeat_penalty,
-                    params.frequency_penalty,
-                    params.presence_penalty,
-                )
-            )
-        if params.is_greedy:
-            add(llama_cpp.llama_sampler_init_greedy())
-        else:
-            add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
-            add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
-            add(llama_cpp.llama_sampler_init_temp(params.temperature))
-            add(llama_cpp.llama_sampler_init_dist(params.seed))
+        biases = list(params.logit_bias) + [(t, float("-inf")) for t in banned_tokens]
+        self._is_argmax = params.is_greedy and not params.has_penalties and not biases and not params.grammar
+        self._chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        self._grammar = None
+        if params.grammar:
+            self._grammar = llama_cpp.llama_sampler_init_grammar(vocab, params.grammar.encode(), b"root")
+            if not self._grammar:
+                raise GrammarError("the grammar does not parse")
+        self._keep_alive: list[object] = []
+        self._build(params, vocab, n_ctx, biases)
 
-    def sample(self, ctx: llama_cpp.llama_context_p, row: int) -> int:
-        """Sample from the logits of batch row `row` (which must have requested logits)."""
+    def _add(self, smpl: llama_cpp.llama_sampler_p) -> None:
+        llama_cpp.llama_sampler_chain_add(self._chain, smpl)
+
+    def _build(self, p: SamplingParams, vocab: llama_cpp.llama_vocab_p, n_ctx: int, biases: list) -> None:  # type: ignore[type-arg]
+        if biases:
+            arr = (llama_cpp.llama_logit_bias * len(biases))()
+            for i, (token, bias) in enumerate(biases):
+                arr[i].token, arr[i].bias = token, bias
+            self._add(llama_cpp.llama_sampler_init_logit_bias(self._n_vocab, len(biases), arr))
+        if p.mirostat:
+            self._add(llama_cpp.llama_sampler_init_temp(p.temperature))
+            if p.mirostat == 1:
+                self._add(llama_cpp.llama_sampler_init_mirostat(self._n_vocab, p.seed, p.mirostat_tau, p.mirostat_eta, 100))
+            else:
+                self._add(llama_cpp.llama_sampler_init_mirostat_v2(p.seed, p.mirostat_tau, p.mirostat_eta))
+            return
+        if p.top_n_sigma > 0:  # needs the whole distribution's spread: before top_k
+            self._add(llama_cpp.llama_sampler_init_top_n_sigma(p.top_n_sigma))
+        if p.top_k > 0:
+            self._add(llama_cpp.llama_sampler_init_top_k(p.top_k))
+        if p.has_penalties:
+            last_n = n_ctx if p.repeat_last_n == -1 else p.repeat_last_n
+            self._add(llama_cpp.llama_sampler_init_penalties(
+                self._n_vocab, last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+            ))
+        if p.dry_multiplier > 0:
+            breakers = [b.encode() for b in p.dry_sequence_breakers]
+            c_breakers = (ctypes.c_char_p * len(breakers))(*breakers)
+            self._keep_alive.append(c_breakers)
+            last_n = n_ctx if p.dry_penalty_last_n == -1 else p.dry_penalty_last_n
+            self._add(llama_cpp.llama_sampler_init_dry(
+                vocab, p.dry_multiplier, p.dry_base, p.dry_allowed_length, last_n, c_breakers, len(breakers)
+            ))
+        if p.is_greedy:
+            self._add(llama_cpp.llama_sampler_init_greedy())
+            return
+        if p.typical_p < 1.0:
+            self._add(llama_cpp.llama_sampler_init_typical(p.typical_p, 1))
+        self._add(llama_cpp.llama_sampler_init_top_p(p.top_p, 1))
+        self._add(llama_cpp.llama_sampler_init_min_p(p.min_p, 1))
+        if p.xtc_probability > 0:
+            self._add(llama_cpp.llama_sampler_init_xtc(p.xtc_probability, p.xtc_threshold, 1, p.seed))
+        self._add(llama_cpp.llama_sampler_init_temp_ext(p.temperature, p.dynatemp_range, p.dynatemp_exponent))
+        self._add(llama_cpp.llama_sampler_init_dist(p.seed))
+
+    # ---------------------------------------------------------------- sampling
+
+    def sample(self, ctx: llama_cpp.llama_context_p, row: int, logits: np.ndarray) -> int:
+        """Sample from batch row `row` (`logits` is its view) and accept the token."""
         if self._is_argmax:
-            logits = llama_cpp.llama_get_logits_ith(ctx, row)
-            token = int(np.ctypeslib.as_array(logits, shape=(self._n_vocab,)).argmax())
-            return token
-        # llama_sampler_sample also accepts the token into the chain's state.
-        return int(llama_cpp.llama_sampler_sample(self._chain, ctx, row))
+            return int(logits.argmax())
+        if self._grammar is None:
+            # Builds the candidates in C from the context's row, and accepts the token.
+            return int(llama_cpp.llama_sampler_sample(self._chain, ctx, row))
+        token = self._apply(*self._candidates(logits))
+        if not self._grammar_allows(token):
+            data, arr = self._candidates(logits)
+            llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(arr))
+            token = self._apply(data, arr)
+        llama_cpp.llama_sampler_accept(self._grammar, token)
+        llama_cpp.llama_sampler_accept(self._chain, token)
+        return token
+
+    def sample_from(self, logits: np.ndarray) -> int:
+        """Sample from logits the caller changed (a copy): candidates are built here."""
+        if self._is_argmax:
+            return int(logits.argmax())
+        data, arr = self._candidates(logits)
+        if self._grammar is not None:
+            llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(arr))
+        token = self._apply(data, arr)
+        if self._grammar is not None:
+            llama_cpp.llama_sampler_accept(self._grammar, token)
+        llama_cpp.llama_sampler_accept(self._chain, token)
+        return token
 
     def accept(self, tokens: Sequence[int]) -> None:
-        """Feed prompt tokens into the chain's history (repetition penalties)."""
-        if self.params.has_penalties:
+        """Feed prompt tokens into the chain's history (repetition penalties, DRY)."""
+        if self.params.has_penalties or self.params.dry_multiplier > 0:
             for token in tokens:
                 llama_cpp.llama_sampler_accept(self._chain, token)
+
+    @staticmethod
+    def _candidates(logits: np.ndarray) -> tuple[np.ndarray, llama_cpp.llama_token_data_array]:
+        data = np.empty(len(logits), dtype=_TOKEN_DATA)
+        data["id"] = np.arange(len(logits), dtype=np.int32)
+        data["logit"] = logits
+        data["p"] = 0.0
+        arr = llama_cpp.llama_token_data_array(
+            data=data.ctypes.data_as(llama_cpp.llama_token_data_p), size=len(data), selected=-1, sorted=False
+        )
+        return data, arr
+
+    def _apply(self, data: np.ndarray, arr: llama_cpp.llama_token_data_array) -> int:
+        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(arr))
+        if arr.selected < 0:
+            raise RuntimeError("the sampler chain selected no token")
+        return int(arr.data[arr.selected].id)
+
+    def _grammar_allows(self, token: int) -> bool:
+        one = np.array([(token, 0.0, 0.0)], dtype=_TOKEN_DATA)
+        arr = llama_cpp.llama_token_data_array(
+            data=one.ctypes.data_as(llama_cpp.llama_token_data_p), size=1, selected=-1, sorted=False
+        )
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(arr))
+        return bool(np.isfinite(one["logit"][0]))
 
     def free(self) -> None:
         if self._chain:
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = None
-
+        if self._grammar:
+            llama_cpp.llama_sampler_free(self._grammar)
+            self._grammar = None

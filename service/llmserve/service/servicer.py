@@ -22,7 +22,9 @@ from .embed_stream import EmbedStream
 from .engine import Engine
 from .errors import InvalidArgument, ResourceExhausted, Unavailable, rpc_errors
 from .generate_stream import Drain, GenerateStream
+from .logprobs import MAX_TOP_LOGPROBS
 from .metrics import Metrics
+from .sampler import SAMPLER_NAMES, GrammarError, check_grammar
 
 log = structlog.get_logger("llmserve.servicer")
 
@@ -118,7 +120,14 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
                 raise InvalidArgument("the first message must carry the session config", field="config")
             rid = request_id(context, first.config.request_id)
             bind_request(context, "Generate", rid)
-            params = validation.session_params(first.config, engine.limits, rid)
+            max_samples = min(validation.MAX_SAMPLES, engine.config.n_parallel)
+            params = validation.session_params(first.config, engine.limits, rid, max_samples)
+            if params.sampling.grammar:
+                try:
+                    check_grammar(engine.runner.vocab, params.sampling.grammar)
+                except GrammarError as exc:
+                    kind = first.config.constraint.WhichOneof("kind")
+                    raise InvalidArgument(str(exc), field=f"config.constraint.{kind}") from None
             remaining = context.time_remaining()
             deadline = time.monotonic() + remaining if remaining is not None else None
             max_input = min(self.max_input_tokens or engine.limits.n_ctx_per_slot, engine.limits.n_ctx_per_slot)
@@ -201,4 +210,14 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
             ],
             num_sessions_waiting=snap.num_waiting,
             max_queue=self.max_queue,
+            features=pb.Features(
+                samplers=SAMPLER_NAMES,
+                max_top_logprobs=MAX_TOP_LOGPROBS,
+                prompt_logprobs=True,
+                grammar=True,
+                json_schema=True,
+                chat=engine.chat_template is not None,
+                chat_template_source=engine.chat_template.origin if engine.chat_template else "",
+                max_samples=min(validation.MAX_SAMPLES, config.n_parallel),
+            ),
         )

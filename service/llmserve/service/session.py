@@ -17,8 +17,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from .allocator import Slot
-from .domain import FinishReason, SessionParams, TokenEvent, TurnEndEvent
+from .domain import FinishReason, SessionParams, TokenEvent, TokenLogprob, TurnEndEvent
 from .sampler import Sampler
 from .textstream import TextStream
 
@@ -50,13 +52,38 @@ class Turn:
     t_first_token: float | None = None
     completion_tokens: int = 0
     held_ids: list[int] = field(default_factory=list)
+    held_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    def fork(self) -> Turn:
+        """The same turn for another sample (n > 1): same input, its own output."""
+        return Turn(
+            stream=TextStream(self.stream.stop),
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
+            t_end_of_input=self.t_end_of_input,
+            t_ready=self.t_ready,
+        )
 
 
 class Session:
     def __init__(
-        self, key: int, params: SessionParams, sink: EventSink, max_tokens: int, deadline: float | None = None
+        self,
+        key: int,
+        params: SessionParams,
+        sink: EventSink,
+        max_tokens: int,
+        deadline: float | None = None,
+        parent: Session | None = None,
+        index: int = 0,
     ) -> None:
         self.key = key
+        self.index = index  # sample index (n > 1); children have a parent
+        self.parent = parent
+        self.children: list[Session] = []
+        self.reserved: list[Slot] = []  # slots held for the other samples until they fork
+        self.samples_open = 0  # samples of the current turn still generating (on the parent)
+        self.replay_pending = False  # chat: the next input replaces the rendered history
+        self.prompt_logits: np.ndarray | None = None  # last evaluated row, for prompt logprobs
         self.params = params
         self.sink = sink
         self.deadline = deadline
@@ -69,7 +96,7 @@ class Session:
         self.pending: list[int] = []  # input not yet in the KV
         self.next_token: int | None = None  # sampled, waits to be decoded
         self.turn: Turn | None = None
-        self.later: deque[tuple[tuple[int, ...], bool]] = deque()  # input sent during a turn
+        self.later: deque[tuple[tuple[int, ...], bool, bool]] = deque()  # input sent during a turn
         self.turn_input = 0  # tokens the client sent for the upcoming turn
         self.turn_cached = 0  # of the upcoming turn's history, tokens already in the KV
         self.overflowed = False  # the upcoming turn's input does not fit the context
@@ -81,6 +108,16 @@ class Session:
         """Tokens the next decode would have in context (history + pending input)."""
         confirmed = self.slot.num_confirmed if self.slot else 0
         return confirmed + len(self.pending)
+
+    def replace_history(self, tokens: tuple[int, ...]) -> None:
+        """Chat: `tokens` are the whole rendered conversation. What the KV already
+        holds of it is reused; the rest of the old history becomes a stale tail."""
+        self.pending.clear()
+        self.turn_input = 0
+        self.turn_cached = 0
+        if self.slot is not None:
+            self.slot.num_confirmed = 0
+        self.add_input(tokens)
 
     def add_input(self, tokens: tuple[int, ...]) -> None:
         self.turn_input += len(tokens)
@@ -103,6 +140,7 @@ class Session:
         self._keep_a_token_for_logits()
 
     def begin_turn(self) -> None:
+        self.samples_open = 1
         now = time.monotonic()
         self.turn = Turn(
             stream=TextStream(self.params.stopping.stop),
@@ -146,11 +184,29 @@ class Session:
         turn = self.turn
         assert turn is not None
         if text or turn.held_ids:
-            self.sink.put(TokenEvent(text=text, token_ids=tuple(turn.held_ids)))
+            self.sink.put(
+                TokenEvent(
+                    text=text,
+                    token_ids=tuple(turn.held_ids),
+                    logprobs=tuple(turn.held_logprobs),
+                    index=self.index,
+                )
+            )
             turn.held_ids.clear()
+            turn.held_logprobs.clear()
+
+    @property
+    def group(self) -> Session:
+        """The session that owns this sample (itself unless it is a forked sample)."""
+        return self.parent or self
 
     def finish_turn(
-        self, reason: FinishReason, last_token: int | None, matched_stop: str = "", message: str = ""
+        self,
+        reason: FinishReason,
+        last_token: int | None,
+        matched_stop: str = "",
+        message: str = "",
+        matched_stop_token_id: int | None = None,
     ) -> None:
         """Send the rest of the text and the turn end; get ready for the next turn."""
         turn = self.turn
@@ -175,8 +231,12 @@ class Session:
                 seed=self.params.sampling.seed,
                 matched_stop=matched_stop,
                 message=message,
+                index=self.index,
+                matched_stop_token_id=matched_stop_token_id,
+                final=self.group.samples_open == 1,
             )
         )
+        self.group.samples_open -= 1
         self.turn = None
         self.next_token = None
         self.queue_ms = 0.0

@@ -14,7 +14,8 @@ import codecs
 class TextStream:
     def __init__(self, stop: tuple[str, ...] = ()) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._stop = tuple(s for s in stop if s)
+        self.stop = tuple(s for s in stop if s)
+        self._stop = self.stop
         self._max_hold = max((len(s) for s in self._stop), default=1) - 1
         self._pending = ""
 
