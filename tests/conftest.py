@@ -89,7 +89,31 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 
 @pytest.fixture(scope="session")
+def fresh_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A second server with the same flags, for runs that must not share the main
+    server's prefix cache: a cached prefix computed in another batch would be reused
+    (the allocator's job), and llama.cpp's kernels round differently with batch shape."""
+    running = start_server(SERVER_ARGS, tmp_path_factory.mktemp("fresh") / "server.log")
+    yield running
+    assert stop_server(running) == 0
+
+
+@pytest.fixture(scope="session")
 def model_path() -> Path:
     from llmserve.service.model_files import default_model_path
 
     return default_model_path()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAT_SERVER_ARGS = [
+    "-np", "4", "-c", "8192", "-t", "2", "--chat-template-file", str(ROOT / "templates" / "gemma3.jinja"),
+]
+
+
+@pytest.fixture(scope="session")
+def chat_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A second server with a chat template from a file (the default model has none)."""
+    running = start_server(CHAT_SERVER_ARGS, tmp_path_factory.mktemp("chat") / "server.log", metrics=True)
+    yield running
+    assert stop_server(running) == 0

@@ -30,9 +30,11 @@ class SessionStream:
                 return
             yield item  # type: ignore[misc]
 
-    def send(self, prompt: str | Sequence[int] | None = None, end_of_turn: bool = True) -> None:
+    def send(self, prompt: str | Sequence[int] | pb.Input | None = None, end_of_turn: bool = True) -> None:
         request = pb.GenerateRequest(end_of_turn=end_of_turn)
-        if prompt is not None:
+        if isinstance(prompt, pb.Input):
+            request.input.CopyFrom(prompt)
+        elif prompt is not None:
             request.input.CopyFrom(make_input(prompt))
         self._requests.put(request)
 

@@ -65,3 +65,19 @@ def test_free_keeps_tokens_as_prefix_cache() -> None:
     alloc.free(slot)
     assert not slot.busy
     assert alloc.num_cached_tokens == 3
+
+
+def test_saved_logits_survive_only_while_their_position_is_cached() -> None:
+    alloc = SlotAllocator(num_slots=1, max_tokens_per_slot=100)
+    slot = alloc.allocate([])
+    slot.append([1, 2, 3, 4, 5])
+    slot.save_logits(2, "row-at-2")
+    assert slot.logits_at(2) == "row-at-2" and slot.logits_at(4) is None
+    alloc.free(slot)
+    slot = alloc.allocate([1, 2, 3])
+    assert slot.match([1, 2, 3]) == 3
+    assert slot.take_stale_tail() == 3  # trims positions 3.. : position 2 stays
+    assert slot.logits_at(2) == "row-at-2"
+    slot.num_confirmed = 2
+    slot.take_stale_tail()
+    assert slot.logits_at(2) is None

@@ -7,7 +7,6 @@ import asyncio
 import grpc
 import pytest
 from google.rpc import error_details_pb2
-
 from llmserve.service.errors import InvalidArgument, ResourceExhausted, rpc_errors
 from llmserve.service.metrics import Metrics
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -42,6 +43,18 @@ class Slot:
     num_confirmed: int = 0
     busy: bool = False
     last_used: int = 0
+    # The logits row a prompt ended with, and its position: a later prompt that ends
+    # at the same place samples from it instead of decoding its last token again (a
+    # lone re-decode takes other kernel paths, and a repeated seeded request would not
+    # repeat exactly).
+    saved_logits: Any = None
+    saved_logits_at: int = -1
+
+    def save_logits(self, position: int, logits: Any) -> None:
+        self.saved_logits, self.saved_logits_at = logits, position
+
+    def logits_at(self, position: int) -> Any:
+        return self.saved_logits if self.saved_logits_at == position else None
 
     def match(self, new_tokens: Sequence[int]) -> int:
         """Confirm as many leading `new_tokens` as the cached tail already holds."""
@@ -55,6 +68,8 @@ class Slot:
         if len(self.tokens) == self.num_confirmed:
             return None
         del self.tokens[self.num_confirmed :]
+        if self.saved_logits_at >= self.num_confirmed:
+            self.save_logits(-1, None)
         return self.num_confirmed
 
     def unconfirm_last(self) -> int:
@@ -72,15 +87,20 @@ class Slot:
         """The KV lost this sequence (failed trim or decode): nothing is cached."""
         self.tokens.clear()
         self.num_confirmed = 0
+        self.save_logits(-1, None)
+
+
+MIN_PREFIX_REUSE = 8
 
 
 class SlotAllocator:
     """Hands out sequence ids 0..num_slots-1 to sessions; idle slots cache prefixes."""
 
-    def __init__(self, num_slots: int, max_tokens_per_slot: int) -> None:
+    def __init__(self, num_slots: int, max_tokens_per_slot: int, min_prefix_reuse: int = MIN_PREFIX_REUSE) -> None:
         if num_slots < 1 or max_tokens_per_slot < 2:
             raise ValueError("need at least one slot of at least two tokens")
         self.max_tokens_per_slot = max_tokens_per_slot
+        self.min_prefix_reuse = min_prefix_reuse
         self.slots = [Slot(seq_id=i) for i in range(num_slots)]
         self._clock = 0
 
@@ -100,17 +120,28 @@ class SlotAllocator:
         return any(not slot.busy for slot in self.slots)
 
     def allocate(self, prompt: Sequence[int]) -> Slot:
-        """Take the idle slot sharing the longest prefix with `prompt`, else the LRU one."""
+        """Take the idle slot sharing the longest prefix with `prompt`, else the LRU one.
+
+        A shared prefix shorter than `min_prefix_reuse` tokens (say, just BOS) does not
+        count: it saves nothing, and recomputing the whole prompt keeps its numerics the
+        same as on a cold server (llama.cpp's kernels round differently with batch shape).
+        """
         idle = [slot for slot in self.slots if not slot.busy]
         if not idle:
             raise RuntimeError("no idle slot: check can_allocate() first")
-        best = max(idle, key=lambda s: (common_prefix_length(s.tokens, prompt), -s.last_used))
-        if common_prefix_length(best.tokens, prompt) == 0:
+        # Among equal prefixes the most recently used: a repeated request lands where it
+        # ran last time, with the same saved logits.
+        best = max(idle, key=lambda s: (common_prefix_length(s.tokens, prompt), s.last_used))
+        if not self.reusable(common_prefix_length(best.tokens, prompt), len(prompt)):
             best = min(idle, key=lambda s: s.last_used)
         best.busy = True
         best.num_confirmed = 0
         self._touch(best)
         return best
+
+    def reusable(self, num_matched: int, num_prompt: int) -> bool:
+        """Whether a cached prefix of `num_matched` tokens is worth reusing."""
+        return num_matched >= self.min_prefix_reuse or (num_matched > 0 and num_matched == num_prompt)
 
     def free(self, slot: Slot) -> None:
         """The session ended: the slot goes idle and keeps its KV as a prefix cache."""

@@ -96,6 +96,7 @@ class Executor:
                 self._expire_deadlines()
                 if self._admit():
                     self._publish()  # slots taken before the first token streams out
+                self._generation.sample_ready(self._sessions)
                 try:
                     worked = self._step()
                 except Exception:  # a bug: fail the sessions involved, keep serving
@@ -243,7 +244,7 @@ class Executor:
                 break
             if session.pending:
                 self._waiting.remove(session)
-                session.attach(self.allocator.allocate(session.pending))
+                session.attach(self.allocator.allocate(session.pending), self.allocator.reusable)
                 session.reserved = [self.allocator.allocate(()) for _ in range(need - 1)]
                 admitted = True
         return admitted

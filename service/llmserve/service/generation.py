@@ -72,27 +72,43 @@ class GenerationStep:
             s.slot.append(tokens)
             if s.generating:
                 s.next_token = None
-            else:
-                del s.pending[: len(tokens)]
-                s.sampler.accept(tokens)
-                if s.params.output.prompt_logprobs:
-                    self._prompt_logprobs(s, tokens, first)
+                if row is not None:
+                    self._sample(s, self.runner.logits_row(row), row)
+                continue
+            del s.pending[: len(tokens)]
+            s.sampler.accept(tokens)
+            if s.params.output.prompt_logprobs:
+                self._prompt_logprobs(s, tokens, first)
             if row is not None:
+                logits = self.runner.logits_row(row)
+                s.slot.save_logits(len(s.slot.tokens) - 1, logits.copy())
                 for sample in [s, *self._fork(s)]:
-                    self._sample(sample, row)
+                    self._sample(sample, logits, row)
+
+    def sample_ready(self, sessions: dict[int, Session]) -> None:
+        """Turns whose whole prompt is cached with its saved logits: first token, no decode."""
+        for s in [s for s in sessions.values() if s.ready_logits is not None]:
+            logits, s.ready_logits = s.ready_logits, None
+            if s.turn is None or s.slot is None:
+                continue
+            self._trim_stale_tail(s)
+            for sample in [s, *self._fork(s)]:
+                self._sample(sample, logits, None)
 
     # --------------------------------------------------------------- sampling
 
-    def _sample(self, s: Session, row: int) -> None:
+    def _sample(self, s: Session, logits: np.ndarray, row: int | None) -> None:
+        """Sample the next token from `logits` (batch row `row`, or saved logits when None)."""
         assert s.turn is not None and s.sampler is not None and s.slot is not None
         turn, stopping, output = s.turn, s.params.stopping, s.params.output
-        logits = self.runner.logits_row(row)
         lp = log_softmax(logits) if output.top_logprobs is not None else None
         if turn.completion_tokens < stopping.min_tokens:
             logits = logits.copy()  # other samples of this row must see the raw logits
             logits[self._eog_ids] = -np.inf
             if stopping.stop_token_ids:
                 logits[list(stopping.stop_token_ids)] = -np.inf
+            token = s.sampler.sample_from(logits)
+        elif row is None:
             token = s.sampler.sample_from(logits)
         else:
             token = s.sampler.sample(self.runner.ctx, row, logits)

@@ -15,8 +15,11 @@ only if the grammar rejects that token, constrain the full row and sample again
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-from collections.abc import Sequence
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
 
 import llama_cpp
 import numpy as np
@@ -35,11 +38,30 @@ class GrammarError(ValueError):
     """The GBNF grammar did not parse."""
 
 
+@contextlib.contextmanager
+def _captured_stderr() -> Iterator[list[str]]:
+    """llama.cpp's grammar parser prints its errors straight to fd 2: catch them so they
+    reach the client (and never the log as raw text). Our own logs go to stdout."""
+    out: list[str] = []
+    with tempfile.TemporaryFile() as tmp:
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield out
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            out.append(tmp.read().decode("utf-8", "replace"))
+
+
 def check_grammar(vocab: llama_cpp.llama_vocab_p, grammar: str) -> None:
     """Parse a grammar once (thread-safe: reads the vocabulary only)."""
-    smpl = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+    with _captured_stderr() as errors:
+        smpl = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
     if not smpl:
-        raise GrammarError("the grammar does not parse (GBNF with a 'root' rule expected)")
+        detail = " ".join(" ".join(errors).split())[:300]
+        raise GrammarError(f"the grammar does not parse (GBNF with a 'root' rule expected): {detail}")
     llama_cpp.llama_sampler_free(smpl)
 
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from .allocator import Slot
+from .allocator import Slot, common_prefix_length
 from .domain import FinishReason, SessionParams, TokenEvent, TokenLogprob, TurnEndEvent
 from .sampler import Sampler
 from .textstream import TextStream
@@ -84,6 +85,7 @@ class Session:
         self.samples_open = 0  # samples of the current turn still generating (on the parent)
         self.replay_pending = False  # chat: the next input replaces the rendered history
         self.prompt_logits: np.ndarray | None = None  # last evaluated row, for prompt logprobs
+        self.ready_logits: np.ndarray | None = None  # saved logits to sample the turn's first token from
         self.params = params
         self.sink = sink
         self.deadline = deadline
@@ -130,11 +132,16 @@ class Session:
         if self.num_context_tokens > self.max_context:
             self.overflowed = True
 
-    def attach(self, slot: Slot) -> None:
-        """Got a slot: confirm the cached prefix of the pending input."""
+    def attach(self, slot: Slot, reusable: Callable[[int, int], bool]) -> None:
+        """Got a slot: confirm the cached prefix of the pending input if it is worth it."""
         self.slot = slot
         self.queue_ms = (time.monotonic() - self.t_open) * 1000.0
-        matched = slot.match(self.pending)
+        shared = common_prefix_length(slot.tokens, self.pending)
+        # Prompt logprobs need every prompt token evaluated: no prefix reuse then.
+        if self.params.output.prompt_logprobs or not reusable(shared, len(self.pending)):
+            matched = 0
+        else:
+            matched = slot.match(self.pending)
         self.turn_cached += matched
         del self.pending[:matched]
         self._keep_a_token_for_logits()
@@ -152,11 +159,16 @@ class Session:
         self._keep_a_token_for_logits()
 
     def _keep_a_token_for_logits(self) -> None:
-        # Everything is cached: decode the last token again to get its logits.
+        # Everything is cached: sample from the logits saved when this prompt last
+        # ended here, else decode the last token again to get its logits.
         if self.turn is not None and self.slot is not None and not self.pending:
             if self.next_token is None and self.slot.num_confirmed > 0:
-                self.pending.append(self.slot.unconfirm_last())
-                self.turn_cached -= 1
+                saved = self.slot.logits_at(self.slot.num_confirmed - 1)
+                if saved is not None:
+                    self.ready_logits = saved
+                else:
+                    self.pending.append(self.slot.unconfirm_last())
+                    self.turn_cached -= 1
         if self.turn is not None and self.slot is not None:
             self.turn.cached_tokens = self.turn_cached
             self.turn.t_ready = max(self.turn.t_end_of_input, time.monotonic())
@@ -239,6 +251,7 @@ class Session:
         self.group.samples_open -= 1
         self.turn = None
         self.next_token = None
+        self.prompt_logits = None
         self.queue_ms = 0.0
         self.overflowed = False
         self.turn_input = 0
