@@ -31,8 +31,10 @@ tools: $(BUF)
 model: install
 	$(PY) -m llmserve.service.model_files
 
+# The default model's GGUF carries no chat template: templates/gemma3.jinja is Gemma 3's.
 serve: model
-	$(VENV)/bin/llmserve serve --host $(HOST) --port $(PORT) --embeddings
+	$(VENV)/bin/llmserve serve --host $(HOST) --port $(PORT) --embeddings \
+		--chat-template-file templates/gemma3.jinja
 
 test: model tools
 	$(PY) -m pytest tests

@@ -15,7 +15,6 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import replace
 
 import numpy as np
 import structlog
@@ -188,21 +187,11 @@ class Executor:
         assert parent.slot is not None
         children = []
         for slot in parent.reserved:
-            index = len(parent.children) + 1
             self.runner.seq_rm(slot.seq_id, -1, -1)
             self.runner.seq_cp(parent.slot.seq_id, slot.seq_id)
             slot.tokens[:] = parent.slot.tokens
             slot.num_confirmed = len(slot.tokens)
-            sampling = replace(parent.params.sampling, seed=(parent.params.sampling.seed + index) % 2**32)
-            params = replace(parent.params, sampling=sampling, num_samples=1)
-            child = Session(next(self._keys), params, parent.sink, self.n_ctx_per_slot, parent.deadline, parent, index)
-            child.slot = slot
-            child.sampler = self._sampler(sampling, params.stopping.ignore_eos)
-            child.sampler.accept(slot.tokens)
-            child.turn = parent.turn.fork()
-            child.queue_ms = parent.queue_ms
-            parent.children.append(child)
-            parent.samples_open += 1
+            child = parent.fork(next(self._keys), slot, self._sampler)
             self._sessions[child.key] = child
             children.append(child)
         parent.reserved.clear()
@@ -345,8 +334,4 @@ class Executor:
             num_steps=self._num_steps,
             num_kv_tokens=self.allocator.num_cached_tokens,
         )
-        num_busy = sum(slot.busy for slot in snapshot.slots)
-        self.metrics.slots.labels("busy").set(num_busy)
-        self.metrics.slots.labels("idle").set(len(snapshot.slots) - num_busy)
-        self.metrics.waiting.set(snapshot.num_waiting)
-        self.metrics.kv_used.set(snapshot.num_kv_tokens / (self.n_parallel * self.n_ctx_per_slot))
+        self.metrics.observe_snapshot(snapshot, self.n_parallel * self.n_ctx_per_slot)

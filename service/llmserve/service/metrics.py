@@ -7,6 +7,8 @@ requests, turns and tokens. Served on `--metrics-port` when set.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -40,6 +42,14 @@ class Metrics:
         self.waiting = Gauge("llmserve_waiting_sessions", "Sessions waiting for a slot", registry=r)
         self.sessions = Gauge("llmserve_sessions", "Open Generate sessions", registry=r)
         self.kv_used = Gauge("llmserve_kv_cells_used_ratio", "KV cells holding tokens / generation cells", registry=r)
+
+    def observe_snapshot(self, snapshot: Any, num_cells: int) -> None:
+        """Slot, queue and KV gauges from the executor's published snapshot."""
+        num_busy = sum(slot.busy for slot in snapshot.slots)
+        self.slots.labels("busy").set(num_busy)
+        self.slots.labels("idle").set(len(snapshot.slots) - num_busy)
+        self.waiting.set(snapshot.num_waiting)
+        self.kv_used.set(snapshot.num_kv_tokens / num_cells)
 
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)

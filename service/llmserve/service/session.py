@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -102,6 +102,22 @@ class Session:
         self.turn_input = 0  # tokens the client sent for the upcoming turn
         self.turn_cached = 0  # of the upcoming turn's history, tokens already in the KV
         self.overflowed = False  # the upcoming turn's input does not fit the context
+
+    def fork(self, key: int, slot: Slot, make_sampler: Callable[..., Sampler]) -> Session:
+        """Another sample of this turn (n > 1) on `slot`, which already holds a copy of the KV."""
+        assert self.turn is not None
+        index = len(self.children) + 1
+        sampling = replace(self.params.sampling, seed=(self.params.sampling.seed + index) % 2**32)
+        params = replace(self.params, sampling=sampling, num_samples=1)
+        child = Session(key, params, self.sink, self.max_context, self.deadline, self, index)
+        child.slot = slot
+        child.sampler = make_sampler(sampling, params.stopping.ignore_eos)
+        child.sampler.accept(slot.tokens)
+        child.turn = self.turn.fork()
+        child.queue_ms = self.queue_ms
+        self.children.append(child)
+        self.samples_open += 1
+        return child
 
     # ---------------------------------------------------------------- input
 
