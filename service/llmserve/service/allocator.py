@@ -49,6 +49,15 @@ class Slot:
     # repeat exactly).
     saved_logits: Any = None
     saved_logits_at: int = -1
+    shifted: bool = False  # a context shift moved positions: the KV is no prefix cache
+
+    def shift(self, keep: int, discard: int) -> None:
+        """Mirror a context shift: tokens [keep, keep+discard) left the KV."""
+        assert len(self.tokens) == self.num_confirmed
+        del self.tokens[keep : keep + discard]
+        self.num_confirmed = len(self.tokens)
+        self.save_logits(-1, None)
+        self.shifted = True
 
     def save_logits(self, position: int, logits: Any) -> None:
         self.saved_logits, self.saved_logits_at = logits, position

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ServerConfig
+from .kv_config import CACHE_TYPES, DEFAULT_PARALLEL
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -63,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     f = _Flags(serve)
     f.add("-m", "--model", type=Path, help="GGUF model file (default: gemma-3-270m Q4_K_M from PyPI)")
     f.add("-c", "--ctx-size", type=int, default=d.n_ctx, help="total KV context, shared by all slots")
-    f.add("-np", "--parallel", type=int, default=d.n_parallel, help="slots: sessions served at once")
+    f.add("-np", "--parallel", type=int, help=f"slots: sessions served at once (unset: {DEFAULT_PARALLEL}, llama-server's auto)")
     f.add("-b", "--batch-size", type=int, default=d.n_batch, help="logical batch: max tokens per step")
     f.add("-ub", "--ubatch-size", type=int, default=d.n_ubatch, help="physical batch; the max embedding input")
     f.add("-t", "--threads", type=int, default=min(os.cpu_count() or 2, 8), help="CPU threads for llama.cpp")
@@ -80,6 +81,13 @@ def _parser() -> argparse.ArgumentParser:
     f.add("--tls-key", type=Path, help="server private key (PEM)")
     f.add("--tls-client-ca", type=Path, help="CA (PEM) for client certificates: requires mTLS")
     f.add("--api-key", help="require 'authorization: Bearer <key>' on every RPC but health")
+    f.add("-ctk", "--cache-type-k", default=d.cache_type_k, help=f"K cache type: {', '.join(CACHE_TYPES)}")
+    f.add("-ctv", "--cache-type-v", default=d.cache_type_v, help="V cache type (quantized V needs flash attention)")
+    f.add("-fa", "--flash-attn", default=d.flash_attn, help="flash attention: on, off or auto")
+    f.switch("--context-shift", help="at a slot's context limit drop the oldest tokens (after --keep) and go on")
+    f.add("--keep", type=int, default=d.n_keep, help="tokens kept at the start on a context shift (BOS always kept)")
+    f.add("--session-dir", type=Path, help="save sessions with a session_id here, to restore them after a restart")
+    f.add("--session-dir-max-bytes", type=int, default=d.session_dir_max_bytes, help="size cap of --session-dir (LRU)")
     f.add("--chat-template-file", type=Path, help="jinja2 chat template overriding the model's")
     f.add("--log-format", default=d.log_format, help="json, console, or auto (console on a TTY)")
     f.switch("-v", "--verbose", help="debug logs, including llama.cpp's info lines")
@@ -109,7 +117,8 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
     config = ServerConfig(
         model_path=args.model,
         n_ctx=args.ctx_size,
-        n_parallel=args.parallel,
+        n_parallel=args.parallel if args.parallel is not None else DEFAULT_PARALLEL,
+        n_parallel_auto=args.parallel is None,
         n_batch=args.batch_size,
         n_ubatch=args.ubatch_size,
         n_threads=args.threads,
@@ -127,6 +136,13 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         tls_client_ca=args.tls_client_ca,
         api_key=args.api_key,
         chat_template_file=args.chat_template_file,
+        cache_type_k=args.cache_type_k,
+        cache_type_v=args.cache_type_v,
+        flash_attn=args.flash_attn,
+        context_shift=args.context_shift,
+        n_keep=args.keep,
+        session_dir=args.session_dir,
+        session_dir_max_bytes=args.session_dir_max_bytes,
         verbose=args.verbose,
         log_format=args.log_format,
     )

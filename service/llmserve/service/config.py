@@ -5,12 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .kv_config import check_kv_config
+
 
 @dataclass(frozen=True)
 class ServerConfig:
     model_path: Path | None = None  # None: the default PyPI model
     n_ctx: int = 8192  # total KV cells, shared by all slots (unified cache)
     n_parallel: int = 4
+    n_parallel_auto: bool = False  # -np was not given: llama-server's auto value
     n_batch: int = 2048
     n_ubatch: int = 512
     n_threads: int = 2
@@ -28,6 +31,13 @@ class ServerConfig:
     tls_client_ca: Path | None = None
     api_key: str | None = None
     chat_template_file: Path | None = None
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    flash_attn: str = "auto"
+    context_shift: bool = False
+    n_keep: int = 0
+    session_dir: Path | None = None
+    session_dir_max_bytes: int = 1 << 30
     verbose: bool = False
     log_format: str = "auto"
 
@@ -57,3 +67,6 @@ class ServerConfig:
             raise ValueError("--tls-cert and --tls-key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        check_kv_config(self.cache_type_k, self.cache_type_v, self.flash_attn)
+        if self.n_keep < 0 or self.n_keep >= self.n_ctx_per_slot // 2:
+            raise ValueError(f"--keep must be in [0, {self.n_ctx_per_slot // 2}) (half a slot's context)")

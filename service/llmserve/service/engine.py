@@ -40,6 +40,9 @@ class Engine:
                 n_threads=config.n_threads,
                 embeddings=config.embeddings,
                 verbose=config.verbose,
+                cache_type_k=config.cache_type_k,
+                cache_type_v=config.cache_type_v,
+                flash_attn=config.flash_attn,
             )
         )
         self.meta = self.runner.meta
@@ -47,9 +50,13 @@ class Engine:
             n_vocab=self.runner.n_vocab,
             n_ctx_per_slot=config.n_ctx_per_slot,
             n_ubatch=config.n_ubatch,
+            context_shift=config.context_shift,
         )
         self.chat_template = self._chat_template(config)
-        self.executor = Executor(self.runner, config.n_parallel, config.n_ctx_per_slot, metrics)
+        if config.context_shift and not self.runner.can_shift:
+            raise RuntimeError("--context-shift: this model's memory cannot shift positions")
+        shift_keep = config.n_keep if config.context_shift else None
+        self.executor = Executor(self.runner, config.n_parallel, config.n_ctx_per_slot, metrics, shift_keep)
         self.version = __version__
         self.pooling = POOLING_NAMES[1] if config.embeddings else POOLING_NAMES[0]
         log.info(
@@ -63,6 +70,13 @@ class Engine:
             n_ubatch=config.n_ubatch,
             n_threads=config.n_threads,
             embeddings=config.embeddings,
+            cache_type_k=config.cache_type_k,
+            cache_type_v=config.cache_type_v,
+            flash_attn=config.flash_attn,
+            kv_unified=True,
+            swa_full=True,
+            context_shift=config.context_shift,
+            n_parallel_auto=config.n_parallel_auto,
         )
 
     def _chat_template(self, config: ServerConfig) -> ChatTemplate | None:

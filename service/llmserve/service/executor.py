@@ -36,8 +36,14 @@ log = structlog.get_logger("llmserve.executor")
 
 class Executor:
     def __init__(
-        self, runner: LlamaRunner, n_parallel: int, n_ctx_per_slot: int, metrics: Metrics | None = None
+        self,
+        runner: LlamaRunner,
+        n_parallel: int,
+        n_ctx_per_slot: int,
+        metrics: Metrics | None = None,
+        shift_keep: int | None = None,
     ) -> None:
+        """`shift_keep`: tokens kept at the start on a context shift; None disables shifting."""
         cfg = runner.config
         self.metrics = metrics or Metrics()
         self.runner = runner
@@ -46,7 +52,7 @@ class Executor:
         self.allocator = SlotAllocator(n_parallel, n_ctx_per_slot)
         self.scheduler = Scheduler(cfg.n_batch, cfg.n_ubatch, cfg.max_embed_seqs)
         self._eog = frozenset(runner.meta.eog_token_ids)
-        self._generation = GenerationStep(runner, self.metrics, self._finish, self._fail, self._fork)
+        self._generation = GenerationStep(runner, self.metrics, self._finish, self._fail, self._fork, shift_keep)
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._keys = itertools.count(1)
         self._sessions: dict[int, Session] = {}
@@ -209,6 +215,9 @@ class Executor:
             self.allocator.free(slot)
         session.reserved.clear()
         if session.slot is not None:
+            if session.slot.shifted:  # positions moved: not a prefix of anything any more
+                self._generation.drop_sequence(session)
+                session.slot.shifted = False
             self.allocator.free(session.slot)
             session.slot = None
         else:

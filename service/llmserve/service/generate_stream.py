@@ -67,12 +67,14 @@ class GenerateStream:
         self.max_input_tokens = max_input_tokens
         self.sink = LoopSink(asyncio.get_running_loop())
         self.state = _State()
+        self.params: SessionParams | None = None
 
     async def run(
         self, first: pb.GenerateRequest, params: SessionParams, requests: AsyncIterator[pb.GenerateRequest],
         deadline: float | None,
     ) -> AsyncIterator[pb.GenerateResponse]:
         engine, state = self.engine, self.state
+        self.params = params
         add_bos = first.config.add_bos if first.config.HasField("add_bos") else True
         state.needs_bos = add_bos and engine.meta.add_bos
         key = engine.executor.open_session(params, self.sink, deadline)
@@ -224,9 +226,18 @@ class GenerateStream:
         return tuple(engine.runner.tokenize(text, add_special=False, parse_special=True))
 
     def _end_turn(self, key: int, tokens: tuple[int, ...], replace: bool = False) -> None:
-        state = self.state
+        state, limits = self.state, self.engine.limits
         if state.turn_tokens == 0 and not state.has_history:
             raise InvalidArgument("the turn has no input: send text or token ids", field="input")
+        max_tokens = self.params.stopping.max_tokens if self.params else None
+        if not state.has_history and max_tokens and not limits.context_shift:
+            if state.turn_tokens + max_tokens > limits.n_ctx_per_slot:
+                raise InvalidArgument(
+                    f"the prompt ({state.turn_tokens} tokens) plus max_tokens ({max_tokens}) exceed the per-slot "
+                    f"context of {limits.n_ctx_per_slot} (n_kv_req > n_ctx); shorten them or start the server "
+                    "with --context-shift",
+                    field="config.stopping.max_tokens",
+                )
         state.turns_open += 1
         state.has_history = True
         state.turn_tokens = 0

@@ -31,8 +31,18 @@ ForkFn = Callable[[Session], list[Session]]
 
 
 class GenerationStep:
-    def __init__(self, runner: LlamaRunner, metrics: Metrics, finish: FinishFn, fail: FailFn, fork: ForkFn) -> None:
+    def __init__(
+        self,
+        runner: LlamaRunner,
+        metrics: Metrics,
+        finish: FinishFn,
+        fail: FailFn,
+        fork: ForkFn,
+        shift_keep: int | None = None,
+    ) -> None:
         self.runner = runner
+        # Context shift: tokens kept at the start (BOS at least); None: CONTEXT_FULL instead.
+        self.shift_keep = None if shift_keep is None else max(shift_keep, int(runner.meta.add_bos))
         self.metrics = metrics
         self._finish = finish
         self._fail = fail
@@ -137,10 +147,22 @@ class GenerationStep:
             s.emit_tokens(text)
         if stopping.max_tokens is not None and turn.completion_tokens >= stopping.max_tokens:
             self._finish(s, FinishReason.LENGTH, token)
-        elif s.slot.num_confirmed + 1 > s.max_context:
+        elif s.slot.num_confirmed + 1 > s.max_context and self.shift_keep is None:
             self._finish(s, FinishReason.CONTEXT_FULL, token, message="the slot's context is full")
         else:
+            if s.slot.num_confirmed + 1 > s.max_context:
+                self._shift(s)
             s.next_token = token
+
+    def _shift(self, s: Session) -> None:
+        """Drop half of what follows the kept tokens, as llama-server does (n_discard = n_left / 2)."""
+        assert s.slot is not None and self.shift_keep is not None
+        keep = self.shift_keep
+        discard = (len(s.slot.tokens) - keep) // 2
+        self.runner.seq_shift(s.slot.seq_id, keep, discard)
+        s.slot.shift(keep, discard)
+        self.metrics.context_shifts.inc()
+        log.info("context_shift", seq_id=s.slot.seq_id, keep=keep, discard=discard)
 
     def _text(self, token: int) -> str:
         return self.runner.piece(token, True).decode("utf-8", "replace")

@@ -41,6 +41,12 @@ class Metrics:
         self.slots = Gauge("llmserve_slots", "KV slots by state", ["state"], registry=r)
         self.waiting = Gauge("llmserve_waiting_sessions", "Sessions waiting for a slot", registry=r)
         self.sessions = Gauge("llmserve_sessions", "Open Generate sessions", registry=r)
+        self.context_shifts = Counter("llmserve_context_shifts", "Context shifts (oldest tokens dropped)", registry=r)
+        self.slot_tokens = Gauge("llmserve_slot_kv_tokens", "Tokens in the KV per slot", ["slot"], registry=r)
+        self.session_cache = Counter(
+            "llmserve_session_cache", "Saved-session lookups and writes", ["result"], registry=r
+        )
+        self.session_cache_bytes = Gauge("llmserve_session_cache_bytes", "Bytes of saved sessions on disk", registry=r)
         self.kv_used = Gauge("llmserve_kv_cells_used_ratio", "KV cells holding tokens / generation cells", registry=r)
 
     def observe_snapshot(self, snapshot: Any, num_cells: int) -> None:
@@ -49,6 +55,8 @@ class Metrics:
         self.slots.labels("busy").set(num_busy)
         self.slots.labels("idle").set(len(snapshot.slots) - num_busy)
         self.waiting.set(snapshot.num_waiting)
+        for slot in snapshot.slots:
+            self.slot_tokens.labels(str(slot.seq_id)).set(slot.num_cached_tokens)
         self.kv_used.set(snapshot.num_kv_tokens / num_cells)
 
     def serve(self, host: str, port: int) -> None:

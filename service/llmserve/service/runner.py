@@ -16,6 +16,7 @@ import numpy as np
 import structlog
 
 from .batch import BatchBuffer
+from .kv_config import CACHE_TYPES, FLASH_ATTN
 
 POOLING_NAMES = {-1: "unspecified", 0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
@@ -53,6 +54,9 @@ class RunnerConfig:
     embeddings: bool
     max_embed_seqs: int = 64
     verbose: bool = False
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    flash_attn: str = "auto"
 
     @property
     def n_ctx_total(self) -> int:
@@ -95,7 +99,10 @@ class LlamaRunner:
         self.ctx = llama_cpp.llama_init_from_model(self.model, self._context_params())
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
-            raise RuntimeError("failed to create the llama context")
+            raise RuntimeError(
+                f"llama.cpp could not create the context (cache types K={config.cache_type_k} "
+                f"V={config.cache_type_v}, flash attention {config.flash_attn}); see its log above"
+            )
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.batch = BatchBuffer(config.n_batch)
         self.meta = self._read_meta()
@@ -118,6 +125,9 @@ class LlamaRunner:
         # sliding-window models such as gemma 3.
         params.swa_full = True
         params.no_perf = True
+        params.type_k = CACHE_TYPES[c.cache_type_k]
+        params.type_v = CACHE_TYPES[c.cache_type_v]
+        params.flash_attn_type = FLASH_ATTN[c.flash_attn]
         return params
 
     # ------------------------------------------------------------- metadata
@@ -192,6 +202,28 @@ class LlamaRunner:
         if not ptr:
             raise RuntimeError(f"no logits for batch row {row}")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def seq_shift(self, seq_id: int, keep: int, discard: int) -> None:
+        """Context shift: drop positions [keep, keep+discard) and move the rest down
+        (llama.cpp applies the RoPE change lazily on the next decode)."""
+        llama_cpp.llama_memory_seq_rm(self.memory, seq_id, keep, keep + discard)
+        llama_cpp.llama_memory_seq_add(self.memory, seq_id, keep + discard, -1, -discard)
+
+    @property
+    def can_shift(self) -> bool:
+        return bool(llama_cpp.llama_memory_can_shift(self.memory))
+
+    def seq_state(self, seq_id: int) -> bytes:
+        """The sequence's KV state (llama_state_seq_get_data)."""
+        size = llama_cpp.llama_state_seq_get_size(self.ctx, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, seq_id)
+        return bytes(buf[:written])
+
+    def set_seq_state(self, seq_id: int, data: bytes) -> bool:
+        """Load a saved state into `seq_id`; False when llama.cpp refuses it."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return bool(llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id))
 
     def seq_cp(self, src: int, dst: int) -> None:
         llama_cpp.llama_memory_seq_cp(self.memory, src, dst, -1, -1)

@@ -29,6 +29,12 @@ class Limits:
     n_vocab: int
     n_ctx_per_slot: int
     n_ubatch: int
+    context_shift: bool = False
+
+    @property
+    def max_tokens(self) -> int:
+        """A turn's generation limit: the slot's context, or (shifting) practically none."""
+        return 2**31 - 1 if self.context_shift else self.n_ctx_per_slot
 
 
 MAX_SAMPLES = 8
@@ -110,16 +116,15 @@ def sampling_params(msg: pb.SamplingParams, limits: Limits, grammar: str = "") -
 
 
 def stopping_params(msg: pb.StoppingCriteria, limits: Limits) -> StoppingParams:
-    ctx = limits.n_ctx_per_slot
     max_tokens = None
     if msg.HasField("max_tokens"):
         max_tokens = msg.max_tokens
-        if max_tokens < 1 or max_tokens > ctx:
+        if max_tokens < 1 or max_tokens > limits.max_tokens:
             raise InvalidArgument(
-                f"max_tokens must be in [1, {ctx}] (the per-slot context), got {max_tokens}",
+                f"max_tokens must be in [1, {limits.max_tokens}] (the per-slot context), got {max_tokens}",
                 field="config.stopping.max_tokens",
             )
-    min_tokens = _check_int(msg.min_tokens, "config.stopping.min_tokens", 0, max_tokens or ctx)
+    min_tokens = _check_int(msg.min_tokens, "config.stopping.min_tokens", 0, max_tokens or limits.max_tokens)
     if len(msg.stop) > MAX_STOP_STRINGS:
         raise InvalidArgument(f"at most {MAX_STOP_STRINGS} stop strings", field="config.stopping.stop")
     for i, stop in enumerate(msg.stop):
