@@ -1,0 +1,92 @@
+"""KV cache management: context shift, quantized caches, admission of what cannot fit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from llmserve.client import Client, pb
+from tests.conftest import RunningServer, start_server, stop_server
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def _metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+    raise AssertionError(f"{name} not exported")
+
+
+@pytest.fixture(scope="module")
+def shifting_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    running = start_server(
+        ["-np", "2", "-c", "512", "-t", "2", "--context-shift", "--keep", "4", "-ctk", "q8_0", "-ctv", "q8_0"],
+        tmp_path_factory.mktemp("shift") / "server.log",
+        metrics=True,
+    )
+    yield running
+    assert stop_server(running) == 0
+
+
+def test_a_session_generates_three_times_its_context(shifting_server: RunningServer) -> None:
+    with Client(shifting_server.address, timeout=300) as client:
+        per_slot = client.model_info().n_ctx_per_slot
+        assert per_slot == 256
+        client.generate("Warm up", max_tokens=4)
+        rss_before = _rss_kb(shifting_server.process.pid)
+        result = client.generate("Count upwards forever: 1, 2, 3,", max_tokens=3 * per_slot, temperature=0.7, ignore_eos=True)
+        rss_after = _rss_kb(shifting_server.process.pid)
+        slots = client.model_info().slots
+    end = result.turn_end
+    assert end.finish_reason == pb.FINISH_REASON_LENGTH
+    assert end.usage.completion_tokens == 3 * per_slot
+    assert all(s.num_cached_tokens <= per_slot for s in slots)
+    shifts = _metric(shifting_server.metrics_port, "llmserve_context_shifts_total")
+    print(f"{end.usage.completion_tokens} tokens in a {per_slot}-token slot: {shifts:.0f} context shifts, "
+          f"RSS {rss_before / 1024:.1f} -> {rss_after / 1024:.1f} MiB")
+    assert shifts >= 4
+    assert rss_after - rss_before < 20 * 1024
+    log = shifting_server.log_path.read_text()
+    assert "decode_failed" not in log
+
+
+def test_without_context_shift_the_prompt_plus_max_tokens_must_fit(server) -> None:  # type: ignore[no-untyped-def]
+    with Client(server.address, timeout=30) as client:
+        per_slot = client.model_info().n_ctx_per_slot
+        with pytest.raises(grpc.RpcError) as err:
+            client.generate([2] + [1000] * 100, max_tokens=per_slot - 50)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "n_kv_req > n_ctx" in err.value.details()
+
+
+def test_quantized_v_without_flash_attention_is_refused() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "llmserve.service", "serve", "-ctv", "q4_0", "-fa", "off"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode != 0
+    assert "needs flash attention" in out.stderr
+
+
+def test_default_parallelism_is_four_and_logged(tmp_path: Path) -> None:
+    running = start_server(["-c", "2048", "-t", "2"], tmp_path / "server.log")
+    try:
+        with Client(running.address, timeout=10) as client:
+            info = client.model_info()
+        assert info.n_parallel == 4 and info.n_ctx_per_slot == 512
+    finally:
+        assert stop_server(running) == 0
+    assert '"n_parallel_auto": true' in running.log_path.read_text()
