@@ -42,6 +42,7 @@ def session_config(
     stop: Sequence[str] = (),
     ignore_eos: bool = False,
     priority: int = 0,
+    session_id: str = "",
     **sampling: float | int,
 ) -> pb.SessionConfig:
     """Build a SessionConfig; `sampling` takes SamplingParams field names (temperature=0, seed=1, ...)."""
@@ -51,6 +52,7 @@ def session_config(
     return pb.SessionConfig(
         request_id=request_id,
         priority=priority,
+        session_id=session_id,
         sampling=pb.SamplingParams(**{k: v for k, v in sampling.items() if v is not None}),
         stopping=stopping,
     )

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from .domain import EmbedInput, SessionParams
 from .session import EventSink
+from .session_store import SavedSession
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Open:
     params: SessionParams
     sink: EventSink
     deadline: float | None  # time.monotonic() by which the session must end
+    restore: SavedSession | None = None  # a saved session to resume
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class Cancel:
 @dataclass(frozen=True)
 class Close:
     key: int
+    chat: tuple[tuple[str, str], ...] | None = None  # the conversation, saved with a named session
 
 
 @dataclass(frozen=True)

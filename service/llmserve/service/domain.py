@@ -99,6 +99,7 @@ class SessionParams:
     output: OutputParams = field(default_factory=OutputParams)
     priority: int = 0
     num_samples: int = 1
+    session_id: str = ""  # saved when the stream ends, restored by a later stream
 
 
 # ----------------------------------------------------------- executor → client

@@ -14,6 +14,7 @@ from .executor import Executor
 from .metrics import Metrics
 from .model_files import default_model_path
 from .runner import POOLING_NAMES, LlamaRunner, RunnerConfig
+from .session_store import SessionStore, model_fingerprint
 from .validation import Limits
 
 log = structlog.get_logger("llmserve.engine")
@@ -56,7 +57,13 @@ class Engine:
         if config.context_shift and not self.runner.can_shift:
             raise RuntimeError("--context-shift: this model's memory cannot shift positions")
         shift_keep = config.n_keep if config.context_shift else None
-        self.executor = Executor(self.runner, config.n_parallel, config.n_ctx_per_slot, metrics, shift_keep)
+        self.sessions: SessionStore | None = None
+        if config.session_dir is not None:
+            fingerprint = model_fingerprint(model_path, self.meta, config.cache_type_k, config.cache_type_v)
+            self.sessions = SessionStore(config.session_dir, config.session_dir_max_bytes, fingerprint, metrics or Metrics())
+        self.executor = Executor(
+            self.runner, config.n_parallel, config.n_ctx_per_slot, metrics, shift_keep, self.sessions
+        )
         self.version = __version__
         self.pooling = POOLING_NAMES[1] if config.embeddings else POOLING_NAMES[0]
         log.info(
@@ -94,7 +101,8 @@ class Engine:
     def start(self) -> None:
         self.executor.start()
 
-    def stop(self) -> None:
-        """Join the executor (open sessions end UNAVAILABLE), then free the model."""
-        self.executor.stop()
+    def close(self) -> None:
+        """After `executor.stop()`: finish saving sessions, free the model."""
+        if self.sessions is not None:
+            self.sessions.close()  # named sessions saved at the end are written out
         self.runner.close()

@@ -19,7 +19,7 @@ from collections import deque
 import numpy as np
 import structlog
 
-from .allocator import SlotAllocator
+from .allocator import SlotAllocator, common_prefix_length
 from .commands import STOP, AddInput, Cancel, Close, Embed, ExecutorSnapshot, Open, SlotSnapshot
 from .domain import EmbedInput, EmbedResult, FinishReason, SamplingParams, SessionFailed, SessionParams
 from .generation import GenerationStep
@@ -28,6 +28,7 @@ from .runner import LlamaRunner
 from .sampler import GrammarError, Sampler
 from .scheduler import Scheduler, SeqDemand
 from .session import EventSink, Session
+from .session_store import SavedSession, SessionStore
 
 log = structlog.get_logger("llmserve.executor")
 
@@ -42,8 +43,11 @@ class Executor:
         n_ctx_per_slot: int,
         metrics: Metrics | None = None,
         shift_keep: int | None = None,
+        store: SessionStore | None = None,
     ) -> None:
-        """`shift_keep`: tokens kept at the start on a context shift; None disables shifting."""
+        """`shift_keep`: tokens kept at the start on a context shift; None disables shifting.
+        `store`: where named sessions are saved when they end."""
+        self.store = store
         cfg = runner.config
         self.metrics = metrics or Metrics()
         self.runner = runner
@@ -74,10 +78,13 @@ class Executor:
         self._commands.put(STOP)
         self._thread.join(timeout)
 
-    def open_session(self, params: SessionParams, sink: EventSink, deadline: float | None = None) -> int:
-        """Open a session; `deadline` (time.monotonic) ends it with DEADLINE in time to tell the client."""
+    def open_session(
+        self, params: SessionParams, sink: EventSink, deadline: float | None = None, restore: SavedSession | None = None
+    ) -> int:
+        """Open a session; `deadline` (time.monotonic) ends it with DEADLINE in time to tell the client;
+        `restore` resumes a saved session."""
         key = next(self._keys)
-        self._commands.put(Open(key, params, sink, deadline))
+        self._commands.put(Open(key, params, sink, deadline, restore))
         return key
 
     def add_input(self, key: int, tokens: tuple[int, ...], end_of_turn: bool, replace: bool = False) -> None:
@@ -87,8 +94,8 @@ class Executor:
     def cancel(self, key: int) -> None:
         self._commands.put(Cancel(key))
 
-    def close(self, key: int) -> None:
-        self._commands.put(Close(key))
+    def close(self, key: int, chat: tuple[tuple[str, str], ...] | None = None) -> None:
+        self._commands.put(Close(key, chat))
 
     def embed(self, inputs: tuple[EmbedInput, ...], sink: EventSink) -> None:
         self._commands.put(Embed(inputs, sink))
@@ -145,6 +152,7 @@ class Executor:
                     if sample.turn is not None:
                         self._finish(sample, FinishReason.CANCELLED, sample.next_token)
             elif isinstance(command, Close):
+                session.chat = command.chat
                 self._release(session)
 
     def _open(self, command: Open) -> None:
@@ -155,6 +163,7 @@ class Executor:
         except GrammarError as exc:  # the transport checks first; this is the backstop
             command.sink.put(SessionFailed("INVALID_ARGUMENT", str(exc)))
             return
+        session.restore = command.restore
         self._sessions[command.key] = session
         self._waiting.append(session)
 
@@ -203,8 +212,42 @@ class Executor:
         parent.reserved.clear()
         return children
 
+    def _resume(self, session: Session) -> None:
+        """A saved session gets a slot: reuse the KV if a slot still holds it, else load it."""
+        saved = session.restore
+        assert saved is not None
+        session.restore = None
+        slot = self.allocator.allocate(saved.tokens)
+        if saved.tokens and common_prefix_length(slot.tokens, saved.tokens) == len(saved.tokens):
+            del slot.tokens[len(saved.tokens) :]  # the rest is another continuation: trim it
+            slot.save_logits(-1, None)
+            self.runner.seq_rm(slot.seq_id, len(saved.tokens), -1)
+        else:
+            self.runner.seq_rm(slot.seq_id, -1, -1)
+            slot.reset()
+            if saved.tokens and self.runner.set_seq_state(slot.seq_id, saved.state):
+                slot.tokens[:] = saved.tokens
+            elif saved.tokens:
+                log.warning("session_state_rejected", session_id=saved.session_id, detail="llama.cpp refused the state")
+                self.runner.seq_rm(slot.seq_id, -1, -1)
+                saved = None
+        session.resume(slot, saved)
+
+    def _save(self, session: Session) -> None:
+        """A named session ends: copy its KV state out for the store's writer thread."""
+        slot = session.slot
+        if self.store is None or not session.params.session_id or slot is None or session.parent is not None:
+            return
+        history = slot.tokens[: slot.num_confirmed]
+        if slot.take_stale_tail() is not None:
+            self.runner.seq_rm(slot.seq_id, len(history), -1)
+        pending = [*session.pending, *([session.next_token] if session.next_token is not None else [])]
+        state = self.runner.seq_state(slot.seq_id)
+        self.store.save_async(SavedSession(session.params.session_id, tuple(history), tuple(pending), session.chat, state))
+
     def _release(self, session: Session) -> None:
         """The stream is gone: free the slot now; its KV stays as a prefix cache."""
+        self._save(session)
         self._sessions.pop(session.key, None)
         if session.parent is not None and session in session.parent.children:
             session.parent.children.remove(session)
@@ -240,7 +283,10 @@ class Executor:
             need = session.params.num_samples
             if self.allocator.num_idle < need:
                 break
-            if session.pending:
+            if session.restore is not None:
+                self._waiting.remove(session)
+                self._resume(session)
+            elif session.pending:
                 self._waiting.remove(session)
                 session.attach(self.allocator.allocate(session.pending), self.allocator.reusable)
                 session.reserved = [self.allocator.allocate(()) for _ in range(need - 1)]

@@ -31,6 +31,7 @@ from .engine import Engine
 from .errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable, error_from_status_name
 from .inputs import input_tokens
 from .metrics import Metrics
+from .session_store import SavedSession
 
 log = structlog.get_logger("llmserve.generate")
 
@@ -61,8 +62,11 @@ class _ReaderFailed:
 
 
 class GenerateStream:
-    def __init__(self, engine: Engine, metrics: Metrics, max_input_tokens: int) -> None:
+    def __init__(
+        self, engine: Engine, metrics: Metrics, max_input_tokens: int, restore: SavedSession | None = None
+    ) -> None:
         self.engine = engine
+        self.restore = restore
         self.metrics = metrics
         self.max_input_tokens = max_input_tokens
         self.sink = LoopSink(asyncio.get_running_loop())
@@ -77,7 +81,13 @@ class GenerateStream:
         self.params = params
         add_bos = first.config.add_bos if first.config.HasField("add_bos") else True
         state.needs_bos = add_bos and engine.meta.add_bos
-        key = engine.executor.open_session(params, self.sink, deadline)
+        if self.restore is not None:  # a saved session goes on: its history is in the KV
+            state.needs_bos = False
+            state.has_history = True
+            state.session_tokens = len(self.restore.tokens) + len(self.restore.pending)
+            if self.restore.chat is not None:
+                state.chat = [ChatMessage(role, content) for role, content in self.restore.chat]
+        key = engine.executor.open_session(params, self.sink, deadline, self.restore)
         reader = asyncio.create_task(self._read(first, requests, key))
         client_done = False
         try:
@@ -125,7 +135,8 @@ class GenerateStream:
                         raise Unavailable("the server is shutting down")
         finally:
             reader.cancel()
-            engine.executor.close(key)
+            chat = tuple((m.role, m.content) for m in state.chat) if state.chat is not None else None
+            engine.executor.close(key, chat)
 
     def _record(self, event: TurnEndEvent) -> None:
         m = self.metrics

@@ -102,5 +102,5 @@ async def serve(config: ServerConfig) -> None:
     await asyncio.to_thread(engine.executor.stop)  # open sessions end UNAVAILABLE
     await llm.wait_idle(5.0)
     await server.stop(1.0)
-    await asyncio.to_thread(engine.runner.close)
+    await asyncio.to_thread(engine.close)
     log.info("stopped")

@@ -20,11 +20,12 @@ from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 from . import validation
 from .embed_stream import EmbedStream
 from .engine import Engine
-from .errors import InvalidArgument, ResourceExhausted, Unavailable, rpc_errors
+from .errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable, rpc_errors
 from .generate_stream import Drain, GenerateStream
 from .logprobs import MAX_TOP_LOGPROBS
 from .metrics import Metrics
 from .sampler import SAMPLER_NAMES, GrammarError, check_grammar
+from .session_store import SavedSession
 
 log = structlog.get_logger("llmserve.servicer")
 
@@ -59,6 +60,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         self._idle = asyncio.Event()
         self._idle.set()
         self._streams: set[GenerateStream] = set()
+        self._sessions_in_use: set[str] = set()
         self._session_s = 1.0  # moving average of a session's duration (retry hint)
 
     def _engine(self) -> Engine:
@@ -131,7 +133,8 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
             remaining = context.time_remaining()
             deadline = time.monotonic() + remaining if remaining is not None else None
             max_input = min(self.max_input_tokens or engine.limits.n_ctx_per_slot, engine.limits.n_ctx_per_slot)
-            stream = GenerateStream(engine, self.metrics, max_input)
+            restore = await self._claim_session(engine, params.session_id)
+            stream = GenerateStream(engine, self.metrics, max_input, restore)
             self._streams.add(stream)
             if self.draining:
                 stream.sink.put_local(Drain())
@@ -140,11 +143,27 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
                     yield response
             finally:
                 self._streams.discard(stream)
+                self._sessions_in_use.discard(params.session_id)
         finally:
             self._num_sessions -= 1
             self.metrics.sessions.set(self._num_sessions)
             self._session_s = 0.8 * self._session_s + 0.2 * (time.monotonic() - started)
             self._leave()
+
+    async def _claim_session(self, engine: Engine, session_id: str) -> SavedSession | None:
+        """A named session: one stream at a time; its saved state, if any, read off the loop."""
+        if not session_id:
+            return None
+        if engine.sessions is None:
+            raise FailedPrecondition("named sessions need the server to run with --session-dir", field="config.session_id")
+        if session_id in self._sessions_in_use:
+            raise FailedPrecondition(f"session {session_id!r} is open on another stream", field="config.session_id")
+        self._sessions_in_use.add(session_id)
+        try:
+            return await asyncio.to_thread(engine.sessions.load, session_id)
+        except BaseException:
+            self._sessions_in_use.discard(session_id)
+            raise
 
     # -------------------------------------------------------------------- Embed
 

@@ -23,6 +23,7 @@ import numpy as np
 from .allocator import Slot, common_prefix_length
 from .domain import FinishReason, SessionParams, TokenEvent, TokenLogprob, TurnEndEvent
 from .sampler import Sampler
+from .session_store import SavedSession
 from .textstream import TextStream
 
 # Events a session may have waiting in its sink before the executor pauses it:
@@ -86,6 +87,8 @@ class Session:
         self.replay_pending = False  # chat: the next input replaces the rendered history
         self.prompt_logits: np.ndarray | None = None  # last evaluated row, for prompt logprobs
         self.ready_logits: np.ndarray | None = None  # saved logits to sample the turn's first token from
+        self.restore: SavedSession | None = None  # a saved session waiting for a slot
+        self.chat: tuple[tuple[str, str], ...] | None = None  # saved with the session, from the transport
         self.params = params
         self.sink = sink
         self.deadline = deadline
@@ -160,6 +163,16 @@ class Session:
             matched = slot.match(self.pending)
         self.turn_cached += matched
         del self.pending[:matched]
+        self._keep_a_token_for_logits()
+
+    def resume(self, slot: Slot, restored: SavedSession | None) -> None:
+        """Got a slot holding a saved session's KV (`restored` None: it could not be loaded)."""
+        self.slot = slot
+        self.queue_ms = (time.monotonic() - self.t_open) * 1000.0
+        if restored is not None:
+            slot.num_confirmed = len(slot.tokens)
+            self.pending[:0] = restored.pending
+            self.turn_cached = slot.num_confirmed
         self._keep_a_token_for_logits()
 
     def begin_turn(self) -> None:

@@ -174,6 +174,10 @@ def session_params(msg: pb.SessionConfig, limits: Limits, request_id: str, max_s
             f"request_id is limited to {MAX_REQUEST_ID_LENGTH} characters", field="config.request_id"
         )
     num_samples = _check_int(msg.n, "config.n", 1, max_samples) if msg.HasField("n") else 1
+    if len(msg.session_id) > MAX_REQUEST_ID_LENGTH:
+        raise InvalidArgument(f"session_id is limited to {MAX_REQUEST_ID_LENGTH} characters", field="config.session_id")
+    if msg.session_id and num_samples > 1:
+        raise InvalidArgument("a named session takes one sample per turn (n = 1)", field="config.n")
     return SessionParams(
         request_id=request_id,
         sampling=sampling_params(msg.sampling, limits, grammar_of(msg.constraint)),
@@ -181,6 +185,7 @@ def session_params(msg: pb.SessionConfig, limits: Limits, request_id: str, max_s
         output=output_params(msg.output),
         priority=msg.priority,
         num_samples=num_samples,
+        session_id=msg.session_id,
     )
 
 
