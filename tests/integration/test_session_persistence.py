@@ -7,8 +7,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from llmserve.client import Client
 
-from llmserve.client import Client, pb
 from tests.conftest import RunningServer, start_server, stop_server
 from tests.helpers import SessionStream
 
