@@ -8,7 +8,7 @@ PORT   ?= 50051
 # llama-cpp-python compiles from source once; pip caches the wheel afterwards.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc)
 
-.PHONY: install tools model serve test unit lint proto clean
+.PHONY: install tools model serve test unit lint proto bench clean
 
 BUF    := node_modules/.bin/buf
 
@@ -41,6 +41,11 @@ test: model tools
 
 unit: install
 	$(PY) -m pytest tests/unit
+
+# llmserve vs llama-server vs llama-batched-bench (peers built as bench/README.md says).
+bench: model
+	$(PY) -m pip install -q -e '.[server,test,bench]'
+	$(PY) -m bench.run
 
 lint: install
 	$(VENV)/bin/ruff check service client tests bench

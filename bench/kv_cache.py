@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 from llmserve.service.logprobs import log_softmax
 from llmserve.service.model_files import default_model_path
 from llmserve.service.runner import LlamaRunner, RunnerConfig

@@ -67,4 +67,11 @@ class Embed:
     sink: EventSink
 
 
+@dataclass(frozen=True)
+class DropEmbeds:
+    """The Embed call is over: forget its inputs that have not run yet."""
+
+    sink: EventSink
+
+
 STOP = object()  # ends the executor loop

@@ -65,6 +65,7 @@ class EmbedStream:
                     raise event.error
         finally:
             reader.cancel()
+            self.engine.executor.drop_embeds(sink)  # a cancelled call leaves no work behind
 
     async def _read(self, requests: AsyncIterator[pb.EmbedRequest], sink: LoopSink, window: asyncio.Semaphore) -> None:
         engine = self.engine

@@ -20,7 +20,7 @@ from collections import deque
 import numpy as np
 import structlog
 
-from .commands import STOP, AddInput, Cancel, Close, Embed, ExecutorSnapshot, Open, SlotSnapshot
+from .commands import STOP, AddInput, Cancel, Close, DropEmbeds, Embed, ExecutorSnapshot, Open, SlotSnapshot
 from .domain import EmbedInput, EmbedResult, SessionFailed, SessionParams
 from .metrics import Metrics
 from .runner import LlamaRunner
@@ -95,6 +95,10 @@ class Executor:
     def embed(self, inputs: tuple[EmbedInput, ...], sink: EventSink) -> None:
         self._commands.put(Embed(inputs, sink))
 
+    def drop_embeds(self, sink: EventSink) -> None:
+        """The Embed call ended (done, failed or cancelled): its queued inputs are not computed."""
+        self._commands.put(DropEmbeds(sink))
+
     # ------------------------------------------------------------ the thread
 
     def _run(self) -> None:
@@ -128,6 +132,8 @@ class Executor:
                 return False
             if isinstance(command, Embed):
                 self._embeds.extend((item, command.sink) for item in command.inputs)
+            elif isinstance(command, DropEmbeds):
+                self._embeds = deque(entry for entry in self._embeds if entry[1] is not command.sink)
             else:
                 self.table.handle(command)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import structlog
@@ -24,6 +25,31 @@ from .scheduler import StepPlan
 from .session import Session
 
 log = structlog.get_logger("llmserve.generation")
+
+@dataclass
+class StepProfile:
+    """Where a generation step's time goes (seconds, summed over steps)."""
+
+    steps: int = 0
+    tokens: int = 0
+    fill_s: float = 0.0  # building the batch
+    decode_s: float = 0.0  # llama_decode
+    sample_s: float = 0.0  # sampler chains
+    post_s: float = 0.0  # everything after the decode, sampling included
+
+    def as_dict(self) -> dict[str, float]:
+        total = self.fill_s + self.decode_s + self.post_s
+        host = total - self.decode_s - self.sample_s
+        return {
+            "steps": self.steps,
+            "tokens_per_step": self.tokens / max(self.steps, 1),
+            "step_ms": 1000 * total / max(self.steps, 1),
+            "decode_ms": 1000 * self.decode_s / max(self.steps, 1),
+            "sample_ms": 1000 * self.sample_s / max(self.steps, 1),
+            "host_ms": 1000 * host / max(self.steps, 1),
+            "host_share": host / total if total else 0.0,
+        }
+
 
 FinishFn = Callable[..., None]
 FailFn = Callable[[Session, str, str], None]
@@ -49,8 +75,10 @@ class GenerationStep:
         self._fork = fork
         self._eog = frozenset(runner.meta.eog_token_ids)
         self._eog_ids = np.array(sorted(self._eog), dtype=np.int64)
+        self.profile = StepProfile()
 
     def run(self, plan: StepPlan, sessions: dict[int, Session]) -> None:
+        t0 = time.perf_counter()
         batch = self.runner.batch
         batch.clear()
         entries: list[tuple[Session, list[int], int | None, int]] = []  # session, tokens, sample row, first row
@@ -70,7 +98,14 @@ class GenerationStep:
             if s.params.output.prompt_logprobs:
                 batch.logits[first : row + 1] = 1
             entries.append((s, chunk, row if wants_logits else None, first))
+        t1 = time.perf_counter()
         status = self.runner.decode()
+        t2 = time.perf_counter()
+        profile = self.profile
+        profile.steps += 1
+        profile.tokens += batch.num_tokens
+        profile.fill_s += t1 - t0
+        profile.decode_s += t2 - t1
         if status != 0:
             log.error("decode_failed", status=status, num_tokens=batch.num_tokens)
             for s, _, _, _ in entries:
@@ -94,6 +129,7 @@ class GenerationStep:
                 s.slot.save_logits(len(s.slot.tokens) - 1, logits.copy())
                 for sample in [s, *self._fork(s)]:
                     self._sample(sample, logits, row)
+        profile.post_s += time.perf_counter() - t2
 
     def sample_ready(self, sessions: dict[int, Session]) -> None:
         """Turns whose whole prompt is cached with its saved logits: first token, no decode."""
@@ -112,6 +148,7 @@ class GenerationStep:
         assert s.turn is not None and s.sampler is not None and s.slot is not None
         turn, stopping, output = s.turn, s.params.stopping, s.params.output
         lp = log_softmax(logits) if output.top_logprobs is not None else None
+        t0 = time.perf_counter()
         if turn.completion_tokens < stopping.min_tokens:
             logits = logits.copy()  # other samples of this row must see the raw logits
             logits[self._eog_ids] = -np.inf
@@ -122,6 +159,7 @@ class GenerationStep:
             token = s.sampler.sample_from(logits)
         else:
             token = s.sampler.sample(self.runner.ctx, row, logits)
+        self.profile.sample_s += time.perf_counter() - t0
         now = time.monotonic()
         if turn.t_first_token is None:
             turn.t_first_token = now
