@@ -56,3 +56,27 @@ def test_two_hundred_inputs_come_back_in_order(server) -> None:  # type: ignore[
             solo = next(client.embed([texts[i]]))
             assert _cos(solo, list(responses[i].embedding)) > 0.99
     assert responses[3].num_tokens > responses[0].num_tokens
+
+
+def test_a_cancelled_embed_call_leaves_no_work_behind(server) -> None:  # type: ignore[no-untyped-def]
+    import time
+    import urllib.request
+
+    def computed() -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("llmserve_embeddings_total "):
+                    return float(line.split()[-1])
+        return 0.0
+
+    before = computed()
+    texts = [f"A text to embed, number {i}, about nothing in particular." for i in range(200)]
+    with grpc.insecure_channel(server.address) as channel:
+        call = pb_grpc.LLMServiceStub(channel).Embed(iter([pb.EmbedRequest(inputs=[pb.Input(text=t) for t in texts])]))
+        next(call)
+        call.cancel()
+    time.sleep(1.5)  # the step running when the call was cancelled finishes
+    settled = computed()
+    time.sleep(1.5)
+    assert computed() == settled  # nothing queued for the cancelled call is still running
+    assert settled - before < 200

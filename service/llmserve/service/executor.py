@@ -181,7 +181,7 @@ class Executor:
     def _run_embeddings(self, count: int) -> None:
         items = [self._embeds.popleft() for _ in range(count)]
         try:
-            vectors = self.runner.embed([item.tokens for item, _ in items], first_seq_id=self.n_parallel)
+            vectors = self.runner.embed([item.tokens for item, _ in items])
         except RuntimeError as exc:
             log.error("embedding_step_failed", error=str(exc))
             for _, sink in items:

@@ -1,7 +1,8 @@
-"""The llama.cpp runner: every ctypes call on the model and context lives here.
+"""The llama.cpp runner: every ctypes call on the model and contexts lives here.
 
-Owns the model, the one llama_context (a unified KV cache shared by all
-sequences), and the numpy-backed batch. Apart from the tokenizer methods, which
+Owns the model, the generation llama_context (a unified KV cache shared by all
+slots), the numpy-backed batch, and with embeddings on an `Embedder` (a context of
+its own that stops before the LM head). Apart from the tokenizer methods, which
 only read the immutable vocabulary, it is used by the executor thread alone.
 """
 
@@ -16,6 +17,7 @@ import numpy as np
 import structlog
 
 from .batch import BatchBuffer
+from .embedder import Embedder
 from .kv_config import CACHE_TYPES, FLASH_ATTN
 
 POOLING_NAMES = {-1: "unspecified", 0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
@@ -58,14 +60,6 @@ class RunnerConfig:
     cache_type_v: str = "f16"
     flash_attn: str = "auto"
 
-    @property
-    def n_ctx_total(self) -> int:
-        # Embedding jobs borrow one ubatch of extra cells for one step.
-        return self.n_ctx + (self.n_ubatch if self.embeddings else 0)
-
-    @property
-    def n_seq_max(self) -> int:
-        return self.n_parallel + (self.max_embed_seqs if self.embeddings else 0)
 
 
 @dataclass(frozen=True)
@@ -105,21 +99,24 @@ class LlamaRunner:
             )
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.batch = BatchBuffer(config.n_batch)
+        self.embedder = (
+            Embedder(self.model, int(llama_cpp.llama_model_n_embd(self.model)), config.n_ubatch,
+                     config.max_embed_seqs, config.n_threads)
+            if config.embeddings else None
+        )
         self.meta = self._read_meta()
         self._pieces: dict[int, bytes] = {}
 
     def _context_params(self) -> llama_cpp.llama_context_params:
         c = self.config
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = c.n_ctx_total
+        params.n_ctx = c.n_ctx
         params.n_batch = c.n_batch
         params.n_ubatch = c.n_ubatch
-        params.n_seq_max = c.n_seq_max
+        params.n_seq_max = c.n_parallel
         params.n_threads = c.n_threads
         params.n_threads_batch = c.n_threads
-        params.embeddings = False  # switched on for embedding steps only
-        if c.embeddings:
-            params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_MEAN
+        params.embeddings = False  # embeddings run on the Embedder's own context
         params.kv_unified = True
         # Full-size SWA cache: trimming a cached prefix (seq_rm) stays exact for
         # sliding-window models such as gemma 3.
@@ -228,33 +225,11 @@ class LlamaRunner:
     def seq_cp(self, src: int, dst: int) -> None:
         llama_cpp.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
 
-    def embed(self, inputs: list[tuple[int, ...]], first_seq_id: int) -> list[np.ndarray]:
-        """Pooled embeddings of inputs packed into one ubatch, one sequence id each.
-
-        The caller guarantees the inputs fit one ubatch together (llama.cpp aborts
-        the process otherwise). The sequences are removed from the KV afterwards.
-        """
-        batch = self.batch
-        batch.clear()
-        for j, tokens in enumerate(inputs):
-            batch.add(tokens, 0, first_seq_id + j, False)
-        batch.mark_all_outputs()
-        llama_cpp.llama_set_embeddings(self.ctx, True)
-        try:
-            status = self.decode()
-            if status != 0:
-                raise RuntimeError(f"llama_decode failed with status {status}")
-            return [self._sequence_embedding(first_seq_id + j) for j in range(len(inputs))]
-        finally:
-            llama_cpp.llama_set_embeddings(self.ctx, False)
-            for j in range(len(inputs)):
-                self.seq_rm(first_seq_id + j, -1, -1)
-
-    def _sequence_embedding(self, seq_id: int) -> np.ndarray:
-        ptr = llama_cpp.llama_get_embeddings_seq(self.ctx, seq_id)
-        if not ptr:
-            raise RuntimeError(f"no pooled embedding for sequence {seq_id}")
-        return np.ctypeslib.as_array(ptr, shape=(self.meta.n_embd,)).copy()
+    def embed(self, inputs: list[tuple[int, ...]]) -> list[np.ndarray]:
+        """Mean-pooled embeddings of inputs packed into one ubatch (see embedder.py)."""
+        if self.embedder is None:
+            raise RuntimeError("embeddings are not enabled")
+        return self.embedder.embed(inputs)
 
     # ------------------------------------------------------------- KV memory
 
@@ -265,6 +240,8 @@ class LlamaRunner:
         return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id))
 
     def close(self) -> None:
+        if self.embedder is not None:
+            self.embedder.close()
         if self.ctx:
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
