@@ -69,6 +69,12 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _prompt(level: int, worker: int, round_: int) -> str:
+    """Every request differs at its end, so each one prefills for real on both servers
+    (a repeated prompt would be served from a cache and flatter TTFT)."""
+    return f"Request {level}.{worker}.{round_}. {PROMPTS[(worker + round_) % len(PROMPTS)]}"
+
+
 class _Timer:
     """Collects TTFT and inter-token gaps for one request."""
 
@@ -115,7 +121,7 @@ async def llmserve_level(address: str, concurrency: int, rounds: int, max_tokens
 
         async def worker(w: int) -> None:
             for r in range(rounds):
-                await _llmserve_one(stub, PROMPTS[(w + r) % len(PROMPTS)], max_tokens, result)
+                await _llmserve_one(stub, _prompt(concurrency, w, r), max_tokens, result)
 
         start = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
@@ -177,7 +183,7 @@ async def peer_level(url: str, concurrency: int, rounds: int, max_tokens: int) -
 
         async def worker(w: int) -> None:
             for r in range(rounds):
-                await _peer_one(session, url, PROMPTS[(w + r) % len(PROMPTS)], max_tokens, result)
+                await _peer_one(session, url, _prompt(concurrency, w, r), max_tokens, result)
 
         start = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
