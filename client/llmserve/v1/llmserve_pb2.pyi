@@ -350,16 +350,20 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SlotInfo(_message.Message):
-    __slots__ = ("seq_id", "busy", "num_cached_tokens", "paused")
+    __slots__ = ("seq_id", "busy", "num_cached_tokens", "paused", "kv_pos_min", "kv_pos_max")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
+    KV_POS_MIN_FIELD_NUMBER: _ClassVar[int]
+    KV_POS_MAX_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     busy: bool
     num_cached_tokens: int
     paused: bool
-    def __init__(self, seq_id: _Optional[int] = ..., busy: _Optional[bool] = ..., num_cached_tokens: _Optional[int] = ..., paused: _Optional[bool] = ...) -> None: ...
+    kv_pos_min: int
+    kv_pos_max: int
+    def __init__(self, seq_id: _Optional[int] = ..., busy: _Optional[bool] = ..., num_cached_tokens: _Optional[int] = ..., paused: _Optional[bool] = ..., kv_pos_min: _Optional[int] = ..., kv_pos_max: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
     __slots__ = ("name", "path", "architecture", "num_parameters", "n_ctx_train", "n_ctx", "n_ctx_per_slot", "n_embd", "vocab_size", "bos_token_id", "eos_token_id", "eog_token_ids", "has_chat_template", "can_generate", "can_embed", "n_parallel", "n_batch", "n_ubatch", "pooling_type", "version", "slots", "num_sessions_waiting", "max_queue", "features")

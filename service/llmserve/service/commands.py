@@ -19,6 +19,8 @@ class SlotSnapshot:
     busy: bool
     num_cached_tokens: int
     paused: bool = False
+    kv_pos_min: int = -1  # from llama.cpp's memory, for leak checks
+    kv_pos_max: int = -1
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from .engine import Engine
 from .errors import FailedPrecondition, InvalidArgument, error_from_status_name
 from .inputs import input_tokens
 from .validation import MAX_EMBED_INPUTS_PER_MESSAGE
+from .wire import check_decoded
 
 WINDOW = 256
 
@@ -74,6 +75,7 @@ class EmbedStream:
         index = 0
         try:
             async for request in requests:
+                request = check_decoded(request)
                 if request.HasField("options"):
                     opts = request.options
                     normalize = opts.normalize if opts.HasField("normalize") else True

@@ -144,7 +144,9 @@ def rpc_errors(method: Callable[..., Any]) -> Callable[..., Any]:
     async def unary_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         code = "OK"
         try:
-            return await method(self, request, context)
+            from .wire import check_decoded  # late: wire imports this module
+
+            return await method(self, check_decoded(request), context)
         except ServiceError as error:
             code = error.code.name
             await _abort(context, error)

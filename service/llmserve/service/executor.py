@@ -211,7 +211,14 @@ class Executor:
         paused = {s.slot.seq_id for s in self._sessions.values() if s.slot is not None and s.paused}
         snapshot = self.snapshot = ExecutorSnapshot(
             slots=tuple(
-                SlotSnapshot(slot.seq_id, slot.busy, len(slot.tokens), slot.seq_id in paused)
+                SlotSnapshot(
+                    slot.seq_id,
+                    slot.busy,
+                    len(slot.tokens),
+                    slot.seq_id in paused,
+                    self.runner.seq_pos_min(slot.seq_id),
+                    self.runner.seq_pos_max(slot.seq_id),
+                )
                 for slot in self.allocator.slots
             ),
             num_sessions=len(self._sessions),

@@ -32,6 +32,7 @@ from .errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unava
 from .inputs import input_tokens
 from .metrics import Metrics
 from .session_store import SavedSession
+from .wire import check_decoded
 
 log = structlog.get_logger("llmserve.generate")
 
@@ -172,6 +173,7 @@ class GenerateStream:
             self.sink.put_local(_ReaderFailed(exc))
 
     def _on_message(self, message: pb.GenerateRequest, key: int) -> None:
+        message = check_decoded(message)
         engine, state = self.engine, self.state
         if message.cancel:
             engine.executor.cancel(key)

@@ -236,6 +236,9 @@ class LlamaRunner:
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1))
 
+    def seq_pos_min(self, seq_id: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_min(self.memory, seq_id))
+
     def seq_pos_max(self, seq_id: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id))
 

@@ -15,13 +15,14 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from llmserve.v1 import llmserve_pb2, llmserve_pb2_grpc
+from llmserve.v1 import llmserve_pb2
 
 from .config import ServerConfig
 from .engine import Engine
 from .metrics import Metrics
 from .security import ApiKeyInterceptor, server_credentials
 from .servicer import LLMServicer
+from .wire import add_servicer
 
 log = structlog.get_logger("llmserve.server")
 
@@ -45,7 +46,7 @@ def _build_server(config: ServerConfig, llm: LLMServicer, health_servicer: healt
             ("grpc.max_receive_message_length", config.max_message_bytes),
         ],
     )
-    llmserve_pb2_grpc.add_LLMServiceServicer_to_server(llm, server)
+    add_servicer(llm, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, HEALTH_NAME, reflection.SERVICE_NAME), server)
     address = f"{config.host}:{config.port}"

@@ -26,6 +26,7 @@ from .logprobs import MAX_TOP_LOGPROBS
 from .metrics import Metrics
 from .sampler import SAMPLER_NAMES, GrammarError, check_grammar
 from .session_store import SavedSession
+from .wire import check_decoded
 
 log = structlog.get_logger("llmserve.servicer")
 
@@ -116,6 +117,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         started = time.monotonic()
         try:
             first = await anext(aiter(request_iterator), None)
+            first = check_decoded(first) if first is not None else None
             if first is None:
                 raise InvalidArgument("the stream ended before its first message", field="config")
             if not first.HasField("config"):
@@ -224,7 +226,10 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
             pooling_type=engine.pooling,
             version=engine.version,
             slots=[
-                pb.SlotInfo(seq_id=s.seq_id, busy=s.busy, num_cached_tokens=s.num_cached_tokens, paused=s.paused)
+                pb.SlotInfo(
+                    seq_id=s.seq_id, busy=s.busy, num_cached_tokens=s.num_cached_tokens, paused=s.paused,
+                    kv_pos_min=s.kv_pos_min, kv_pos_max=s.kv_pos_max,
+                )
                 for s in snap.slots
             ],
             num_sessions_waiting=snap.num_waiting,
