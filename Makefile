@@ -8,7 +8,7 @@ PORT   ?= 50051
 # llama-cpp-python compiles from source once; pip caches the wheel afterwards.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc)
 
-.PHONY: install tools model serve test unit lint proto bench clean
+.PHONY: install tools model serve test unit lint proto bench soak clean
 
 BUF    := node_modules/.bin/buf
 
@@ -46,6 +46,10 @@ unit: install
 bench: model
 	$(PY) -m pip install -q -e '.[server,test,bench]'
 	$(PY) -m bench.run
+
+# 2,000-call chaos soak; writes its table into docs/reliability.md.
+soak: model
+	$(PY) -m tests.soak.chaos --calls 2000 --out docs/reliability.md
 
 lint: install
 	$(VENV)/bin/ruff check service client tests bench

@@ -1,0 +1,34 @@
+"""Short chaos soak in `make test`: ~200 calls, then the server must be clean."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RunningServer, start_server, stop_server
+from tests.soak import chaos
+
+
+@pytest.fixture(scope="module")
+def soak_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    running = start_server(chaos.SERVER_ARGS, tmp_path_factory.mktemp("soak") / "server.log", metrics=True)
+    yield running
+    assert stop_server(running) == 0
+
+
+def test_short_chaos_run_leaves_the_server_clean(soak_server: RunningServer) -> None:
+    pid = soak_server.process.pid
+    threads_before = chaos.num_threads(pid)
+    outcomes = chaos.run_chaos(soak_server.address, calls=200, seed=11)
+    info = chaos.wait_until_idle(soak_server.address)
+    print(chaos.report(outcomes, 200, 11, []))
+    assert chaos.unexpected(outcomes) == {}
+    assert sum(outcomes.values()) >= 200
+    assert soak_server.process.poll() is None
+    assert chaos.kv_leaks(info) == []
+    assert chaos.metric(soak_server.metrics_port, "llmserve_sessions") == 0
+    assert chaos.num_threads(pid) <= threads_before + 2
+    log = Path(soak_server.log_path).read_text()
+    assert "rpc_internal_error" not in log and "executor_step_failed" not in log
