@@ -121,3 +121,18 @@ def test_bad_transport_fails(tls_server: RunningServer, pki: Pki, case: str) -> 
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
+
+
+def test_sdk_tls_and_api_key_options(tls_server: RunningServer, pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> None:
+    from llmserve.client import Client, Unauthenticated
+
+    directory = tmp_path_factory.mktemp("sdk")
+    ca = directory / "ca.crt"
+    ca.write_bytes(_server_ca(tls_server))
+    cert, key = certs.write(pki.client, directory, "client")
+    options = dict(root_certificates=ca, client_cert=cert, client_key=key, timeout=30)
+    with Client(tls_server.address, api_key=API_KEY, **options) as client:
+        assert client.health()
+        assert client.generate("Hi", max_tokens=2).turn_end.usage.completion_tokens == 2
+    with Client(tls_server.address, api_key="wrong", **options) as client, pytest.raises(Unauthenticated):
+        client.model_info()

@@ -30,7 +30,7 @@ def _run_turn(stream: SessionStream) -> tuple[pb.TurnEnd | None, grpc.StatusCode
 def _finish_one_shot(stream) -> tuple[pb.TurnEnd | None, grpc.StatusCode]:  # type: ignore[no-untyped-def]
     try:
         responses = list(stream)
-        return responses[-1].turn_end, stream.code()
+        return responses[-1].turn_end, grpc.StatusCode.OK
     except grpc.RpcError as err:
         return None, err.code()
 

@@ -1,0 +1,45 @@
+"""Channel options shared by the sync and asyncio clients: TLS, API key, retries."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+
+@dataclass(frozen=True)
+class ConnectionOptions:
+    """How to reach a server.
+
+    tls: use TLS (with the system roots, or `root_certificates`); `client_cert` and
+    `client_key` (PEM files) for mTLS; `api_key` is sent as `authorization: Bearer`
+    on every call; `timeout` is the default deadline of every call in seconds;
+    `wait_for_ready` makes calls wait for the channel instead of failing fast.
+    """
+
+    tls: bool = False
+    root_certificates: Path | None = None
+    client_cert: Path | None = None
+    client_key: Path | None = None
+    api_key: str | None = None
+    timeout: float | None = None
+    wait_for_ready: bool = False
+    options: Sequence[tuple[str, object]] = ()
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        if not (self.tls or self.root_certificates or self.client_cert):
+            return None
+        read = lambda p: p.read_bytes() if p else None  # noqa: E731
+        return grpc.ssl_channel_credentials(read(self.root_certificates), read(self.client_key), read(self.client_cert))
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.api_key}"),) if self.api_key else ()
+
+    def call_kwargs(self, timeout: float | None = None) -> dict[str, object]:
+        return {
+            "timeout": timeout if timeout is not None else self.timeout,
+            "metadata": self.metadata(),
+            "wait_for_ready": self.wait_for_ready,
+        }
