@@ -92,6 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add("--log-format", default=d.log_format, help="json, console, or auto (console on a TTY)")
     f.switch("-v", "--verbose", help="debug logs, including llama.cpp's info lines")
 
+    from llmserve.client.commands import add_commands
+
+    add_commands(sub, f"{d.host}:{d.port}")
     health = sub.add_parser("health", help="exit 0 if the server at --address reports SERVING")
     health.add_argument("--address", default=f"{d.host}:{d.port}")
     health.add_argument("--timeout", type=float, default=3.0)
@@ -158,6 +161,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.command == "health":
         raise SystemExit(_health(args.address, args.timeout))
+    if args.command != "serve":
+        from llmserve.client.commands import run
+
+        raise SystemExit(run(args))
     try:
         config = build_config(args)
     except ValueError as exc:
