@@ -10,7 +10,7 @@ import grpc
 from llmserve.v1 import llmserve_pb2 as pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from .connection import ConnectionOptions
+from .connection import ConnectionOptions, channel_target
 from .errors import from_rpc_error
 from .requests import GenerateResult, Prompt, embed_requests, make_input, session_config
 
@@ -20,10 +20,12 @@ _END = object()
 class AsyncClient:
     """Like `Client`, with coroutines and async iterators."""
 
-    def __init__(self, target: str = "127.0.0.1:50051", *, timeout: float | None = None, **options: Any) -> None:
+    def __init__(
+        self, target: str | Sequence[str] = "127.0.0.1:50051", *, timeout: float | None = None, **options: Any
+    ) -> None:
         self.options = ConnectionOptions(timeout=timeout, **options)
         creds = self.options.credentials()
-        channel_options = list(self.options.options)
+        target, channel_options = channel_target(target, self.options)
         self.channel = (
             grpc.aio.secure_channel(target, creds, channel_options)
             if creds else grpc.aio.insecure_channel(target, channel_options)

@@ -43,3 +43,19 @@ class ConnectionOptions:
             "metadata": self.metadata(),
             "wait_for_ready": self.wait_for_ready,
         }
+
+
+def channel_target(target: str | Sequence[str], options: ConnectionOptions) -> tuple[str, list[tuple[str, object]]]:
+    """gRPC target and channel options. Several addresses become one `ipv4:`/`ipv6:`
+    target with the round_robin policy; a `dns:///` name also balances with round_robin."""
+    channel_options = list(options.options)
+    if not isinstance(target, str):
+        addresses = list(target)
+        if len(addresses) == 1:
+            target = addresses[0]
+        else:
+            scheme = "ipv6" if any(a.startswith("[") for a in addresses) else "ipv4"
+            target = f"{scheme}:{','.join(addresses)}"
+    if "," in target or target.startswith("dns:"):
+        channel_options.append(("grpc.lb_policy_name", "round_robin"))
+    return target, channel_options

@@ -10,7 +10,7 @@ import grpc
 from llmserve.v1 import llmserve_pb2 as pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from .connection import ConnectionOptions
+from .connection import ConnectionOptions, channel_target
 from .errors import from_rpc_error
 from .requests import GenerateResult, Prompt, embed_requests, make_input, session_config
 
@@ -20,10 +20,14 @@ _END = object()
 class Client:
     """One channel to a server. Every failed call raises an `LLMServeError` subclass."""
 
-    def __init__(self, target: str = "127.0.0.1:50051", *, timeout: float | None = None, **options: Any) -> None:
+    def __init__(
+        self, target: str | Sequence[str] = "127.0.0.1:50051", *, timeout: float | None = None, **options: Any
+    ) -> None:
+        """`target`: one address, a DNS name ("dns:///name:port"), or several addresses,
+        spread with gRPC's round_robin policy (no proxy needed)."""
         self.options = ConnectionOptions(timeout=timeout, **options)
         creds = self.options.credentials()
-        channel_options = list(self.options.options)
+        target, channel_options = channel_target(target, self.options)
         self.channel = (
             grpc.secure_channel(target, creds, channel_options) if creds else grpc.insecure_channel(target, channel_options)
         )
