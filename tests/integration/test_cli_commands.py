@@ -42,3 +42,10 @@ def test_tokenize_info_health_and_errors(server) -> None:  # type: ignore[no-unt
     assert _llmserve("health", "--address", server.address).returncode == 0
     bad = _llmserve("generate", "--address", server.address, "--temperature", "-1", "hi")
     assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr
+
+
+def test_chat_keeps_one_session_over_turns(server) -> None:  # type: ignore[no-untyped-def]
+    out = _llmserve("chat", "--address", server.address, "-n", "4", "--temperature", "0", stdin="Hello\nAnd again\n")
+    assert out.returncode == 0, out.stderr
+    assert "plain text" in out.stderr  # the default model has no chat template
+    assert out.stdout.count("> ") == 3  # two turns answered, then end of input

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 from google.protobuf import json_format
+from llmserve.v1 import llmserve_pb2 as pb
 
 from .errors import LLMServeError
 from .sync import Client
@@ -36,6 +38,13 @@ def add_commands(sub: argparse._SubParsersAction, default_address: str) -> None:
     e.add_argument("--no-normalize", action="store_true")
     e.add_argument("--truncate", action="store_true", help="cut inputs longer than one ubatch")
     e.set_defaults(run=_embed)
+
+    c = sub.add_parser("chat", help="interactive multi-turn chat on one stream (Ctrl-C stops a reply)")
+    common(c)
+    c.add_argument("-n", "--max-tokens", type=int, default=256)
+    c.add_argument("--temperature", type=float, default=0.7)
+    c.add_argument("--system", default=None, help="system message (chat-template servers)")
+    c.set_defaults(run=_chat)
 
     t = sub.add_parser("tokenize", help="print the token ids (and pieces) of a text")
     common(t)
@@ -72,6 +81,41 @@ def _generate(client: Client, args: argparse.Namespace) -> None:
             reason = json_format.MessageToDict(end).get("finishReason", "")
             print(f"\n[{reason}: {end.usage.completion_tokens} tokens, "
                   f"{end.timings.decode_tokens_per_second:.1f} tok/s]", file=sys.stderr)
+
+
+def _chat(client: Client, args: argparse.Namespace) -> None:
+    """One session; messages when the server has a chat template, plain text otherwise.
+    Ctrl-C during a reply cancels that turn only; Ctrl-D (or Ctrl-C at the prompt) quits."""
+    use_messages = client.model_info().features.chat
+    mode = "chat template" if use_messages else "plain text (the server has no chat template)"
+    print(f"llmserve chat — {mode}. Ctrl-C stops a reply, Ctrl-D quits.", file=sys.stderr)
+    pending_system = args.system
+    with client.session(max_tokens=args.max_tokens, temperature=args.temperature) as session:
+        while True:
+            try:
+                line = input("> ")
+            except (EOFError, KeyboardInterrupt):
+                print(file=sys.stderr)
+                return
+            if not line.strip():
+                continue
+            if use_messages:
+                messages = ([{"role": "system", "content": pending_system}] if pending_system else [])
+                prompt: object = messages + [{"role": "user", "content": line}]
+                pending_system = None
+            else:
+                prompt = line + "\n"
+            # During a reply Ctrl-C sends an in-band cancel: the turn ends CANCELLED and
+            # the session (and its KV) stays. At the prompt it quits.
+            previous = signal.signal(signal.SIGINT, lambda *_: session.cancel())
+            try:
+                for chunk in session.send(prompt):  # type: ignore[arg-type]
+                    print(chunk.text, end="", flush=True)
+            finally:
+                signal.signal(signal.SIGINT, previous)
+            if session.turn_end is not None and session.turn_end.finish_reason == pb.FINISH_REASON_CANCELLED:
+                print(" [stopped]", end="")
+            print(flush=True)
 
 
 def _lines(files: list[Path]) -> Iterator[str]:
