@@ -49,3 +49,10 @@ def test_chat_keeps_one_session_over_turns(server) -> None:  # type: ignore[no-u
     assert out.returncode == 0, out.stderr
     assert "plain text" in out.stderr  # the default model has no chat template
     assert out.stdout.count("> ") == 3  # two turns answered, then end of input
+
+
+def test_bench_command_runs_the_load_generator(server) -> None:  # type: ignore[no-untyped-def]
+    out = _llmserve("bench", "--address", server.address, "--concurrency", "2", "--rounds", "1", "--max-tokens", "4")
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.startswith("| llmserve | 2 |"))
+    assert row.rstrip().endswith("| 0 |")  # no errors

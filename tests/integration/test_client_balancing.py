@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from llmserve.client import Client
+
 from tests.conftest import start_server, stop_server
 
 ARGS = ["-np", "2", "-c", "2048", "-t", "1"]

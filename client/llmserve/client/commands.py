@@ -46,6 +46,8 @@ def add_commands(sub: argparse._SubParsersAction, default_address: str) -> None:
     c.add_argument("--system", default=None, help="system message (chat-template servers)")
     c.set_defaults(run=_chat)
 
+    sub.add_parser("bench", help="load test a server (bench/loadgen.py flags; run from the llmserve checkout)", add_help=False)
+
     t = sub.add_parser("tokenize", help="print the token ids (and pieces) of a text")
     common(t)
     t.add_argument("text")
@@ -54,6 +56,18 @@ def add_commands(sub: argparse._SubParsersAction, default_address: str) -> None:
     i = sub.add_parser("info", help="print the model and server information as JSON")
     common(i)
     i.set_defaults(run=_info)
+
+
+def run_bench(argv: list[str]) -> int:
+    """`llmserve bench ...` is bench/loadgen.py with the same flags."""
+    try:
+        from bench import loadgen
+    except ImportError:
+        print("llmserve bench: run it from the llmserve checkout (it uses bench/loadgen.py)", file=sys.stderr)
+        return 2
+    sys.argv = ["llmserve bench", *argv]
+    loadgen.main()
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:

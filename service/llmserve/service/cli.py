@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # its flags belong to the load generator
+        from llmserve.client.commands import run_bench
+
+        raise SystemExit(run_bench(argv[1:]))
     args = parse_args(argv)
     if args.command == "health":
         raise SystemExit(_health(args.address, args.timeout))
