@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -228,7 +229,7 @@ def _row(name: str, level: int, s: dict[str, float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--address", default="127.0.0.1:50051")
+    parser.add_argument("--address", default=os.environ.get("LLMSERVE_ADDRESS", "127.0.0.1:50051"))
     parser.add_argument("--peer-llama-server", default=None, help="llama-server base URL to drive the same way")
     parser.add_argument("--concurrency", default="1,4,8,16")
     parser.add_argument("--rounds", type=int, default=3)

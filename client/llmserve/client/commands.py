@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -60,6 +61,8 @@ def add_commands(sub: argparse._SubParsersAction, default_address: str) -> None:
 
 def run_bench(argv: list[str]) -> int:
     """`llmserve bench ...` is bench/loadgen.py with the same flags."""
+    if os.path.isfile(os.path.join(os.getcwd(), "bench", "loadgen.py")):
+        sys.path.insert(0, os.getcwd())  # the checkout's bench/ package
     try:
         from bench import loadgen
     except ImportError:

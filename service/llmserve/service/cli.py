@@ -95,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
 
     from llmserve.client.commands import add_commands
 
-    add_commands(sub, f"{d.host}:{d.port}")
+    add_commands(sub, os.environ.get("LLMSERVE_ADDRESS", f"{d.host}:{d.port}"))
     health = sub.add_parser("health", help="exit 0 if the server at --address reports SERVING")
     health.add_argument("--address", default=f"{d.host}:{d.port}")
     health.add_argument("--timeout", type=float, default=3.0)
