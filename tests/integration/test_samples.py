@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import urllib.request
 
 import grpc
@@ -15,7 +16,7 @@ def _batch_tokens(port: int) -> float:
         for line in r.read().decode().splitlines():
             if line.startswith('llmserve_batch_tokens_sum{kind="generate"}'):
                 return float(line.split()[-1])
-    raise AssertionError("no batch token sum")
+    return 0.0  # no generation step yet on this server
 
 
 def test_three_samples_share_one_prefill(server) -> None:  # type: ignore[no-untyped-def]
@@ -40,9 +41,11 @@ def test_three_samples_share_one_prefill(server) -> None:  # type: ignore[no-unt
     print(f"n=3: {evaluated:.0f} tokens evaluated for a {prompt_tokens}-token prompt and 3x6 samples")
     assert evaluated < prompt_tokens + 3 * 6 + 2  # the prompt was prefilled once
     with Client(server.address, timeout=10) as client:
-        info = client.model_info()
-        assert not any(s.busy for s in info.slots)
-        assert info.features.max_samples == 8
+        deadline = time.monotonic() + 5
+        while any(s.busy for s in client.model_info().slots):  # the close lands a step later
+            assert time.monotonic() < deadline, "sample slots not released"
+            time.sleep(0.02)
+        assert client.model_info().features.max_samples == 8
 
 
 def test_n_is_capped(server) -> None:  # type: ignore[no-untyped-def]
