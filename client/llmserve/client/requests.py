@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Union
 
@@ -16,6 +16,24 @@ class GenerateResult:
     text: str
     token_ids: tuple[int, ...]
     turn_end: pb.TurnEnd
+
+
+def collect(responses: Iterable[pb.GenerateResponse]) -> GenerateResult:
+    """One turn's responses (chunks, then the turn end) as a GenerateResult."""
+    chunks: list[pb.TokenChunk] = []
+    turn_end = pb.TurnEnd()
+    for response in responses:
+        if response.HasField("chunk"):
+            chunks.append(response.chunk)
+        elif response.HasField("turn_end"):
+            turn_end = response.turn_end
+    return from_chunks(chunks, turn_end)
+
+
+def from_chunks(chunks: Iterable[pb.TokenChunk], turn_end: pb.TurnEnd | None) -> GenerateResult:
+    chunks = list(chunks)
+    ids = tuple(t for c in chunks for t in c.token_ids)
+    return GenerateResult("".join(c.text for c in chunks), ids, turn_end or pb.TurnEnd())
 
 
 def make_input(prompt: Prompt) -> pb.Input:

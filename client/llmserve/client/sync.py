@@ -12,7 +12,7 @@ from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
 from .connection import ConnectionOptions, channel_target
 from .errors import from_rpc_error
-from .requests import GenerateResult, Prompt, embed_requests, make_input, session_config
+from .requests import GenerateResult, Prompt, collect, embed_requests, from_chunks, make_input, session_config
 
 _END = object()
 
@@ -54,16 +54,7 @@ class Client:
             raise from_rpc_error(err) from None
 
     def generate(self, prompt: Prompt, **config: Any) -> GenerateResult:
-        text: list[str] = []
-        ids: list[int] = []
-        turn_end = pb.TurnEnd()
-        for response in self.stream(prompt, **config):
-            if response.HasField("chunk"):
-                text.append(response.chunk.text)
-                ids.extend(response.chunk.token_ids)
-            elif response.HasField("turn_end"):
-                turn_end = response.turn_end
-        return GenerateResult("".join(text), tuple(ids), turn_end)
+        return collect(self.stream(prompt, **config))
 
     def session(self, **config: Any) -> Session:
         """A multi-turn session on one Generate stream (the KV stays on the server's slot)."""
@@ -140,8 +131,7 @@ class Session:
 
     def ask(self, prompt: Prompt) -> GenerateResult:
         chunks = list(self.send(prompt))
-        return GenerateResult("".join(c.text for c in chunks), tuple(t for c in chunks for t in c.token_ids),
-                              self.turn_end or pb.TurnEnd())
+        return from_chunks(chunks, self.turn_end)
 
     def cancel(self) -> None:
         self._requests.put(pb.GenerateRequest(cancel=True))
