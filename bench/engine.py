@@ -44,7 +44,7 @@ def run_level(executor: Executor, runner: LlamaRunner, concurrency: int, max_tok
     for i in range(concurrency):
         sink = _Sink()
         key = executor.open_session(params, sink)
-        executor.add_input(key, tuple(runner.tokenize(f"{PROMPTS[i % len(PROMPTS)]} ({i})", True, True)), True)
+        executor.add_input(key, tuple(runner.tokenizer.tokenize(f"{PROMPTS[i % len(PROMPTS)]} ({i})", True, True)), True)
         sinks.append((key, sink))
     for key, sink in sinks:
         sink.done.wait(600)

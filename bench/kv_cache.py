@@ -80,7 +80,7 @@ def _bytes_per_token(r: LlamaRunner) -> float:
 
 def _greedy(r: LlamaRunner, prompt: str) -> list[int]:
     _clear(r)
-    tokens = r.tokenize(prompt, True, True)
+    tokens = r.tokenizer.tokenize(prompt, True, True)
     r.batch.clear()
     row = r.batch.add(tokens, 0, 0, True)
     out: list[int] = []
@@ -99,9 +99,9 @@ def _throughput_8(r: LlamaRunner) -> float:
     _clear(r)
     for s in range(8):
         r.batch.clear()
-        r.batch.add(r.tokenize(PROMPTS[s], True, True), 0, s, False)
+        r.batch.add(r.tokenizer.tokenize(PROMPTS[s], True, True), 0, s, False)
         assert r.decode() == 0
-    positions = [len(r.tokenize(PROMPTS[s], True, True)) for s in range(8)]
+    positions = [len(r.tokenizer.tokenize(PROMPTS[s], True, True)) for s in range(8)]
     start = time.perf_counter()
     steps = 64
     for _ in range(steps):
@@ -115,7 +115,7 @@ def _throughput_8(r: LlamaRunner) -> float:
 
 def _mean_loglik(r: LlamaRunner) -> float:
     _clear(r)
-    tokens = r.tokenize(TEXT, True, True)
+    tokens = r.tokenizer.tokenize(TEXT, True, True)
     r.batch.clear()
     r.batch.add(tokens, 0, 0, False)
     r.batch.mark_all_outputs()

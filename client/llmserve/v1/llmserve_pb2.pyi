@@ -312,16 +312,18 @@ class EmbedResponse(_message.Message):
     def __init__(self, index: _Optional[int] = ..., embedding: _Optional[_Iterable[float]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
-    __slots__ = ("text", "add_special", "parse_special", "with_pieces")
+    __slots__ = ("text", "add_special", "parse_special", "with_pieces", "embedding_model")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     ADD_SPECIAL_FIELD_NUMBER: _ClassVar[int]
     PARSE_SPECIAL_FIELD_NUMBER: _ClassVar[int]
     WITH_PIECES_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_MODEL_FIELD_NUMBER: _ClassVar[int]
     text: str
     add_special: bool
     parse_special: bool
     with_pieces: bool
-    def __init__(self, text: _Optional[str] = ..., add_special: _Optional[bool] = ..., parse_special: _Optional[bool] = ..., with_pieces: _Optional[bool] = ...) -> None: ...
+    embedding_model: bool
+    def __init__(self, text: _Optional[str] = ..., add_special: _Optional[bool] = ..., parse_special: _Optional[bool] = ..., with_pieces: _Optional[bool] = ..., embedding_model: _Optional[bool] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
     __slots__ = ("ids", "pieces")
@@ -332,12 +334,14 @@ class TokenizeResponse(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., pieces: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class DetokenizeRequest(_message.Message):
-    __slots__ = ("ids", "render_special")
+    __slots__ = ("ids", "render_special", "embedding_model")
     IDS_FIELD_NUMBER: _ClassVar[int]
     RENDER_SPECIAL_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_MODEL_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
     render_special: bool
-    def __init__(self, ids: _Optional[_Iterable[int]] = ..., render_special: _Optional[bool] = ...) -> None: ...
+    embedding_model: bool
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., render_special: _Optional[bool] = ..., embedding_model: _Optional[bool] = ...) -> None: ...
 
 class DetokenizeResponse(_message.Message):
     __slots__ = ("text",)
@@ -366,7 +370,7 @@ class SlotInfo(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., busy: _Optional[bool] = ..., num_cached_tokens: _Optional[int] = ..., paused: _Optional[bool] = ..., kv_pos_min: _Optional[int] = ..., kv_pos_max: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "path", "architecture", "num_parameters", "n_ctx_train", "n_ctx", "n_ctx_per_slot", "n_embd", "vocab_size", "bos_token_id", "eos_token_id", "eog_token_ids", "has_chat_template", "can_generate", "can_embed", "n_parallel", "n_batch", "n_ubatch", "pooling_type", "version", "slots", "num_sessions_waiting", "max_queue", "features")
+    __slots__ = ("name", "path", "architecture", "num_parameters", "n_ctx_train", "n_ctx", "n_ctx_per_slot", "n_embd", "vocab_size", "bos_token_id", "eos_token_id", "eog_token_ids", "has_chat_template", "can_generate", "can_embed", "n_parallel", "n_batch", "n_ubatch", "pooling_type", "version", "slots", "num_sessions_waiting", "max_queue", "features", "embedding_model")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
@@ -391,6 +395,7 @@ class ModelInfo(_message.Message):
     NUM_SESSIONS_WAITING_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_MODEL_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     architecture: str
@@ -415,7 +420,34 @@ class ModelInfo(_message.Message):
     num_sessions_waiting: int
     max_queue: int
     features: Features
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., num_parameters: _Optional[int] = ..., n_ctx_train: _Optional[int] = ..., n_ctx: _Optional[int] = ..., n_ctx_per_slot: _Optional[int] = ..., n_embd: _Optional[int] = ..., vocab_size: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., eog_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., can_generate: _Optional[bool] = ..., can_embed: _Optional[bool] = ..., n_parallel: _Optional[int] = ..., n_batch: _Optional[int] = ..., n_ubatch: _Optional[int] = ..., pooling_type: _Optional[str] = ..., version: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotInfo, _Mapping]]] = ..., num_sessions_waiting: _Optional[int] = ..., max_queue: _Optional[int] = ..., features: _Optional[_Union[Features, _Mapping]] = ...) -> None: ...
+    embedding_model: EmbeddingModelInfo
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., num_parameters: _Optional[int] = ..., n_ctx_train: _Optional[int] = ..., n_ctx: _Optional[int] = ..., n_ctx_per_slot: _Optional[int] = ..., n_embd: _Optional[int] = ..., vocab_size: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., eog_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., can_generate: _Optional[bool] = ..., can_embed: _Optional[bool] = ..., n_parallel: _Optional[int] = ..., n_batch: _Optional[int] = ..., n_ubatch: _Optional[int] = ..., pooling_type: _Optional[str] = ..., version: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotInfo, _Mapping]]] = ..., num_sessions_waiting: _Optional[int] = ..., max_queue: _Optional[int] = ..., features: _Optional[_Union[Features, _Mapping]] = ..., embedding_model: _Optional[_Union[EmbeddingModelInfo, _Mapping]] = ...) -> None: ...
+
+class EmbeddingModelInfo(_message.Message):
+    __slots__ = ("name", "path", "architecture", "num_parameters", "n_ctx_train", "n_embd", "vocab_size", "pooling_type", "max_input_tokens", "n_ubatch", "separate")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    N_CTX_TRAIN_FIELD_NUMBER: _ClassVar[int]
+    N_EMBD_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    POOLING_TYPE_FIELD_NUMBER: _ClassVar[int]
+    MAX_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    N_UBATCH_FIELD_NUMBER: _ClassVar[int]
+    SEPARATE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    architecture: str
+    num_parameters: int
+    n_ctx_train: int
+    n_embd: int
+    vocab_size: int
+    pooling_type: str
+    max_input_tokens: int
+    n_ubatch: int
+    separate: bool
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., num_parameters: _Optional[int] = ..., n_ctx_train: _Optional[int] = ..., n_embd: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling_type: _Optional[str] = ..., max_input_tokens: _Optional[int] = ..., n_ubatch: _Optional[int] = ..., separate: _Optional[bool] = ...) -> None: ...
 
 class Features(_message.Message):
     __slots__ = ("samplers", "max_top_logprobs", "prompt_logprobs", "grammar", "json_schema", "chat", "chat_template_source", "max_samples")

@@ -72,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     f.add("--host", default=d.host, help="address to listen on")
     f.add("--port", type=int, default=d.port, help="gRPC port")
     f.switch("--embeddings", help="serve Embed (clamps the batch to one ubatch)")
+    f.add("--embedding-model", type=Path, help="GGUF embedding model for Embed (its own context; implies --embeddings)")
     f.add("--max-queue", type=int, default=d.max_queue, help="sessions that may wait for a slot; more get RESOURCE_EXHAUSTED")
     f.add("--max-input-tokens", type=int, help="input tokens per session (default and cap: the slot's context)")
     f.add("--max-message-bytes", type=int, default=d.max_message_bytes, help="largest request message accepted")
@@ -126,7 +127,8 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         n_batch=args.batch_size,
         n_ubatch=args.ubatch_size,
         n_threads=args.threads,
-        embeddings=args.embeddings,
+        embeddings=args.embeddings or args.embedding_model is not None,
+        embedding_model_path=args.embedding_model,
         host=args.host,
         port=args.port,
         max_queue=args.max_queue,

@@ -18,6 +18,7 @@ class ServerConfig:
     n_ubatch: int = 512
     n_threads: int = 2
     embeddings: bool = False
+    embedding_model_path: Path | None = None  # Embed's own model; None: the generative model
     host: str = "127.0.0.1"
     port: int = 50051
     max_queue: int = 64  # sessions that may wait for a slot
@@ -43,8 +44,10 @@ class ServerConfig:
 
     @property
     def n_batch_effective(self) -> int:
-        """llama-server's rule: with embeddings on, a logical batch is one ubatch."""
-        return min(self.n_batch, self.n_ubatch) if self.embeddings else self.n_batch
+        """llama-server's rule: with embeddings on, a logical batch is one ubatch. With an
+        embedding model of its own the clamp is on that model's context only."""
+        shares_model = self.embeddings and self.embedding_model_path is None
+        return min(self.n_batch, self.n_ubatch) if shares_model else self.n_batch
 
     @property
     def n_ctx_per_slot(self) -> int:
@@ -67,6 +70,8 @@ class ServerConfig:
             raise ValueError("--tls-cert and --tls-key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        if self.embedding_model_path is not None and not self.embeddings:
+            raise ValueError("--embedding-model serves Embed: it needs embeddings on")
         check_kv_config(self.cache_type_k, self.cache_type_v, self.flash_attn)
         if self.n_keep < 0 or self.n_keep >= self.n_ctx_per_slot // 2:
             raise ValueError(f"--keep must be in [0, {self.n_ctx_per_slot // 2}) (half a slot's context)")

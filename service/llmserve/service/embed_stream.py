@@ -3,9 +3,11 @@
 The reader tokenizes and validates each input and submits it to the executor,
 but never has more than `WINDOW` inputs in flight: a client streaming millions
 of documents keeps server memory flat, and gRPC flow control holds the rest.
-Every input must fit one ubatch (llama.cpp aborts the process otherwise), so an
-oversize input is INVALID_ARGUMENT naming its index and both sizes, or is cut
-to the ubatch when the request asks to truncate.
+Text is tokenized with the embedding model's own vocabulary, token ids are checked
+against it. Every input must fit one ubatch (llama.cpp aborts the process otherwise)
+and the model's trained context (a learned position table ends there), so an
+oversize input is INVALID_ARGUMENT naming its index and both sizes, or is cut to
+`max_input_tokens` when the request asks to truncate.
 """
 
 from __future__ import annotations
@@ -69,9 +71,10 @@ class EmbedStream:
             self.engine.executor.drop_embeds(sink)  # a cancelled call leaves no work behind
 
     async def _read(self, requests: AsyncIterator[pb.EmbedRequest], sink: LoopSink, window: asyncio.Semaphore) -> None:
-        engine = self.engine
-        n_ubatch = engine.limits.n_ubatch
-        normalize, truncate, add_bos = True, False, True
+        embedder = self.engine.embedder
+        assert embedder is not None
+        tokenizer, max_tokens = embedder.tokenizer, embedder.max_input_tokens
+        normalize, truncate, add_special = True, False, True
         index = 0
         try:
             async for request in requests:
@@ -79,7 +82,7 @@ class EmbedStream:
                 if request.HasField("options"):
                     opts = request.options
                     normalize = opts.normalize if opts.HasField("normalize") else True
-                    add_bos = opts.add_bos if opts.HasField("add_bos") else True
+                    add_special = opts.add_bos if opts.HasField("add_bos") else True
                     truncate = opts.truncate
                 if len(request.inputs) > MAX_EMBED_INPUTS_PER_MESSAGE:
                     raise InvalidArgument(
@@ -87,21 +90,35 @@ class EmbedStream:
                         field="inputs",
                     )
                 for j, item in enumerate(request.inputs):
-                    tokens = input_tokens(engine, item, f"inputs[{j}]", add_bos and engine.meta.add_bos)
-                    truncated = len(tokens) > n_ubatch
+                    tokens = input_tokens(tokenizer, item, f"inputs[{j}]", add_special)
+                    truncated = len(tokens) > max_tokens
                     if truncated and not truncate:
                         raise InvalidArgument(
-                            f"input {index} has {len(tokens)} tokens, more than the ubatch size of "
-                            f"{n_ubatch}; split it or set options.truncate",
+                            f"input {index} has {len(tokens)} tokens, more than the {max_tokens} an embedding "
+                            f"input may have (one ubatch{self._train_note(max_tokens)}); split it or set options.truncate",
                             field=f"inputs[{j}]",
                         )
+                    if truncated:
+                        tokens = self._truncate(tokens, max_tokens, item.WhichOneof("kind") == "text" and add_special)
                     await window.acquire()
-                    engine.executor.embed(
-                        (EmbedInput(index, tokens[:n_ubatch], normalize, truncated),), sink
-                    )
+                    self.engine.executor.embed((EmbedInput(index, tokens, normalize, truncated),), sink)
                     index += 1
             sink.put_local(_ReaderDone(index))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the writer maps it to a status
             sink.put_local(_ReaderFailed(exc))
+
+    def _train_note(self, max_tokens: int) -> str:
+        embedder = self.engine.embedder
+        assert embedder is not None
+        return ", the model's trained context" if max_tokens == embedder.meta.n_ctx_train else ""
+
+    def _truncate(self, tokens: tuple[int, ...], max_tokens: int, added_specials: bool) -> tuple[int, ...]:
+        """Cut to `max_tokens`, keeping a closing SEP/EOS the tokenizer added (as
+        sentence-transformers' truncation does for BERT)."""
+        embedder = self.engine.embedder
+        assert embedder is not None
+        if added_specials and embedder.tokenizer.adds_eos and tokens[-1] == embedder.tokenizer.eos:
+            return tokens[: max_tokens - 1] + (tokens[-1],)
+        return tokens[:max_tokens]

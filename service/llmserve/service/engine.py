@@ -13,7 +13,7 @@ from .config import ServerConfig
 from .executor import Executor
 from .metrics import Metrics
 from .model_files import default_model_path
-from .runner import POOLING_NAMES, LlamaRunner, RunnerConfig
+from .runner import LlamaRunner, RunnerConfig
 from .session_store import SessionStore, model_fingerprint
 from .validation import Limits
 
@@ -23,7 +23,7 @@ log = structlog.get_logger("llmserve.engine")
 class Engine:
     def __init__(self, config: ServerConfig, metrics: Metrics | None = None) -> None:
         model_path = config.model_path or default_model_path()
-        if config.embeddings and config.n_batch_effective != config.n_batch:
+        if config.embeddings and config.embedding_model_path is None and config.n_batch_effective != config.n_batch:
             log.info(
                 "n_batch_clamped_for_embeddings",
                 n_batch=config.n_batch,
@@ -40,6 +40,7 @@ class Engine:
                 n_ubatch=config.n_ubatch,
                 n_threads=config.n_threads,
                 embeddings=config.embeddings,
+                embedding_model_path=config.embedding_model_path,
                 verbose=config.verbose,
                 cache_type_k=config.cache_type_k,
                 cache_type_v=config.cache_type_v,
@@ -65,7 +66,8 @@ class Engine:
             self.runner, config.n_parallel, config.n_ctx_per_slot, metrics, shift_keep, self.sessions
         )
         self.version = __version__
-        self.pooling = POOLING_NAMES[1] if config.embeddings else POOLING_NAMES[0]
+        self.embedder = self.runner.embedder  # None without embeddings
+        self.pooling = self.embedder.pooling_name if self.embedder else "none"
         log.info(
             "model_loaded",
             model=self.meta.name,
@@ -85,10 +87,28 @@ class Engine:
             context_shift=config.context_shift,
             n_parallel_auto=config.n_parallel_auto,
         )
+        if self.embedder is not None:
+            self._log_embedder(config)
+
+    def _log_embedder(self, config: ServerConfig) -> None:
+        embedder = self.embedder
+        assert embedder is not None
+        log.info(
+            "embedding_model_loaded",
+            source="embedding_model" if embedder.owns_model else "generative_model",
+            model=embedder.meta.name,
+            path=embedder.meta.path,
+            architecture=embedder.meta.architecture,
+            pooling=embedder.pooling_name,
+            n_embd=embedder.n_embd,
+            n_ubatch=config.n_ubatch,
+            n_batch=config.n_ubatch,  # the embeddings clamp, on the embedding context
+            max_input_tokens=embedder.max_input_tokens,
+        )
 
     def _chat_template(self, config: ServerConfig) -> ChatTemplate | None:
-        bos = self.runner.piece(self.meta.bos_token_id, special=True).decode("utf-8", "replace")
-        eos = self.runner.piece(self.meta.eos_token_id, special=True).decode("utf-8", "replace")
+        bos = self.runner.tokenizer.piece(self.meta.bos_token_id, special=True).decode("utf-8", "replace")
+        eos = self.runner.tokenizer.piece(self.meta.eos_token_id, special=True).decode("utf-8", "replace")
         if config.chat_template_file is not None:
             log.info("chat_template", source="file", path=str(config.chat_template_file))
             return ChatTemplate.from_file(config.chat_template_file, bos, eos)

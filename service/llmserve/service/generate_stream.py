@@ -191,7 +191,7 @@ class GenerateStream:
         if message.HasField("input"):
             if state.chat is not None:
                 raise InvalidArgument("a session that uses chat messages must keep to messages", field="input")
-            tokens = input_tokens(engine, message.input, "input", state.needs_bos)
+            tokens = input_tokens(engine.runner.tokenizer, message.input, "input", state.needs_bos)
             state.needs_bos = False
             state.turn_tokens += len(tokens)
             state.session_tokens += len(tokens)
@@ -236,7 +236,7 @@ class GenerateStream:
                 raise InvalidArgument("every message needs a role", field=f"input.messages[{i}].role")
             state.chat.append(ChatMessage(m.role, m.content))
         text = engine.chat_template.render(state.chat, add_generation_prompt=True)
-        return tuple(engine.runner.tokenize(text, add_special=False, parse_special=True))
+        return tuple(engine.runner.tokenizer.tokenize(text, add_special=False, parse_special=True))
 
     def _end_turn(self, key: int, tokens: tuple[int, ...], replace: bool = False) -> None:
         state, limits = self.state, self.engine.limits

@@ -176,7 +176,7 @@ class GenerationStep:
         if token in stopping.stop_token_ids:
             self._finish(s, FinishReason.STOP_SEQUENCE, token, matched_stop_token_id=token)
             return
-        text, stop = turn.stream.push(self.runner.piece(token, output.include_special))
+        text, stop = turn.stream.push(self.runner.tokenizer.piece(token, output.include_special))
         if stop is not None:
             s.emit_tokens(text)
             self._finish(s, FinishReason.STOP_SEQUENCE, token, matched_stop=stop)
@@ -203,7 +203,7 @@ class GenerationStep:
         log.info("context_shift", seq_id=s.slot.seq_id, keep=keep, discard=discard)
 
     def _text(self, token: int) -> str:
-        return self.runner.piece(token, True).decode("utf-8", "replace")
+        return self.runner.tokenizer.piece(token, True).decode("utf-8", "replace")
 
     def _prompt_logprobs(self, s: Session, tokens: list[int], first: int) -> None:
         """Score each prompt token of the chunk with the row before it."""

@@ -2,8 +2,9 @@
 
 Owns the model, the generation llama_context (a unified KV cache shared by all
 slots), the numpy-backed batch, and with embeddings on an `Embedder` (a context of
-its own that stops before the LM head). Apart from the tokenizer methods, which
-only read the immutable vocabulary, it is used by the executor thread alone.
+its own: on the generative model, stopping before the LM head, or on a separate
+`--embedding-model`). Apart from the tokenizers (vocab.py), which only read
+immutable vocabularies, it is used by the executor thread alone.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ import structlog
 from .batch import BatchBuffer
 from .embedder import Embedder
 from .kv_config import CACHE_TYPES, FLASH_ATTN
-
-POOLING_NAMES = {-1: "unspecified", 0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
+from .vocab import Vocab, load_model
 
 # ggml.h enum ggml_log_level
 _GGML_LEVELS = {1: "debug", 2: "info", 3: "warning", 4: "error"}
@@ -54,6 +54,7 @@ class RunnerConfig:
     n_ubatch: int
     n_threads: int
     embeddings: bool
+    embedding_model_path: Path | None = None  # None: the generative model's hidden states
     max_embed_seqs: int = 64
     verbose: bool = False
     cache_type_k: str = "f16"
@@ -62,34 +63,15 @@ class RunnerConfig:
 
 
 
-@dataclass(frozen=True)
-class ModelMeta:
-    name: str
-    path: str
-    architecture: str
-    num_parameters: int
-    n_ctx_train: int
-    n_embd: int
-    vocab_size: int
-    bos_token_id: int
-    eos_token_id: int
-    eog_token_ids: tuple[int, ...]
-    add_bos: bool
-    chat_template: str | None
-
-
 class LlamaRunner:
     def __init__(self, config: RunnerConfig) -> None:
         _llama_log_state["verbose"] = config.verbose
         llama_cpp.llama_log_set(_llama_log, ctypes.c_void_p(0))
         self.config = config
-        llama_cpp.llama_backend_init()
-        mparams = llama_cpp.llama_model_default_params()
-        self.model = llama_cpp.llama_model_load_from_file(str(config.model_path).encode(), mparams)
-        if not self.model:
-            raise RuntimeError(f"failed to load model {config.model_path}")
-        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
-        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.model = load_model(config.model_path)
+        self.tokenizer = Vocab(self.model)
+        self.vocab = self.tokenizer.ptr  # the raw llama_vocab, for samplers and grammars
+        self.n_vocab = self.tokenizer.n_tokens
         self.ctx = llama_cpp.llama_init_from_model(self.model, self._context_params())
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
@@ -99,13 +81,14 @@ class LlamaRunner:
             )
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.batch = BatchBuffer(config.n_batch)
-        self.embedder = (
-            Embedder(self.model, int(llama_cpp.llama_model_n_embd(self.model)), config.n_ubatch,
-                     config.max_embed_seqs, config.n_threads)
-            if config.embeddings else None
-        )
-        self.meta = self._read_meta()
-        self._pieces: dict[int, bytes] = {}
+        self.meta = self.tokenizer.read_meta(Path(config.model_path))
+        self.embedder = self._embedder() if config.embeddings else None
+
+    def _embedder(self) -> Embedder:
+        c = self.config
+        if c.embedding_model_path is not None:
+            return Embedder.from_file(c.embedding_model_path, c.n_ubatch, c.max_embed_seqs, c.n_threads)
+        return Embedder(self.tokenizer, self.meta, c.n_ubatch, c.max_embed_seqs, c.n_threads)
 
     def _context_params(self) -> llama_cpp.llama_context_params:
         c = self.config
@@ -127,65 +110,9 @@ class LlamaRunner:
         params.flash_attn_type = FLASH_ATTN[c.flash_attn]
         return params
 
-    # ------------------------------------------------------------- metadata
-
-    def _meta_str(self, key: str) -> str:
-        buf = ctypes.create_string_buffer(512)
-        n = llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace") if n >= 0 else ""
-
-    def _read_meta(self) -> ModelMeta:
-        template = llama_cpp.llama_model_chat_template(self.model, None)
-        eog = tuple(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t))
-        path = Path(self.config.model_path)
-        return ModelMeta(
-            name=self._meta_str("general.name") or path.stem,
-            path=str(path),
-            architecture=self._meta_str("general.architecture"),
-            num_parameters=int(llama_cpp.llama_model_n_params(self.model)),
-            n_ctx_train=int(llama_cpp.llama_model_n_ctx_train(self.model)),
-            n_embd=int(llama_cpp.llama_model_n_embd(self.model)),
-            vocab_size=self.n_vocab,
-            bos_token_id=int(llama_cpp.llama_vocab_bos(self.vocab)),
-            eos_token_id=int(llama_cpp.llama_vocab_eos(self.vocab)),
-            eog_token_ids=eog,
-            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(self.vocab)),
-            chat_template=template.decode("utf-8", "replace") if template else None,
-        )
-
     @property
     def n_ctx_actual(self) -> int:
         return int(llama_cpp.llama_n_ctx(self.ctx))
-
-    # ------------------------------------------------------------- tokenizer
-
-    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        while True:
-            buf = (llama_cpp.llama_token * capacity)()
-            n = llama_cpp.llama_tokenize(
-                self.vocab, data, len(data), buf, capacity, add_special, parse_special
-            )
-            if n >= 0:
-                return list(buf[:n])
-            capacity = -n
-
-    def piece(self, token: int, special: bool = False) -> bytes:
-        """The bytes of one token (cached: the executor renders every token once per use)."""
-        key = token if not special else ~token
-        cached = self._pieces.get(key)
-        if cached is None:
-            buf = ctypes.create_string_buffer(64)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
-            cached = self._pieces[key] = buf.raw[:n]
-        return cached
-
-    def detokenize(self, tokens: list[int], special: bool) -> str:
-        return b"".join(self.piece(t, special) for t in tokens).decode("utf-8", "replace")
 
     # ------------------------------------------------------------- decoding
 
@@ -226,7 +153,7 @@ class LlamaRunner:
         llama_cpp.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
 
     def embed(self, inputs: list[tuple[int, ...]]) -> list[np.ndarray]:
-        """Mean-pooled embeddings of inputs packed into one ubatch (see embedder.py)."""
+        """Pooled embeddings of inputs packed into one ubatch (see embedder.py)."""
         if self.embedder is None:
             raise RuntimeError("embeddings are not enabled")
         return self.embedder.embed(inputs)

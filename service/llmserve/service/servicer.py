@@ -26,6 +26,7 @@ from .logprobs import MAX_TOP_LOGPROBS
 from .metrics import Metrics
 from .sampler import SAMPLER_NAMES, GrammarError, check_grammar
 from .session_store import SavedSession
+from .vocab import Vocab
 from .wire import check_decoded
 
 log = structlog.get_logger("llmserve.servicer")
@@ -189,16 +190,24 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
 
     @rpc_errors
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:  # type: ignore[no-untyped-def]
-        runner = self._engine().runner
-        ids = runner.tokenize(request.text, request.add_special, request.parse_special)
-        pieces = [runner.piece(t, special=True) for t in ids] if request.with_pieces else []
+        tokenizer = self._tokenizer(request.embedding_model)
+        ids = tokenizer.tokenize(request.text, request.add_special, request.parse_special)
+        pieces = [tokenizer.piece(t, special=True) for t in ids] if request.with_pieces else []
         return pb.TokenizeResponse(ids=ids, pieces=pieces)
 
     @rpc_errors
     async def Detokenize(self, request: pb.DetokenizeRequest, context) -> pb.DetokenizeResponse:  # type: ignore[no-untyped-def]
+        tokenizer = self._tokenizer(request.embedding_model)
+        ids = validation.token_ids(request.ids, tokenizer.n_tokens, "ids")
+        return pb.DetokenizeResponse(text=tokenizer.detokenize(list(ids), request.render_special))
+
+    def _tokenizer(self, embedding_model: bool) -> Vocab:
         engine = self._engine()
-        ids = validation.token_ids(request.ids, engine.limits, "ids")
-        return pb.DetokenizeResponse(text=engine.runner.detokenize(list(ids), request.render_special))
+        if not embedding_model:
+            return engine.runner.tokenizer
+        if engine.embedder is None:
+            raise FailedPrecondition("this server was started without --embeddings or --embedding-model")
+        return engine.embedder.tokenizer
 
     @rpc_errors
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:  # type: ignore[no-untyped-def]
@@ -244,4 +253,25 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
                 chat_template_source=engine.chat_template.origin if engine.chat_template else "",
                 max_samples=min(validation.MAX_SAMPLES, config.n_parallel),
             ),
+            embedding_model=_embedding_model_info(engine),
         )
+
+
+def _embedding_model_info(engine: Engine) -> pb.EmbeddingModelInfo | None:
+    embedder = engine.embedder
+    if embedder is None:
+        return None
+    meta = embedder.meta
+    return pb.EmbeddingModelInfo(
+        name=meta.name,
+        path=meta.path,
+        architecture=meta.architecture,
+        num_parameters=meta.num_parameters,
+        n_ctx_train=meta.n_ctx_train,
+        n_embd=embedder.n_embd,
+        vocab_size=meta.vocab_size,
+        pooling_type=embedder.pooling_name,
+        max_input_tokens=embedder.max_input_tokens,
+        n_ubatch=embedder.n_ubatch,
+        separate=embedder.owns_model,
+    )

@@ -105,7 +105,7 @@ def sampling_params(msg: pb.SamplingParams, limits: Limits, grammar: str = "") -
     biases = []
     for token, bias in sorted(msg.logit_bias.items()):
         field = f"{prefix}logit_bias[{token}]"
-        token_ids([token], limits, field)
+        token_ids([token], limits.n_vocab, field)
         if math.isnan(bias) or bias == math.inf:
             raise InvalidArgument(f"a logit bias must be a number or -inf, got {bias}", field=field)
         biases.append((token, bias))
@@ -134,7 +134,7 @@ def stopping_params(msg: pb.StoppingCriteria, limits: Limits) -> StoppingParams:
             )
     if len(msg.stop_token_ids) > MAX_STOP_STRINGS:
         raise InvalidArgument(f"at most {MAX_STOP_STRINGS} stop token ids", field="config.stopping.stop_token_ids")
-    stop_ids = token_ids(msg.stop_token_ids, limits, "config.stopping.stop_token_ids")
+    stop_ids = token_ids(msg.stop_token_ids, limits.n_vocab, "config.stopping.stop_token_ids")
     return StoppingParams(
         max_tokens=max_tokens, min_tokens=min_tokens, stop=tuple(msg.stop), stop_token_ids=stop_ids,
         ignore_eos=msg.ignore_eos,
@@ -189,12 +189,12 @@ def session_params(msg: pb.SessionConfig, limits: Limits, request_id: str, max_s
     )
 
 
-def token_ids(ids: Sequence[int], limits: Limits, field: str) -> tuple[int, ...]:
+def token_ids(ids: Sequence[int], n_vocab: int, field: str) -> tuple[int, ...]:
     """Token ids outside the vocabulary would crash llama.cpp: refuse them here."""
     for i, token in enumerate(ids):
-        if token < 0 or token >= limits.n_vocab:
+        if token < 0 or token >= n_vocab:
             raise InvalidArgument(
-                f"token id {token} at position {i} is outside the vocabulary [0, {limits.n_vocab})",
+                f"token id {token} at position {i} is outside the vocabulary [0, {n_vocab})",
                 field=field,
             )
     return tuple(ids)
