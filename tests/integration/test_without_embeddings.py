@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from llmserve.client import Client
+from llmserve.client import Client, pb
 
 from tests.conftest import RunningServer, start_server, stop_server
 from tests.helpers import SessionStream
@@ -25,8 +25,11 @@ def test_embed_is_failed_precondition(plain_server: RunningServer) -> None:
             list(client.embed(["hello"]))
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "--embeddings" in err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            client.stub.Tokenize(pb.TokenizeRequest(text="hi", embedding_model=True), timeout=30)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # no embedding vocabulary to use
         info = client.model_info()
-        assert not info.can_embed
+        assert not info.can_embed and not info.HasField("embedding_model")
         assert info.n_batch == 1024 and info.n_ubatch == 512  # no clamp without embeddings
         assert client.generate("Hi", max_tokens=3).turn_end.usage.completion_tokens == 3
 

@@ -10,7 +10,7 @@ from llmserve.service import cli
 
 FLAGS = [
     "--model", "--ctx-size", "--parallel", "--batch-size", "--ubatch-size", "--threads", "--host", "--port",
-    "--embeddings", "--max-queue", "--max-input-tokens", "--max-message-bytes", "--shutdown-grace",
+    "--embeddings", "--embedding-model", "--max-queue", "--max-input-tokens", "--max-message-bytes", "--shutdown-grace",
     "--metrics-port", "--metrics-host", "--tls-cert", "--tls-key", "--tls-client-ca", "--api-key",
     "--log-format", "--verbose",
 ]
@@ -33,6 +33,12 @@ def test_llama_server_short_flags() -> None:
     config = cli.build_config(cli.parse_args(["serve", "-c", "4096", "-np", "2", "-b", "256", "-ub", "128", "-t", "1", "--embeddings"]))
     assert (config.n_ctx, config.n_parallel, config.n_batch, config.n_ubatch, config.n_threads) == (4096, 2, 256, 128, 1)
     assert config.embeddings and config.n_batch_effective == 128  # clamped to the ubatch
+
+
+def test_embedding_model_implies_embeddings_and_moves_the_clamp() -> None:
+    config = cli.build_config(cli.parse_args(["serve", "-b", "2048", "-ub", "256", "--embedding-model", "e.gguf"]))
+    assert config.embeddings and str(config.embedding_model_path) == "e.gguf"
+    assert config.n_batch_effective == 2048  # generation keeps its batch; the embedding context is one ubatch
 
 
 def test_environment_variables_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:

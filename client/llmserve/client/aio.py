@@ -70,12 +70,17 @@ class AsyncClient:
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 
-    async def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        request = pb.TokenizeRequest(text=text, add_special=add_special, parse_special=parse_special)
+    async def tokenize(
+        self, text: str, *, add_special: bool = True, parse_special: bool = True, embedding_model: bool = False
+    ) -> list[int]:
+        """Token ids; `embedding_model=True`: with the vocabulary Embed uses (ids for Embed's token inputs)."""
+        request = pb.TokenizeRequest(
+            text=text, add_special=add_special, parse_special=parse_special, embedding_model=embedding_model
+        )
         return list((await self._unary(self.stub.Tokenize, request)).ids)
 
-    async def detokenize(self, ids: Sequence[int], *, render_special: bool = False) -> str:
-        reply = await self._unary(self.stub.Detokenize, pb.DetokenizeRequest(ids=list(ids), render_special=render_special))
+    async def detokenize(self, ids: Sequence[int], *, render_special: bool = False, embedding_model: bool = False) -> str:
+        reply = await self._unary(self.stub.Detokenize, pb.DetokenizeRequest(ids=list(ids), render_special=render_special, embedding_model=embedding_model))
         return reply.text  # type: ignore[no-any-return]
 
     async def model_info(self) -> pb.ModelInfo:

@@ -52,6 +52,7 @@ def add_commands(sub: argparse._SubParsersAction, default_address: str) -> None:
     t = sub.add_parser("tokenize", help="print the token ids (and pieces) of a text")
     common(t)
     t.add_argument("text")
+    t.add_argument("--embedding-model", action="store_true", help="with the vocabulary Embed uses")
     t.set_defaults(run=_tokenize)
 
     i = sub.add_parser("info", help="print the model and server information as JSON")
@@ -156,14 +157,16 @@ def _embed(client: Client, args: argparse.Namespace) -> None:
 
 
 def _tokenize(client: Client, args: argparse.Namespace) -> None:
-    reply = client.stub.Tokenize(client_request(args.text), **client.options.call_kwargs())
+    reply = client.stub.Tokenize(client_request(args.text, args.embedding_model), **client.options.call_kwargs())
     print(json.dumps({"ids": list(reply.ids), "pieces": [p.decode("utf-8", "replace") for p in reply.pieces]}))
 
 
-def client_request(text: str):  # type: ignore[no-untyped-def]
+def client_request(text: str, embedding_model: bool = False):  # type: ignore[no-untyped-def]
     from llmserve.v1 import llmserve_pb2 as pb
 
-    return pb.TokenizeRequest(text=text, add_special=True, parse_special=True, with_pieces=True)
+    return pb.TokenizeRequest(
+        text=text, add_special=True, parse_special=True, with_pieces=True, embedding_model=embedding_model
+    )
 
 
 def _info(client: Client, args: argparse.Namespace) -> None:

@@ -1,0 +1,167 @@
+"""`--embedding-model`: all-MiniLM-L6-v2 (converted by `make embed-model`) serves Embed
+beside the generative model, checked against sentence-transformers in PyTorch."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+from llmserve.client import Client, pb
+from llmserve.service.embedding_model_files import convert, hf_model_dir
+
+from tests.conftest import RunningServer, start_server, stop_server
+
+# Varied on purpose: accents, CJK, Cyrillic, emoji, code, SQL, URLs, shouting, whitespace.
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A man is playing a guitar on stage.",
+    "Photosynthesis converts light energy into chemical energy.",
+    "¿Dónde está la biblioteca?",
+    "Café au lait, crème brûlée and naïve résumés.",
+    "東京は日本の首都です。",
+    "I love pizza 🍕 and sushi 🍣!",
+    "def fib(n): return n if n < 2 else fib(n-1) + fib(n-2)",
+    "SELECT name, COUNT(*) FROM users GROUP BY name HAVING COUNT(*) > 1;",
+    "The stock market fell 3.2% on Tuesday amid inflation fears.",
+    "hello",
+    "HELLO WORLD!!! THIS IS LOUD.",
+    "Ein kleines Haus am See mit einem roten Dach.",
+    "Quantum entanglement links particles across vast distances.",
+    "She sells sea shells by the sea shore, over and over again. " * 3,
+    "https://example.com/path?query=1&x=y#frag",
+    "Email me at john.doe@example.org before 5pm (UTC-5).",
+    "The mitochondria is the powerhouse of the cell.",
+    "  leading and trailing   whitespace\tand\ttabs\n\nnewlines  ",
+    "Привет, как дела? Всё хорошо.",
+]
+UBATCH = 1024  # larger than MiniLM's 512 trained positions: the cap must come from the model
+SEP = 102  # [SEP] in MiniLM's vocabulary
+
+
+@pytest.fixture(scope="module")
+def minilm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    path = convert()  # `make test` converted it already (make embed-model); this only finds it
+    log = tmp_path_factory.mktemp("minilm") / "server.log"
+    server = start_server(["-np", "2", "-c", "4096", "-t", "2", "-ub", str(UBATCH), "--embedding-model", str(path)], log)
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def client(minilm_server: RunningServer) -> Iterator[Client]:
+    with Client(minilm_server.address, timeout=120) as c:
+        yield c
+
+
+def _reference() -> tuple[np.ndarray, list[list[int]]]:
+    """sentence-transformers on the same safetensors, PyTorch on the CPU: mean pooling + L2."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(hf_model_dir()), device="cpu")
+    vectors = model.encode(SENTENCES, normalize_embeddings=True, convert_to_numpy=True)
+    ids = [model.tokenizer(s)["input_ids"] for s in SENTENCES]
+    return np.asarray(vectors), ids
+
+
+def _cos(a: object, b: object) -> float:
+    va, vb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(va @ vb / (np.linalg.norm(va) * np.linalg.norm(vb)))
+
+
+def _embed_error(client: Client, inputs: list[pb.Input], **options: bool) -> grpc.RpcError:
+    request = pb.EmbedRequest(options=pb.EmbedOptions(**options), inputs=inputs)
+    with pytest.raises(grpc.RpcError) as err:
+        list(client.stub.Embed(iter([request]), timeout=60))
+    return err.value
+
+
+def test_model_info_reports_both_models(client: Client) -> None:
+    info = client.model_info()
+    assert (info.architecture, info.vocab_size) == ("gemma3", 262144)  # Generate keeps using -m
+    assert info.can_generate and info.can_embed
+    assert info.n_batch == 2048  # the embeddings clamp is on the embedding context only
+    emb = info.embedding_model
+    assert (emb.architecture, emb.n_embd, emb.vocab_size, emb.pooling_type) == ("bert", 384, 30522, "mean")
+    assert emb.separate and emb.n_ctx_train == 512 and emb.n_ubatch == UBATCH
+    assert emb.max_input_tokens == 512  # min(n_ubatch, trained positions)
+    assert emb.path.endswith("all-MiniLM-L6-v2-f16.gguf")
+    assert info.pooling_type == "mean"
+
+
+def test_parity_with_sentence_transformers(client: Client) -> None:
+    reference, reference_ids = _reference()
+    ours = np.asarray(list(client.embed(SENTENCES)))
+    assert ours.shape == (20, 384)
+    cosines = [_cos(a, b) for a, b in zip(ours, reference)]
+    print(f"cosine to sentence-transformers over 20 sentences: min {min(cosines):.6f}, mean {np.mean(cosines):.6f}")
+    assert min(cosines) >= 0.99
+    # The same tokens as the Hugging Face tokenizer, from the embedding model's own vocabulary.
+    ids = [client.tokenize(s, embedding_model=True) for s in SENTENCES]
+    assert ids == reference_ids
+    assert client.tokenize(SENTENCES[0]) != ids[0]  # Generate's tokenizer is gemma's
+
+
+def test_long_inputs_are_refused_or_truncated_never_run(client: Client) -> None:
+    text = "word " * 10_000  # 10,002 MiniLM tokens with [CLS] and [SEP]
+    cls, word, sep = client.tokenize("word", embedding_model=True)
+    assert sep == SEP
+    err = _embed_error(client, [pb.Input(text=text)])
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "10002 tokens" in err.details() and "512" in err.details()
+    err = _embed_error(client, [pb.Input(tokens=pb.TokenIds(ids=[word] * 10_000))])
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # 513 tokens fit the 1024-token ubatch but not the trained positions: refused too.
+    err = _embed_error(client, [pb.Input(tokens=pb.TokenIds(ids=[cls] + [word] * 511 + [SEP]))])
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "513 tokens" in err.details()
+    # Truncation keeps the closing [SEP], as sentence-transformers' tokenizer does.
+    request = pb.EmbedRequest(options=pb.EmbedOptions(truncate=True), inputs=[pb.Input(text=text)])
+    (cut,) = list(client.stub.Embed(iter([request]), timeout=60))
+    assert (cut.num_tokens, cut.truncated) == (512, True)
+    exact = next(client.embed([[cls] + [word] * 510 + [SEP]]))
+    assert _cos(cut.embedding, exact) > 0.9999
+
+
+def test_two_full_inputs_share_one_ubatch_without_mixing(client: Client) -> None:
+    a = client.tokenize(" ".join(["alpha beta gamma delta"] * 200), embedding_model=True)[:511] + [SEP]
+    b = client.tokenize(" ".join(["rivers run to the sea"] * 200), embedding_model=True)[:511] + [SEP]
+    alone = [next(client.embed([a])), next(client.embed([b]))]
+    together = list(client.embed([a, b], batch_size=2))  # 1,024 tokens: one ubatch, two sequences
+    cosines = [_cos(x, y) for x, y in zip(alone, together)]
+    print(f"two 512-token inputs, alone vs in one ubatch: cosines {cosines}")
+    assert min(cosines) > 0.9999
+    assert _cos(together[0], together[1]) < 0.9
+
+
+@pytest.mark.parametrize("ids", [[30522], [-1], [2**31 - 1], [262143], [101, 7592, 99999, SEP]])
+def test_hostile_token_ids_are_invalid(client: Client, ids: list[int]) -> None:
+    # 262143 is a valid gemma id: the check is against the embedding model's vocabulary.
+    err = _embed_error(client, [pb.Input(tokens=pb.TokenIds(ids=ids))])
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "outside the vocabulary [0, 30522)" in err.details()
+    assert len(next(client.embed(["still serving"]))) == 384
+
+
+def test_embed_and_generate_run_together(minilm_server: RunningServer, client: Client) -> None:
+    texts = [f"Document {i} is about {SENTENCES[i % 20]}" for i in range(200)]
+    solo = next(client.embed([texts[123]]))
+    generated: list[str] = []
+
+    def generate() -> None:
+        with Client(minilm_server.address, timeout=120) as other:
+            generated.append(other.generate("Once upon a time", max_tokens=64, temperature=0, ignore_eos=True).text)
+
+    thread = threading.Thread(target=generate)
+    thread.start()
+    vectors = list(client.embed(texts))
+    thread.join(timeout=120)
+    assert len(vectors) == 200 and all(len(v) == 384 for v in vectors)
+    assert _cos(vectors[123], solo) > 0.9999
+    assert len(generated) == 1 and generated[0]
+    detok = client.detokenize(client.tokenize("Hello world", embedding_model=True), embedding_model=True)
+    assert detok.strip() == "[CLS] hello world [SEP]" or "hello world" in detok
+
