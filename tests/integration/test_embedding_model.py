@@ -4,8 +4,12 @@ beside the generative model, checked against sentence-transformers in PyTorch.""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -13,7 +17,7 @@ import pytest
 from llmserve.client import Client, pb
 from llmserve.service.embedding_model_files import convert, hf_model_dir
 
-from tests.conftest import RunningServer, start_server, stop_server
+from tests.conftest import RunningServer, free_port, start_server, stop_server
 
 # Varied on purpose: accents, CJK, Cyrillic, emoji, code, SQL, URLs, shouting, whitespace.
 SENTENCES = [
@@ -165,3 +169,29 @@ def test_embed_and_generate_run_together(minilm_server: RunningServer, client: C
     detok = client.detokenize(client.tokenize("Hello world", embedding_model=True), embedding_model=True)
     assert detok.strip() == "[CLS] hello world [SEP]" or "hello world" in detok
 
+
+
+def test_make_serve_uses_the_converted_model_and_says_so(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    convert()
+    root = Path(__file__).resolve().parents[2]
+    port = free_port()
+    log = tmp_path / "make-serve.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            ["make", "--no-print-directory", "serve", f"PORT={port}"], cwd=root, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and b'"serving"' not in log.read_bytes():
+            assert process.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.3)
+        text = log.read_text()
+        assert "make serve: Embed uses " in text and "all-MiniLM-L6-v2-f16.gguf" in text
+        assert '"source": "embedding_model"' in text and '"event": "embedding_model_loaded"' in text
+        with Client(f"127.0.0.1:{port}", timeout=60) as client:
+            assert client.model_info().embedding_model.architecture == "bert"
+            assert len(next(client.embed(["served by make serve"]))) == 384
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)
