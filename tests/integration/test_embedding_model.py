@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -195,3 +196,31 @@ def test_make_serve_uses_the_converted_model_and_says_so(tmp_path) -> None:  # t
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)
+
+
+def test_a_file_that_is_not_a_model_fails_the_start_cleanly(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"not a gguf file")
+    out = subprocess.run(
+        [sys.executable, "-m", "llmserve.service", "serve", "--port", str(free_port()), "--embedding-model", str(bogus)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 1
+    assert f"llmserve: failed to load model {bogus}" in out.stderr
+    assert '"event": "model_load_failed"' in out.stdout and "Traceback" not in out.stderr
+
+
+def test_a_generative_gguf_as_embedding_model_is_mean_pooled(server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """No pooling in its metadata: its hidden states are mean-pooled, as with --embeddings alone."""
+    from llmserve.service.model_files import default_model_path
+
+    running = start_server(["-np", "1", "-c", "1024", "-t", "2", "--embedding-model", str(default_model_path())],
+                           tmp_path / "server.log")
+    try:
+        with Client(running.address, timeout=60) as other, Client(server.address, timeout=60) as shared:
+            emb = other.model_info().embedding_model
+            assert (emb.separate, emb.pooling_type, emb.n_embd) == (True, "mean", 640)
+            text = SENTENCES[2]
+            assert _cos(next(other.embed([text])), next(shared.embed([text]))) > 0.9999
+    finally:
+        stop_server(running)

@@ -35,10 +35,14 @@ def test_llama_server_short_flags() -> None:
     assert config.embeddings and config.n_batch_effective == 128  # clamped to the ubatch
 
 
-def test_embedding_model_implies_embeddings_and_moves_the_clamp() -> None:
-    config = cli.build_config(cli.parse_args(["serve", "-b", "2048", "-ub", "256", "--embedding-model", "e.gguf"]))
-    assert config.embeddings and str(config.embedding_model_path) == "e.gguf"
+def test_embedding_model_implies_embeddings_and_moves_the_clamp(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    gguf = tmp_path / "e.gguf"
+    gguf.write_bytes(b"GGUF")
+    config = cli.build_config(cli.parse_args(["serve", "-b", "2048", "-ub", "256", "--embedding-model", str(gguf)]))
+    assert config.embeddings and config.embedding_model_path == gguf
     assert config.n_batch_effective == 2048  # generation keeps its batch; the embedding context is one ubatch
+    with pytest.raises(ValueError, match="--embedding-model .*missing.gguf: no such file"):
+        cli.build_config(cli.parse_args(["serve", "--embedding-model", str(tmp_path / "missing.gguf")]))
 
 
 def test_environment_variables_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -70,6 +70,9 @@ class ServerConfig:
             raise ValueError("--tls-cert and --tls-key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        for flag, path in (("--model", self.model_path), ("--embedding-model", self.embedding_model_path)):
+            if path is not None and not path.is_file():
+                raise ValueError(f"{flag} {path}: no such file")
         if self.embedding_model_path is not None and not self.embeddings:
             raise ValueError("--embedding-model serves Embed: it needs embeddings on")
         check_kv_config(self.cache_type_k, self.cache_type_v, self.flash_attn)

@@ -86,7 +86,12 @@ async def serve(config: ServerConfig) -> None:
 
     load = asyncio.create_task(asyncio.to_thread(Engine, config, metrics))
     await asyncio.wait([load, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
-    engine = await load  # a signal during loading still waits for the load to free it
+    try:
+        engine = await load  # a signal during loading still waits for the load to free it
+    except RuntimeError as exc:  # llama.cpp could not load a model or create a context
+        log.error("model_load_failed", error=str(exc))
+        await server.stop(0)
+        raise SystemExit(f"llmserve: {exc}") from None
     engine.start()
     if not stop.is_set():
         llm.engine = engine
