@@ -17,13 +17,12 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 from pathlib import Path
 
 from llmserve.service.embedding_model_files import convert
 
 from . import loadgen
-from .run import CTX, DEFAULT_BUILD, NP, ROOT, THREADS, _port, _stop, _wait_http
+from .run import CTX, DEFAULT_BUILD, NP, ROOT, THREADS, _start_llama_server, _start_llmserve, _stop
 
 BEGIN, END = "<!-- embedding-model -->", "<!-- /embedding-model -->"
 PASSAGES = [
@@ -37,27 +36,6 @@ PASSAGES = [
 CORPORA = {"short (~25 tokens)": loadgen.CORPUS, "passages (~120 tokens)": PASSAGES}
 
 
-def _start_llmserve(model: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    import sys
-
-    sys.path.insert(0, str(ROOT))
-    from tests.conftest import start_server
-
-    args = ["-np", str(NP), "-c", str(CTX), "-t", str(THREADS), "--embedding-model", str(model)]
-    server = start_server(args, log)
-    return server.process, server.address
-
-
-def _start_peer(binary: Path, model: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _port()
-    args = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-np", str(NP),
-            "-c", str(CTX), "-t", str(THREADS), "--no-webui", "--embeddings", "--pooling", "mean"]
-    process = subprocess.Popen(args, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    _wait_http(url)
-    return process, url
-
-
 def measure(llama_server: Path, repeat: int) -> dict[str, dict[str, list[float]]]:
     """texts/s per corpus and server, one figure per repetition."""
     model = convert()
@@ -65,14 +43,14 @@ def measure(llama_server: Path, repeat: int) -> dict[str, dict[str, list[float]]
     logs.mkdir(exist_ok=True)
     results: dict[str, dict[str, list[float]]] = {name: {"llmserve": [], "llama-server": []} for name in CORPORA}
     for _ in range(repeat):
-        process, address = _start_llmserve(model, logs / "llmserve-minilm.log")
+        process, address = _start_llmserve(logs / "llmserve-minilm.log", ("--embedding-model", str(model)))
         try:
             for name, texts in CORPORA.items():
                 results[name]["llmserve"].append(asyncio.run(loadgen.llmserve_embed(address, texts))[0])
         finally:
             _stop(process)
         if llama_server.exists():
-            process, url = _start_peer(llama_server, model, logs / "llama-server-minilm.log")
+            process, url = _start_llama_server(llama_server, model, logs / "llama-server-minilm.log", True)
             try:
                 for name, texts in CORPORA.items():
                     results[name]["llama-server"].append(asyncio.run(loadgen.peer_embed(url, texts))[0])

@@ -53,11 +53,11 @@ def _wait_http(url: str, timeout: float = 120) -> None:
     raise RuntimeError(f"{url} did not become healthy")
 
 
-def _start_llmserve(log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _start_llmserve(log: Path, embed_args: tuple[str, ...] = ("--embeddings",)) -> tuple[subprocess.Popen[bytes], str]:
     sys.path.insert(0, str(ROOT))
     from tests.conftest import start_server
 
-    server = start_server(["-np", str(NP), "-c", str(CTX), "-t", str(THREADS), "--embeddings"], log)
+    server = start_server(["-np", str(NP), "-c", str(CTX), "-t", str(THREADS), *embed_args], log)
     return server.process, server.address
 
 

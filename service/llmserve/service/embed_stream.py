@@ -19,6 +19,7 @@ from llmserve.v1 import llmserve_pb2 as pb
 
 from .bridge import LoopSink
 from .domain import EmbedInput, EmbedResult, SessionFailed
+from .embedder import Embedder
 from .engine import Engine
 from .errors import FailedPrecondition, InvalidArgument, error_from_status_name
 from .inputs import input_tokens
@@ -43,11 +44,12 @@ class EmbedStream:
         self.engine = engine
 
     async def run(self, requests: AsyncIterator[pb.EmbedRequest]) -> AsyncIterator[EmbedResult]:
-        if not self.engine.config.embeddings:
+        embedder = self.engine.embedder
+        if embedder is None:
             raise FailedPrecondition("this server was started without --embeddings")
         sink = LoopSink(asyncio.get_running_loop())
         window = asyncio.Semaphore(WINDOW)
-        reader = asyncio.create_task(self._read(requests, sink, window))
+        reader = asyncio.create_task(self._read(embedder, requests, sink, window))
         ready: dict[int, EmbedResult] = {}
         next_index = 0
         total: int | None = None
@@ -70,10 +72,11 @@ class EmbedStream:
             reader.cancel()
             self.engine.executor.drop_embeds(sink)  # a cancelled call leaves no work behind
 
-    async def _read(self, requests: AsyncIterator[pb.EmbedRequest], sink: LoopSink, window: asyncio.Semaphore) -> None:
-        embedder = self.engine.embedder
-        assert embedder is not None
+    async def _read(
+        self, embedder: Embedder, requests: AsyncIterator[pb.EmbedRequest], sink: LoopSink, window: asyncio.Semaphore
+    ) -> None:
         tokenizer, max_tokens = embedder.tokenizer, embedder.max_input_tokens
+        limit = "one ubatch, the model's trained context" if max_tokens == embedder.meta.n_ctx_train else "one ubatch"
         normalize, truncate, add_special = True, False, True
         index = 0
         try:
@@ -95,11 +98,11 @@ class EmbedStream:
                     if truncated and not truncate:
                         raise InvalidArgument(
                             f"input {index} has {len(tokens)} tokens, more than the {max_tokens} an embedding "
-                            f"input may have (one ubatch{self._train_note(max_tokens)}); split it or set options.truncate",
+                            f"input may have ({limit}); split it or set options.truncate",
                             field=f"inputs[{j}]",
                         )
                     if truncated:
-                        tokens = self._truncate(tokens, max_tokens, item.WhichOneof("kind") == "text" and add_special)
+                        tokens = _truncate(tokens, embedder, item.WhichOneof("kind") == "text" and add_special)
                     await window.acquire()
                     self.engine.executor.embed((EmbedInput(index, tokens, normalize, truncated),), sink)
                     index += 1
@@ -109,16 +112,11 @@ class EmbedStream:
         except Exception as exc:  # noqa: BLE001 - the writer maps it to a status
             sink.put_local(_ReaderFailed(exc))
 
-    def _train_note(self, max_tokens: int) -> str:
-        embedder = self.engine.embedder
-        assert embedder is not None
-        return ", the model's trained context" if max_tokens == embedder.meta.n_ctx_train else ""
 
-    def _truncate(self, tokens: tuple[int, ...], max_tokens: int, added_specials: bool) -> tuple[int, ...]:
-        """Cut to `max_tokens`, keeping a closing SEP/EOS the tokenizer added (as
-        sentence-transformers' truncation does for BERT)."""
-        embedder = self.engine.embedder
-        assert embedder is not None
-        if added_specials and embedder.tokenizer.adds_eos and tokens[-1] == embedder.tokenizer.eos:
-            return tokens[: max_tokens - 1] + (tokens[-1],)
-        return tokens[:max_tokens]
+def _truncate(tokens: tuple[int, ...], embedder: Embedder, added_specials: bool) -> tuple[int, ...]:
+    """Cut to `max_input_tokens`, keeping a closing SEP/EOS the tokenizer added (as
+    sentence-transformers' truncation does for BERT)."""
+    max_tokens = embedder.max_input_tokens
+    if added_specials and embedder.tokenizer.adds_eos and tokens[-1] == embedder.tokenizer.eos:
+        return tokens[: max_tokens - 1] + (tokens[-1],)
+    return tokens[:max_tokens]

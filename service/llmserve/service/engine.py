@@ -10,6 +10,7 @@ import structlog
 from . import __version__
 from .chat import ChatTemplate
 from .config import ServerConfig
+from .embedder import Embedder
 from .executor import Executor
 from .metrics import Metrics
 from .model_files import default_model_path
@@ -23,7 +24,7 @@ log = structlog.get_logger("llmserve.engine")
 class Engine:
     def __init__(self, config: ServerConfig, metrics: Metrics | None = None) -> None:
         model_path = config.model_path or default_model_path()
-        if config.embeddings and config.embedding_model_path is None and config.n_batch_effective != config.n_batch:
+        if config.n_batch_effective != config.n_batch:
             log.info(
                 "n_batch_clamped_for_embeddings",
                 n_batch=config.n_batch,
@@ -51,7 +52,6 @@ class Engine:
         self.limits = Limits(
             n_vocab=self.runner.n_vocab,
             n_ctx_per_slot=config.n_ctx_per_slot,
-            n_ubatch=config.n_ubatch,
             context_shift=config.context_shift,
         )
         self.chat_template = self._chat_template(config)
@@ -88,11 +88,9 @@ class Engine:
             n_parallel_auto=config.n_parallel_auto,
         )
         if self.embedder is not None:
-            self._log_embedder(config)
+            self._log_embedder(self.embedder)
 
-    def _log_embedder(self, config: ServerConfig) -> None:
-        embedder = self.embedder
-        assert embedder is not None
+    def _log_embedder(self, embedder: Embedder) -> None:
         log.info(
             "embedding_model_loaded",
             source="embedding_model" if embedder.owns_model else "generative_model",
@@ -101,8 +99,8 @@ class Engine:
             architecture=embedder.meta.architecture,
             pooling=embedder.pooling_name,
             n_embd=embedder.n_embd,
-            n_ubatch=config.n_ubatch,
-            n_batch=config.n_ubatch,  # the embeddings clamp, on the embedding context
+            n_ubatch=embedder.n_ubatch,
+            n_batch=embedder.n_ubatch,  # the embeddings clamp, on the embedding context
             max_input_tokens=embedder.max_input_tokens,
         )
 

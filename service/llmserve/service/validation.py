@@ -28,7 +28,6 @@ MAX_EMBED_INPUTS_PER_MESSAGE = 1024
 class Limits:
     n_vocab: int
     n_ctx_per_slot: int
-    n_ubatch: int
     context_shift: bool = False
 
     @property
