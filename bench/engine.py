@@ -16,13 +16,12 @@ import dataclasses
 import threading
 import time
 
+from llmserve.client.loadgen import PROMPTS
 from llmserve.service.domain import SamplingParams, SessionFailed, SessionParams, StoppingParams, TurnEndEvent
-from llmserve.service.executor import Executor
-from llmserve.service.generation import StepProfile
-from llmserve.service.model_files import default_model_path
-from llmserve.service.runner import LlamaRunner, RunnerConfig
-
-from .loadgen import PROMPTS
+from llmserve.service.engine.executor import Executor, ExecutorConfig
+from llmserve.service.engine.step import StepProfile
+from llmserve.service.model.files import default_model_path
+from llmserve.service.model.runner import LlamaRunner, RunnerConfig
 
 
 class _Sink:
@@ -38,7 +37,7 @@ class _Sink:
 
 def run_level(executor: Executor, runner: LlamaRunner, concurrency: int, max_tokens: int) -> tuple[float, dict[str, float]]:
     params = SessionParams("bench", SamplingParams(temperature=0.0), StoppingParams(max_tokens=max_tokens, ignore_eos=True))
-    before = dataclasses.replace(executor.table.generation.profile)
+    before = dataclasses.replace(executor.profile)
     sinks = []
     start = time.perf_counter()
     for i in range(concurrency):
@@ -50,7 +49,7 @@ def run_level(executor: Executor, runner: LlamaRunner, concurrency: int, max_tok
         sink.done.wait(600)
         executor.close(key)
     elapsed = time.perf_counter() - start
-    after = executor.table.generation.profile
+    after = executor.profile
     delta = StepProfile(**{f.name: getattr(after, f.name) - getattr(before, f.name) for f in dataclasses.fields(after)})
     return concurrency * max_tokens / elapsed, delta.as_dict()
 
@@ -63,7 +62,7 @@ def main() -> None:
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     runner = LlamaRunner(RunnerConfig(default_model_path(), 16384, max(levels), 512, 512, args.threads, True))
-    executor = Executor(runner, max(levels), 16384 // max(levels))
+    executor = Executor(runner, ExecutorConfig(max(levels), 16384 // max(levels), 512, 512))
     executor.start()
     try:
         run_level(executor, runner, 1, 4)  # warm-up

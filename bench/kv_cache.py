@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from llmserve.service.logprobs import log_softmax
-from llmserve.service.model_files import default_model_path
-from llmserve.service.runner import LlamaRunner, RunnerConfig
+from llmserve.service.engine.logprobs import log_softmax
+from llmserve.service.model.files import default_model_path
+from llmserve.service.model.runner import LlamaRunner, RunnerConfig
 
 PROMPTS = [
     "The history of the printing press",

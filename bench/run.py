@@ -15,70 +15,17 @@ import argparse
 import asyncio
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
-from llmserve.service.model_files import default_model_path
+from llmserve.client import loadgen
+from llmserve.service.model.files import default_model_path
 
-from . import loadgen
-
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_BUILD = Path("/tmp/llama-build/bin")
-THREADS = 2
-NP = 16
-CTX = 16384
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_http(url: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} did not become healthy")
-
-
-def _start_llmserve(log: Path, embed_args: tuple[str, ...] = ("--embeddings",)) -> tuple[subprocess.Popen[bytes], str]:
-    sys.path.insert(0, str(ROOT))
-    from tests.conftest import start_server
-
-    server = start_server(["-np", str(NP), "-c", str(CTX), "-t", str(THREADS), *embed_args], log)
-    return server.process, server.address
-
-
-def _start_llama_server(binary: Path, model: Path, log: Path, embeddings: bool) -> tuple[subprocess.Popen[bytes], str]:
-    port = _port()
-    args = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-np", str(NP),
-            "-c", str(CTX), "-t", str(THREADS), "--no-webui"]
-    if embeddings:
-        args += ["--embeddings", "--pooling", "mean"]
-    process = subprocess.Popen(args, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    _wait_http(url)
-    return process, url
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
+from . import embed_model
+from .servers import CTX, DEFAULT_BUILD, NP, ROOT, THREADS, start_llama_server, start_llmserve, stop
 
 
 def _batched_bench(binary: Path, model: Path, levels: list[int]) -> dict[int, float]:
@@ -128,11 +75,11 @@ def main() -> None:
     ours: list[dict[int, dict[str, float]]] = []
     peer: list[dict[int, dict[str, float]]] = []
     embed: dict[str, tuple[float, float]] = {}
-    process, address = _start_llmserve(logs / "llmserve.log")
+    process, address = start_llmserve(logs / "llmserve.log")
     peer_process = None
     try:
         if have_peer:
-            peer_process, peer_url = _start_llama_server(args.llama_server, model, logs / "llama-server.log", False)
+            peer_process, peer_url = start_llama_server(args.llama_server, model, logs / "llama-server.log", False)
         for _ in range(args.repeat):
             ours.append({})
             peer.append({})
@@ -142,19 +89,18 @@ def main() -> None:
                     peer[-1][level] = asyncio.run(loadgen.peer_level(peer_url, level, args.rounds, 64)).summary()
         embed["llmserve"] = asyncio.run(loadgen.llmserve_embed(address, loadgen.CORPUS))
     finally:
-        _stop(process)
+        stop(process)
         if peer_process:
-            _stop(peer_process)
+            stop(peer_process)
     if have_peer:
-        peer_process, peer_url = _start_llama_server(args.llama_server, model, logs / "llama-server-embed.log", True)
+        peer_process, peer_url = start_llama_server(args.llama_server, model, logs / "llama-server-embed.log", True)
         try:
             embed["llama-server"] = asyncio.run(loadgen.peer_embed(peer_url, loadgen.CORPUS))
         finally:
-            _stop(peer_process)
+            stop(peer_process)
     ceiling = _batched_bench(args.batched_bench, model, levels) if args.batched_bench.exists() else {}
     engine = _engine_table(levels)
     write_report(args, levels, _median_levels(ours), _median_levels(peer) if have_peer else {}, ceiling, embed, engine)
-    from . import embed_model  # imports this module: imported late
 
     embed_model.write_section(args.out, embed_model.section(embed_model.measure(args.llama_server, args.repeat), args.repeat))
 

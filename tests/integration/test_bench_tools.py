@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bench import loadgen
+from llmserve.client import loadgen
 
 
 def test_loadgen_generate_and_embed(server) -> None:  # type: ignore[no-untyped-def]

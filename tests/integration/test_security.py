@@ -121,8 +121,6 @@ def test_bad_transport_fails(tls_server: RunningServer, pki: Pki, case: str) -> 
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-
-
 def test_sdk_tls_and_api_key_options(tls_server: RunningServer, pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> None:
     from llmserve.client import Client, Unauthenticated
 

@@ -41,4 +41,4 @@ def test_prometheus_scrapes_every_replica() -> None:
 
 def test_dockerfile_runs_as_non_root_with_a_health_probe() -> None:
     text = (ROOT / "Dockerfile").read_text()
-    assert "USER llmserve" in text and "HEALTHCHECK" in text and "llmserve.service.model_files" in text
+    assert "USER llmserve" in text and "HEALTHCHECK" in text and "llmserve.service.model.files" in text

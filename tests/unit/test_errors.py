@@ -7,8 +7,8 @@ import asyncio
 import grpc
 import pytest
 from google.rpc import error_details_pb2
-from llmserve.service.errors import InvalidArgument, ResourceExhausted, rpc_errors
 from llmserve.service.metrics import Metrics
+from llmserve.service.transport.errors import InvalidArgument, ResourceExhausted, rpc_errors
 
 
 class _Aborted(Exception):

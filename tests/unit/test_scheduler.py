@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from llmserve.service.scheduler import Scheduler, SeqDemand, StepPlan
+from llmserve.service.engine.scheduler import Scheduler, SeqDemand, StepPlan
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -47,7 +46,7 @@ def add_commands(sub: argparse._SubParsersAction, default_address: str) -> None:
     c.add_argument("--system", default=None, help="system message (chat-template servers)")
     c.set_defaults(run=_chat)
 
-    sub.add_parser("bench", help="load test a server (bench/loadgen.py flags; run from the llmserve checkout)", add_help=False)
+    sub.add_parser("bench", help="load test a server (llmserve bench --help for its flags)", add_help=False)
 
     t = sub.add_parser("tokenize", help="print the token ids (and pieces) of a text")
     common(t)
@@ -61,14 +60,9 @@ def add_commands(sub: argparse._SubParsersAction, default_address: str) -> None:
 
 
 def run_bench(argv: list[str]) -> int:
-    """`llmserve bench ...` is bench/loadgen.py with the same flags."""
-    if os.path.isfile(os.path.join(os.getcwd(), "bench", "loadgen.py")):
-        sys.path.insert(0, os.getcwd())  # the checkout's bench/ package
-    try:
-        from bench import loadgen
-    except ImportError:
-        print("llmserve bench: run it from the llmserve checkout (it uses bench/loadgen.py)", file=sys.stderr)
-        return 2
+    """`llmserve bench ...`: the load generator shipped in this package (llmserve.client.loadgen)."""
+    from . import loadgen
+
     sys.argv = ["llmserve bench", *argv]
     loadgen.main()
     return 0

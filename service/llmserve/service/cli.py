@@ -16,8 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .config import ServerConfig
-from .kv_config import CACHE_TYPES, DEFAULT_PARALLEL
+from .config import CACHE_TYPES, DEFAULT_PARALLEL, ServerConfig
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -179,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"llmserve: {exc}") from None
 
     from .logs import configure_logging
-    from .server import serve
+    from .transport.server import serve
 
     configure_logging(config.log_format, config.verbose)
     asyncio.run(serve(config))

@@ -1,15 +1,123 @@
-"""Domain types shared by the transport and the executor.
+"""Domain types shared by the transport, the engine and the model wings.
 
-Everything here is a frozen dataclass or an enum: these values cross from the
-event-loop thread to the executor thread and back, so nobody may mutate them.
+Everything here is a frozen dataclass, an enum, a protocol or an exception: these
+values cross from the event-loop thread to the executor thread and back, so nobody
+may mutate them. Nothing here imports grpc or llama_cpp.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
+
+
+class InvalidRequest(ValueError):
+    """A request the engine refuses (the transport maps it to INVALID_ARGUMENT)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class PreconditionFailed(InvalidRequest):
+    """A request this server cannot serve as configured (FAILED_PRECONDITION)."""
+
+
+class GrammarError(InvalidRequest):
+    """A GBNF grammar (or the grammar of a JSON schema) that llama.cpp cannot use."""
+
+
+class EventSink(Protocol):
+    """Where a request's events go (the transport bridges it into the event loop)."""
+
+    def put(self, event: object) -> None: ...
+
+    @property
+    def backlog(self) -> int:
+        """Events put but not yet taken by the consumer."""
+        ...
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a request may ask of this server: the transport validates against these."""
+
+    n_vocab: int
+    n_ctx_per_slot: int
+    context_shift: bool = False
+
+    @property
+    def max_tokens(self) -> int:
+        """A turn's generation limit: the slot's context, or (shifting) practically none."""
+        return 2**31 - 1 if self.context_shift else self.n_ctx_per_slot
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    """What a loaded GGUF says about itself."""
+
+    name: str
+    path: str
+    architecture: str
+    num_parameters: int
+    n_ctx_train: int
+    n_embd: int
+    vocab_size: int
+    bos_token_id: int
+    eos_token_id: int
+    eog_token_ids: tuple[int, ...]
+    add_bos: bool
+    chat_template: str | None
+
+
+@dataclass(frozen=True)
+class EmbeddingModelInfo:
+    """The model Embed runs on (the generative model unless `separate`)."""
+
+    meta: ModelMeta
+    pooling: str
+    n_embd: int
+    n_ubatch: int
+    max_input_tokens: int  # min(n_ubatch, n_ctx_train): longer inputs are refused or cut
+    adds_eos: bool  # tokenizing with specials appends EOS/SEP (BERT-style)
+    eos_token_id: int
+    separate: bool
+
+
+@dataclass(frozen=True)
+class SavedSession:
+    """A named session's state: what its KV holds, and the KV bytes."""
+
+    session_id: str
+    tokens: tuple[int, ...]  # the KV holds these, at positions 0..n-1
+    pending: tuple[int, ...]  # sampled or sent, not yet in the KV
+    chat: tuple[tuple[str, str], ...] | None
+    state: bytes
+
+
+@dataclass(frozen=True)
+class SlotSnapshot:
+    seq_id: int
+    busy: bool
+    num_cached_tokens: int
+    paused: bool = False
+    kv_pos_min: int = -1  # from llama.cpp's memory, for leak checks
+    kv_pos_max: int = -1
+
+
+@dataclass(frozen=True)
+class ExecutorSnapshot:
+    """Published by the executor after every step; read from any thread."""
+
+    slots: tuple[SlotSnapshot, ...] = ()
+    num_sessions: int = 0
+    num_waiting: int = 0
+    num_embed_queued: int = 0
+    num_steps: int = 0
+    num_kv_tokens: int = 0
 
 
 class FinishReason(enum.IntEnum):

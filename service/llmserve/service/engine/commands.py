@@ -1,0 +1,55 @@
+"""Messages that cross into the executor thread.
+
+The transport puts commands on the executor's queue; the executor drains the
+queue once per step. All frozen: they cross threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..domain import EmbedInput, EventSink, SavedSession, SessionParams
+
+
+@dataclass(frozen=True)
+class Open:
+    key: int
+    params: SessionParams
+    sink: EventSink
+    deadline: float | None  # time.monotonic() by which the session must end
+    restore: SavedSession | None = None  # a saved session to resume
+
+
+@dataclass(frozen=True)
+class AddInput:
+    key: int
+    tokens: tuple[int, ...]
+    end_of_turn: bool
+    replace: bool = False  # chat: tokens are the whole rendered history
+
+
+@dataclass(frozen=True)
+class Cancel:
+    key: int
+
+
+@dataclass(frozen=True)
+class Close:
+    key: int
+    chat: tuple[tuple[str, str], ...] | None = None  # the conversation, saved with a named session
+
+
+@dataclass(frozen=True)
+class Embed:
+    inputs: tuple[EmbedInput, ...]
+    sink: EventSink
+
+
+@dataclass(frozen=True)
+class DropEmbeds:
+    """The Embed call is over: forget its inputs that have not run yet."""
+
+    sink: EventSink
+
+
+STOP = object()  # ends the executor loop

@@ -1,0 +1,205 @@
+"""The engine: the one object the transport talks to.
+
+Built from a ServerConfig, it loads the model (model wing), starts the batching
+executor, and offers everything a call needs: open a Generate session (a
+`SessionHandle`), run embeddings, tokenize, check a grammar, render chat, load a
+saved session, describe the model. It hides the executor, the runner and the
+session store; nothing here knows gRPC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from .. import __version__
+from ..config import ServerConfig
+from ..domain import (
+    EmbeddingModelInfo,
+    EmbedInput,
+    EventSink,
+    ExecutorSnapshot,
+    Limits,
+    PreconditionFailed,
+    SavedSession,
+    SessionParams,
+)
+from ..metrics import Metrics
+from ..model.files import default_model_path
+from ..model.runner import LlamaRunner, RunnerConfig
+from ..model.sampler import SAMPLER_NAMES, check_grammar
+from ..model.tokenizer import Vocab
+from .chat import ChatMessage
+from .executor import Executor, ExecutorConfig
+from .loading import chat_template, log_loaded
+from .saved_sessions import SessionStore, model_fingerprint
+
+log = structlog.get_logger("llmserve.engine")
+
+
+@dataclass(frozen=True)
+class SessionHandle:
+    """One open Generate session; every method only queues a command (thread-safe)."""
+
+    executor: Executor
+    key: int
+
+    def add_input(self, tokens: tuple[int, ...], end_of_turn: bool, replace: bool = False) -> None:
+        """Append input (or, with `replace`, give the whole rendered history: chat)."""
+        self.executor.add_input(self.key, tokens, end_of_turn, replace)
+
+    def cancel(self) -> None:
+        """End the running turn CANCELLED; the session stays."""
+        self.executor.cancel(self.key)
+
+    def close(self, chat: tuple[tuple[str, str], ...] | None = None) -> None:
+        """The stream is over: free the slot (a named session is saved, with `chat`)."""
+        self.executor.close(self.key, chat)
+
+
+class Engine:
+    def __init__(self, config: ServerConfig, metrics: Metrics | None = None) -> None:
+        model_path = config.model_path or default_model_path()
+        if config.n_batch_effective != config.n_batch:
+            log.info(
+                "n_batch_clamped_for_embeddings",
+                n_batch=config.n_batch,
+                n_ubatch=config.n_ubatch,
+                reason="embedding inputs must fit one ubatch",
+            )
+        self.config = config
+        self.version = __version__
+        self._runner = runner = LlamaRunner(
+            RunnerConfig(
+                model_path=model_path,
+                n_ctx=config.n_ctx,
+                n_parallel=config.n_parallel,
+                n_batch=config.n_batch_effective,
+                n_ubatch=config.n_ubatch,
+                n_threads=config.n_threads,
+                embeddings=config.embeddings,
+                embedding_model_path=config.embedding_model_path,
+                verbose=config.verbose,
+                cache_type_k=config.cache_type_k,
+                cache_type_v=config.cache_type_v,
+                flash_attn=config.flash_attn,
+            )
+        )
+        self.meta = runner.meta
+        self.limits = Limits(n_vocab=runner.n_vocab, n_ctx_per_slot=config.n_ctx_per_slot, context_shift=config.context_shift)
+        self.chat_template = chat_template(config, runner.tokenizer, self.meta)
+        if config.context_shift and not runner.can_shift:
+            raise RuntimeError("--context-shift: this model's memory cannot shift positions")
+        self._store: SessionStore | None = None
+        if config.session_dir is not None:
+            fingerprint = model_fingerprint(model_path, self.meta, config.cache_type_k, config.cache_type_v)
+            self._store = SessionStore(config.session_dir, config.session_dir_max_bytes, fingerprint, metrics or Metrics())
+        executor_config = ExecutorConfig(
+            n_parallel=config.n_parallel,
+            n_ctx_per_slot=config.n_ctx_per_slot,
+            n_batch=config.n_batch_effective,
+            n_ubatch=config.n_ubatch,
+            max_embed_seqs=runner.config.max_embed_seqs,
+            shift_keep=config.n_keep if config.context_shift else None,
+        )
+        self._executor = Executor(runner, executor_config, metrics, self._store)
+        embedder = runner.embedder  # None without embeddings
+        self.embedding_model: EmbeddingModelInfo | None = None
+        if embedder is not None:
+            self.embedding_model = EmbeddingModelInfo(
+                meta=embedder.meta,
+                pooling=embedder.pooling_name,
+                n_embd=embedder.n_embd,
+                n_ubatch=embedder.n_ubatch,
+                max_input_tokens=embedder.max_input_tokens,
+                adds_eos=embedder.tokenizer.adds_eos,
+                eos_token_id=embedder.tokenizer.eos,
+                separate=embedder.owns_model,
+            )
+        self.pooling = self.embedding_model.pooling if self.embedding_model else "none"
+        self.samplers = SAMPLER_NAMES
+        log_loaded(config, self.meta, embedder)
+
+    # ------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        self._executor.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the executor after its current step; open sessions end UNAVAILABLE."""
+        self._executor.stop(timeout)
+
+    def close(self) -> None:
+        """After `stop()`: finish saving sessions, free the model."""
+        if self._store is not None:
+            self._store.close()  # named sessions saved at the end are written out
+        self._runner.close()
+
+    @property
+    def snapshot(self) -> ExecutorSnapshot:
+        """Slots, queue and step counts as of the executor's last step."""
+        return self._executor.snapshot
+
+    # ------------------------------------------------------------- Generate
+
+    def open_session(
+        self, params: SessionParams, sink: EventSink, deadline: float | None = None, restore: SavedSession | None = None
+    ) -> SessionHandle:
+        """Open a Generate session; its events go to `sink`. `deadline` is time.monotonic();
+        `restore` resumes a saved session (see `load_session`)."""
+        return SessionHandle(self._executor, self._executor.open_session(params, sink, deadline, restore))
+
+    @property
+    def has_session_store(self) -> bool:
+        return self._store is not None
+
+    def load_session(self, session_id: str) -> SavedSession | None:
+        """A named session's saved state, or None (blocking file IO: call off the event loop)."""
+        if self._store is None:
+            raise PreconditionFailed("named sessions need the server to run with --session-dir", field="config.session_id")
+        return self._store.load(session_id)
+
+    def check_grammar(self, grammar: str) -> None:
+        """Raise GrammarError if llama.cpp cannot parse the GBNF grammar."""
+        check_grammar(self._runner.vocab, grammar)
+
+    def render_chat(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
+        """The conversation rendered with the chat template, as tokens (the template must exist)."""
+        assert self.chat_template is not None
+        text = self.chat_template.render(list(messages), add_generation_prompt=True)
+        return tuple(self._runner.tokenizer.tokenize(text, add_special=False, parse_special=True))
+
+    # ---------------------------------------------------------------- Embed
+
+    def embed(self, inputs: tuple[EmbedInput, ...], sink: EventSink) -> None:
+        """Queue tokenized inputs (each within `embedding_model.max_input_tokens`); results go to `sink`."""
+        self._executor.embed(inputs, sink)
+
+    def drop_embeds(self, sink: EventSink) -> None:
+        """The Embed call ended: its inputs that have not run yet are dropped."""
+        self._executor.drop_embeds(sink)
+
+    # --------------------------------------------------------- tokenization
+
+    def _tokenizer(self, embedding_model: bool) -> Vocab:
+        if not embedding_model:
+            return self._runner.tokenizer
+        if self._runner.embedder is None:
+            raise PreconditionFailed("this server was started without --embeddings or --embedding-model")
+        return self._runner.embedder.tokenizer
+
+    def n_vocab(self, embedding_model: bool = False) -> int:
+        return self._tokenizer(embedding_model).n_tokens
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool, embedding_model: bool = False) -> list[int]:
+        return self._tokenizer(embedding_model).tokenize(text, add_special, parse_special)
+
+    def pieces(self, ids: Sequence[int], embedding_model: bool = False) -> list[bytes]:
+        tokenizer = self._tokenizer(embedding_model)
+        return [tokenizer.piece(t, special=True) for t in ids]
+
+    def detokenize(self, ids: Sequence[int], render_special: bool, embedding_model: bool = False) -> str:
+        """`ids` must be inside the vocabulary (checked by the caller)."""
+        return self._tokenizer(embedding_model).detokenize(list(ids), render_special)

@@ -1,0 +1,227 @@
+"""The batching executor: one thread owns the llama context and runs every step.
+
+The engine calls the thread-safe methods (`open_session`, `add_input`, `cancel`,
+`close`, `embed`, `drop_embeds`); each only puts a command on a queue. The thread
+drains that queue once per step, so a cancel or a disconnect frees the slot
+before the next decode. `step()` reads top to bottom: end expired sessions, admit
+waiting ones to free slots, sample turns whose logits are saved, schedule what
+this `llama_decode` holds, run it, and let the session table apply the output.
+Events go to each request's sink, which never blocks this thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import structlog
+
+from ..domain import (
+    EmbedInput,
+    EmbedResult,
+    EventSink,
+    ExecutorSnapshot,
+    SavedSession,
+    SessionFailed,
+    SessionParams,
+    SlotSnapshot,
+)
+from ..metrics import Metrics
+from .allocator import SlotAllocator
+from .commands import STOP, AddInput, Cancel, Close, DropEmbeds, Embed, Open
+from .runner_api import Runner
+from .saved_sessions import SessionStore
+from .scheduler import Scheduler
+from .session_table import SessionTable
+from .slot_kv import SlotKV
+from .step import GenerationStep, StepProfile
+from .token_picker import TokenPicker
+
+log = structlog.get_logger("llmserve.executor")
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    n_parallel: int
+    n_ctx_per_slot: int
+    n_batch: int
+    n_ubatch: int
+    max_embed_seqs: int = 64
+    shift_keep: int | None = None  # tokens kept at the start on a context shift; None: no shifting
+
+
+class Executor:
+    def __init__(
+        self, runner: Runner, config: ExecutorConfig, metrics: Metrics | None = None, store: SessionStore | None = None
+    ) -> None:
+        """`store`: where named sessions are saved when they end."""
+        self.metrics = metrics or Metrics()
+        self.runner = runner
+        self.config = config
+        self.profile = StepProfile()
+        self._keys = itertools.count(1)
+        allocator = SlotAllocator(config.n_parallel, config.n_ctx_per_slot)
+        kv = SlotKV(runner, allocator)
+        picker = TokenPicker(runner, kv, self.metrics, self.profile, config.shift_keep)
+        self.table = SessionTable(runner, allocator, kv, picker, self._keys, store)
+        self.generation = GenerationStep(runner, kv, self.profile)
+        self.scheduler = Scheduler(config.n_batch, config.n_ubatch, config.max_embed_seqs)
+        self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._embeds: deque[tuple[EmbedInput, EventSink]] = deque()
+        self._num_steps = 0
+        self._step_s = 0.02  # moving average of a step's duration (deadline margin)
+        self.snapshot = ExecutorSnapshot()
+        self._thread = threading.Thread(target=self._run, name="llmserve-executor", daemon=True)
+
+    # ------------------------------------------------ thread-safe API (engine)
+
+    def start(self) -> None:
+        self._publish()
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop after the current step; open sessions end UNAVAILABLE."""
+        self._commands.put(STOP)
+        self._thread.join(timeout)
+
+    def open_session(
+        self, params: SessionParams, sink: EventSink, deadline: float | None = None, restore: SavedSession | None = None
+    ) -> int:
+        """Open a session; `deadline` (time.monotonic) ends it with DEADLINE in time to tell the client;
+        `restore` resumes a saved session."""
+        key = next(self._keys)
+        self._commands.put(Open(key, params, sink, deadline, restore))
+        return key
+
+    def add_input(self, key: int, tokens: tuple[int, ...], end_of_turn: bool, replace: bool = False) -> None:
+        """Append input (or, with `replace`, give the whole rendered history: chat)."""
+        self._commands.put(AddInput(key, tokens, end_of_turn, replace))
+
+    def cancel(self, key: int) -> None:
+        self._commands.put(Cancel(key))
+
+    def close(self, key: int, chat: tuple[tuple[str, str], ...] | None = None) -> None:
+        self._commands.put(Close(key, chat))
+
+    def embed(self, inputs: tuple[EmbedInput, ...], sink: EventSink) -> None:
+        self._commands.put(Embed(inputs, sink))
+
+    def drop_embeds(self, sink: EventSink) -> None:
+        """The Embed call ended (done, failed or cancelled): its queued inputs are not computed."""
+        self._commands.put(DropEmbeds(sink))
+
+    # ------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        try:
+            while self.drain(block=False):
+                try:
+                    worked = self.step()
+                except Exception:  # a bug: fail the sessions involved, keep serving
+                    log.exception("executor_step_failed")
+                    self.table.fail_busy("INTERNAL", "internal error in the executor")
+                    worked = True
+                self._publish()
+                if not worked and not self.drain(block=True, timeout=self.table.idle_timeout(self._step_s)):
+                    break
+        finally:
+            self._shutdown()
+
+    def drain(self, block: bool, timeout: float | None = None) -> bool:
+        """Handle queued commands (wait up to `timeout` for one if `block`); False once stopped."""
+        while True:
+            try:
+                command = self._commands.get(block=block, timeout=timeout if block else None)
+            except queue.Empty:
+                return True
+            block = False
+            if command is STOP:
+                return False
+            if isinstance(command, Embed):
+                self._embeds.extend((item, command.sink) for item in command.inputs)
+            elif isinstance(command, DropEmbeds):
+                self._embeds = deque(entry for entry in self._embeds if entry[1] is not command.sink)
+            else:
+                self.table.handle(command)
+
+    def step(self) -> bool:
+        """One iteration of the loop; False when there was nothing to do."""
+        table = self.table
+        table.expire_deadlines(self._step_s)
+        if table.admit():
+            self._publish()  # slots taken before the first token streams out
+        table.sample_ready()
+        sizes = [len(item.tokens) for item, _ in itertools.islice(self._embeds, self.scheduler.max_embed_seqs)]
+        plan = self.scheduler.plan(table.demands(), sizes)
+        if plan.is_empty:
+            return False
+        self._num_steps += 1
+        start = time.perf_counter()
+        if plan.is_embedding:
+            kind, num_tokens = "embed", sum(sizes[: plan.num_embed])
+            self._run_embeddings(plan.num_embed)
+        else:
+            kind, num_tokens = "generate", plan.num_tokens
+            output = self.generation.run(plan, table.sessions)
+            t_post = time.perf_counter()
+            table.postprocess(output)
+            self.profile.post_s += time.perf_counter() - t_post
+        elapsed = time.perf_counter() - start
+        self._step_s = 0.9 * self._step_s + 0.1 * elapsed
+        self.metrics.step_duration.labels(kind).observe(elapsed)
+        self.metrics.batch_tokens.labels(kind).observe(num_tokens)
+        return True
+
+    def _run_embeddings(self, count: int) -> None:
+        items = [self._embeds.popleft() for _ in range(count)]
+        try:
+            vectors = self.runner.embed([item.tokens for item, _ in items])
+        except RuntimeError as exc:
+            log.error("embedding_step_failed", error=str(exc))
+            for _, sink in items:
+                sink.put(SessionFailed("INTERNAL", str(exc)))
+            return
+        for (item, sink), vector in zip(items, vectors):
+            if item.normalize:
+                norm = float(np.linalg.norm(vector))
+                if norm > 0.0:
+                    vector /= norm
+            sink.put(EmbedResult(item.index, vector, len(item.tokens), item.truncated))
+        self.metrics.embeddings.inc(len(items))
+        self.metrics.embedding_tokens.inc(sum(len(item.tokens) for item, _ in items))
+
+    # ------------------------------------------------------------ bookkeeping
+
+    def _shutdown(self) -> None:
+        self.table.fail_all("UNAVAILABLE", "the server is shutting down")
+        while self._embeds:
+            _, sink = self._embeds.popleft()
+            sink.put(SessionFailed("UNAVAILABLE", "the server is shutting down"))
+        self._publish()
+
+    def _publish(self) -> None:
+        table = self.table
+        snapshot = self.snapshot = ExecutorSnapshot(
+            slots=tuple(
+                SlotSnapshot(
+                    slot.seq_id,
+                    slot.busy,
+                    len(slot.tokens),
+                    paused,
+                    self.runner.seq_pos_min(slot.seq_id),
+                    self.runner.seq_pos_max(slot.seq_id),
+                )
+                for slot, paused in table.slot_states()
+            ),
+            num_sessions=len(table.sessions),
+            num_waiting=len(table.waiting),
+            num_embed_queued=len(self._embeds),
+            num_steps=self._num_steps,
+            num_kv_tokens=table.allocator.num_cached_tokens,
+        )
+        self.metrics.observe_snapshot(snapshot, self.config.n_parallel * self.config.n_ctx_per_slot)

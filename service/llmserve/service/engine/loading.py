@@ -1,0 +1,67 @@
+"""What the engine reports and derives once the model has loaded: the chat template
+and the start-up log lines."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import structlog
+
+from ..config import ServerConfig
+from ..domain import ModelMeta
+from .chat import ChatTemplate
+
+if TYPE_CHECKING:  # the model wing's classes, for type hints only
+    from ..model.embedder import Embedder
+    from ..model.tokenizer import Vocab
+
+log = structlog.get_logger("llmserve.engine")
+
+
+def chat_template(config: ServerConfig, tokenizer: Vocab, meta: ModelMeta) -> ChatTemplate | None:
+    """`--chat-template-file`, else the GGUF's `tokenizer.chat_template`, else none."""
+    bos = tokenizer.piece(meta.bos_token_id, special=True).decode("utf-8", "replace")
+    eos = tokenizer.piece(meta.eos_token_id, special=True).decode("utf-8", "replace")
+    if config.chat_template_file is not None:
+        log.info("chat_template", source="file", path=str(config.chat_template_file))
+        return ChatTemplate.from_file(config.chat_template_file, bos, eos)
+    if meta.chat_template:
+        log.info("chat_template", source="model")
+        return ChatTemplate(meta.chat_template, bos, eos, "model")
+    log.info("chat_template", source="none", detail="chat input needs --chat-template-file")
+    return None
+
+
+def log_loaded(config: ServerConfig, meta: ModelMeta, embedder: Embedder | None) -> None:
+    log.info(
+        "model_loaded",
+        model=meta.name,
+        path=meta.path,
+        n_ctx=config.n_ctx,
+        n_ctx_per_slot=config.n_ctx_per_slot,
+        n_parallel=config.n_parallel,
+        n_batch=config.n_batch_effective,
+        n_ubatch=config.n_ubatch,
+        n_threads=config.n_threads,
+        embeddings=config.embeddings,
+        cache_type_k=config.cache_type_k,
+        cache_type_v=config.cache_type_v,
+        flash_attn=config.flash_attn,
+        kv_unified=True,
+        swa_full=True,
+        context_shift=config.context_shift,
+        n_parallel_auto=config.n_parallel_auto,
+    )
+    if embedder is not None:
+        log.info(
+            "embedding_model_loaded",
+            source="embedding_model" if embedder.owns_model else "generative_model",
+            model=embedder.meta.name,
+            path=embedder.meta.path,
+            architecture=embedder.meta.architecture,
+            pooling=embedder.pooling_name,
+            n_embd=embedder.n_embd,
+            n_ubatch=embedder.n_ubatch,
+            n_batch=embedder.n_ubatch,  # the embeddings clamp, on the embedding context
+            max_input_tokens=embedder.max_input_tokens,
+        )

@@ -1,0 +1,82 @@
+"""What the engine needs from a model runner: the `Runner` protocol.
+
+`model.runner.LlamaRunner` implements it over llama.cpp; the unit tests implement
+it with deterministic logits and no llama_cpp (tests/unit/fake_runner.py), so the
+session table, the step, stop handling, multi-turn, cancel and n > 1 run on the
+CPU in milliseconds. Executor thread only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from ..domain import ModelMeta, SamplingParams
+
+
+class TokenSampler(Protocol):
+    """One sequence's sampler chain (and grammar)."""
+
+    def sample(self, row: int, logits: np.ndarray) -> int:
+        """Sample from batch row `row` of the last decode (`logits` is its view) and accept the token."""
+        ...
+
+    def sample_from(self, logits: np.ndarray) -> int:
+        """Sample from logits the caller changed (or saved), and accept the token."""
+        ...
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        """Feed prompt tokens into the history (repetition penalties, DRY)."""
+        ...
+
+    def free(self) -> None: ...
+
+
+class Batch(Protocol):
+    """The tokens of the next decode, one run of tokens per sequence."""
+
+    num_tokens: int
+    logits: np.ndarray  # per row: 1 when the row's logits are wanted
+
+    def clear(self) -> None: ...
+
+    def add(self, tokens: Sequence[int], start_pos: int, seq_id: int, want_last_logits: bool) -> int:
+        """Append a run of one sequence's tokens; returns the row of its last token."""
+        ...
+
+
+class Runner(Protocol):
+    meta: ModelMeta
+    n_vocab: int
+    batch: Batch
+
+    @property
+    def can_shift(self) -> bool: ...
+
+    def decode(self) -> int:
+        """Run the batch as filled; 0 on success (llama_decode's status otherwise)."""
+        ...
+
+    def logits_row(self, row: int) -> np.ndarray: ...
+
+    def piece(self, token: int, special: bool = False) -> bytes: ...
+
+    def new_sampler(self, params: SamplingParams, n_ctx: int, banned_tokens: tuple[int, ...] = ()) -> TokenSampler: ...
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool: ...
+
+    def seq_cp(self, src: int, dst: int) -> None: ...
+
+    def seq_shift(self, seq_id: int, keep: int, discard: int) -> None: ...
+
+    def seq_state(self, seq_id: int) -> bytes: ...
+
+    def set_seq_state(self, seq_id: int, data: bytes) -> bool: ...
+
+    def seq_pos_min(self, seq_id: int) -> int: ...
+
+    def seq_pos_max(self, seq_id: int) -> int: ...
+
+    def embed(self, inputs: list[tuple[int, ...]]) -> list[np.ndarray]: ...

@@ -1,0 +1,158 @@
+"""Saved sessions: KV state on disk, so a named session survives the stream and restarts.
+
+File layout: MAGIC, sha256 of the rest, u32 header length, JSON header (session id,
+tokens in the KV, pending tokens, chat messages, and the fingerprint of the model
+and KV layout it was made with), then the bytes of `llama_state_seq_get_data`.
+Writes are atomic (temporary file + rename) and happen on a writer thread; the
+directory is kept under `max_bytes` by deleting the least recently used files. A
+file that is corrupt or was made with another model or KV layout is discarded and
+logged, never loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ..domain import SavedSession
+from ..metrics import Metrics
+
+log = structlog.get_logger("llmserve.sessions")
+
+MAGIC = b"LLMSERVE-SESSION-1\n"
+SUFFIX = ".session"
+
+
+def model_fingerprint(model_path: Path, meta: Any, cache_type_k: str, cache_type_v: str) -> dict[str, object]:
+    """What a saved state depends on: the model file and the KV layout."""
+    with model_path.open("rb") as f:
+        head = hashlib.sha256(f.read(1 << 20)).hexdigest()
+    return {
+        "model_bytes": model_path.stat().st_size,
+        "model_head_sha256": head,
+        "architecture": meta.architecture,
+        "n_embd": meta.n_embd,
+        "cache_type_k": cache_type_k,
+        "cache_type_v": cache_type_v,
+        "swa_full": True,
+    }
+
+
+class SessionStore:
+    def __init__(self, directory: Path, max_bytes: int, fingerprint: dict[str, object], metrics: Metrics) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.fingerprint = fingerprint
+        self.metrics = metrics
+        directory.mkdir(parents=True, exist_ok=True)
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmserve-session-writer")
+        self._lock = threading.Lock()
+        self._update_bytes()
+
+    def path_for(self, session_id: str) -> Path:
+        return self.directory / (hashlib.sha256(session_id.encode()).hexdigest()[:40] + SUFFIX)
+
+    # ------------------------------------------------------------------ load
+
+    def load(self, session_id: str) -> SavedSession | None:
+        """The saved session, or None (missing, or discarded because it cannot be trusted)."""
+        path = self.path_for(session_id)
+        try:
+            blob = path.read_bytes()
+        except FileNotFoundError:
+            self.metrics.session_cache.labels("miss").inc()
+            return None
+        try:
+            record = self._decode(blob, session_id)
+        except ValueError as exc:
+            log.warning("session_discarded", session_id=session_id, reason=str(exc), path=str(path))
+            self.metrics.session_cache.labels("discarded").inc()
+            self.discard(session_id)
+            return None
+        os.utime(path)  # least recently used goes first
+        self.metrics.session_cache.labels("hit").inc()
+        return record
+
+    def _decode(self, blob: bytes, session_id: str) -> SavedSession:
+        if not blob.startswith(MAGIC):
+            raise ValueError("not a session file")
+        body = blob[len(MAGIC) + 32 :]
+        if hashlib.sha256(body).digest() != blob[len(MAGIC) : len(MAGIC) + 32]:
+            raise ValueError("checksum mismatch (corrupt file)")
+        (header_len,) = struct.unpack("<I", body[:4])
+        header = json.loads(body[4 : 4 + header_len])
+        if header.get("fingerprint") != self.fingerprint:
+            raise ValueError("made with another model or KV layout")
+        if header.get("session_id") != session_id:
+            raise ValueError("belongs to another session id")
+        chat = header.get("chat")
+        return SavedSession(
+            session_id=session_id,
+            tokens=tuple(header["tokens"]),
+            pending=tuple(header["pending"]),
+            chat=tuple((m[0], m[1]) for m in chat) if chat is not None else None,
+            state=body[4 + header_len :],
+        )
+
+    def discard(self, session_id: str) -> None:
+        self.path_for(session_id).unlink(missing_ok=True)
+        self._update_bytes()
+
+    # ------------------------------------------------------------------ save
+
+    def save_async(self, record: SavedSession) -> None:
+        """Write on the writer thread (the executor only copies the state out)."""
+        self._writer.submit(self._save, record)
+
+    def _save(self, record: SavedSession) -> None:
+        header = json.dumps(
+            {
+                "session_id": record.session_id,
+                "tokens": list(record.tokens),
+                "pending": list(record.pending),
+                "chat": [list(m) for m in record.chat] if record.chat is not None else None,
+                "fingerprint": self.fingerprint,
+            }
+        ).encode()
+        body = struct.pack("<I", len(header)) + header + record.state
+        blob = MAGIC + hashlib.sha256(body).digest() + body
+        try:
+            with tempfile.NamedTemporaryFile(dir=self.directory, suffix=".tmp", delete=False) as tmp:
+                tmp.write(blob)
+                tmp.flush()
+                os.fsync(tmp.fileno())
+            os.replace(tmp.name, self.path_for(record.session_id))
+        except OSError as exc:
+            log.error("session_save_failed", session_id=record.session_id, error=str(exc))
+            Path(tmp.name).unlink(missing_ok=True)
+            return
+        self.metrics.session_cache.labels("saved").inc()
+        log.info("session_saved", session_id=record.session_id, tokens=len(record.tokens), bytes=len(blob))
+        self._evict()
+
+    def _evict(self) -> None:
+        with self._lock:
+            files = sorted(self.directory.glob("*" + SUFFIX), key=lambda p: p.stat().st_mtime)
+            total = sum(p.stat().st_size for p in files)
+            while files and total > self.max_bytes:
+                oldest = files.pop(0)
+                total -= oldest.stat().st_size
+                oldest.unlink(missing_ok=True)
+                self.metrics.session_cache.labels("evicted").inc()
+            self.metrics.session_cache_bytes.set(total)
+
+    def _update_bytes(self) -> None:
+        self.metrics.session_cache_bytes.set(sum(p.stat().st_size for p in self.directory.glob("*" + SUFFIX)))
+
+    def close(self) -> None:
+        """Finish pending writes."""
+        self._writer.shutdown(wait=True)

@@ -1,0 +1,282 @@
+"""Executor-side state of one Generate stream: its slot, its input, its turn.
+
+A session is created when the stream opens and lives until it closes. Input is
+appended as it arrives (and prefilled incrementally, always keeping the last
+token back until the end of the turn so that its logits can be requested).
+`end_of_turn` opens a `Turn`; the turn generates until a finish reason, then the
+last sampled token, which never entered the KV, becomes the first pending token
+of the next turn so that the KV always mirrors the transcript.
+
+Only the executor thread touches these objects.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..domain import EventSink, FinishReason, SavedSession, SessionParams, TokenEvent, TokenLogprob, TurnEndEvent
+from .allocator import Slot, common_prefix_length
+from .runner_api import TokenSampler
+from .textstream import TextStream
+
+# Events a session may have waiting in its sink before the executor pauses it:
+# a client that stops reading holds up only its own sequence.
+MAX_BACKLOG = 64
+
+
+@dataclass(frozen=True)
+class TurnFinish:
+    """How a turn ended; `last_token` was sampled but never entered the KV."""
+
+    reason: FinishReason
+    last_token: int | None
+    matched_stop: str = ""
+    message: str = ""
+    matched_stop_token_id: int | None = None
+
+
+@dataclass
+class Turn:
+    """Counters and text state of the turn being generated."""
+
+    stream: TextStream
+    prompt_tokens: int
+    cached_tokens: int
+    t_end_of_input: float
+    t_ready: float  # when the turn could start computing (input ended and slot held)
+    t_first_token: float | None = None
+    completion_tokens: int = 0
+    held_ids: list[int] = field(default_factory=list)
+    held_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    def fork(self) -> Turn:
+        """The same turn for another sample (n > 1): same input, its own output."""
+        return Turn(
+            stream=TextStream(self.stream.stop),
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
+            t_end_of_input=self.t_end_of_input,
+            t_ready=self.t_ready,
+        )
+
+
+class Session:
+    def __init__(
+        self,
+        key: int,
+        params: SessionParams,
+        sink: EventSink,
+        max_tokens: int,
+        deadline: float | None = None,
+        parent: Session | None = None,
+        index: int = 0,
+    ) -> None:
+        self.key = key
+        self.index = index  # sample index (n > 1); children have a parent
+        self.parent = parent
+        self.children: list[Session] = []
+        self.reserved: list[Slot] = []  # slots held for the other samples until they fork
+        self.samples_open = 0  # samples of the current turn still generating (on the parent)
+        self.prompt_logits: np.ndarray | None = None  # last evaluated row, for prompt logprobs
+        self.ready_logits: np.ndarray | None = None  # saved logits to sample the turn's first token from
+        self.restore: SavedSession | None = None  # a saved session waiting for a slot
+        self.chat: tuple[tuple[str, str], ...] | None = None  # saved with the session, from the transport
+        self.params = params
+        self.sink = sink
+        self.deadline = deadline
+        self.t_last_token = 0.0
+        self.max_context = max_tokens  # KV cells this session may hold (per-slot limit)
+        self.t_open = time.monotonic()
+        self.queue_ms = 0.0
+        self.slot: Slot | None = None
+        self.sampler: TokenSampler | None = None
+        self.pending: list[int] = []  # input not yet in the KV
+        self.next_token: int | None = None  # sampled, waits to be decoded
+        self.turn: Turn | None = None
+        self.later: deque[tuple[tuple[int, ...], bool, bool]] = deque()  # input sent during a turn
+        self.turn_input = 0  # tokens the client sent for the upcoming turn
+        self.turn_cached = 0  # of the upcoming turn's history, tokens already in the KV
+        self.overflowed = False  # the upcoming turn's input does not fit the context
+
+    def fork(self, key: int, slot: Slot, make_sampler: Callable[..., TokenSampler]) -> Session:
+        """Another sample of this turn (n > 1) on `slot`, which already holds a copy of the KV."""
+        assert self.turn is not None
+        index = len(self.children) + 1
+        sampling = replace(self.params.sampling, seed=(self.params.sampling.seed + index) % 2**32)
+        params = replace(self.params, sampling=sampling, num_samples=1)
+        child = Session(key, params, self.sink, self.max_context, self.deadline, self, index)
+        child.slot = slot
+        child.sampler = make_sampler(sampling, params.stopping.ignore_eos)
+        child.sampler.accept(slot.tokens)
+        child.turn = self.turn.fork()
+        child.queue_ms = self.queue_ms
+        self.children.append(child)
+        self.samples_open += 1
+        return child
+
+    # ---------------------------------------------------------------- input
+
+    @property
+    def num_context_tokens(self) -> int:
+        """Tokens the next decode would have in context (history + pending input)."""
+        confirmed = self.slot.num_confirmed if self.slot else 0
+        return confirmed + len(self.pending)
+
+    def replace_history(self, tokens: tuple[int, ...]) -> None:
+        """Chat: `tokens` are the whole rendered conversation. What the KV already
+        holds of it is reused; the rest of the old history becomes a stale tail."""
+        self.pending.clear()
+        self.turn_input = 0
+        self.turn_cached = 0
+        if self.slot is not None:
+            self.slot.num_confirmed = 0
+        self.add_input(tokens)
+
+    def add_input(self, tokens: tuple[int, ...]) -> None:
+        self.turn_input += len(tokens)
+        if self.slot is not None and not self.pending:
+            # The input continues the confirmed history: reuse what the slot caches.
+            matched = self.slot.match(tokens)
+            self.turn_cached += matched
+            tokens = tokens[matched:]
+        self.pending.extend(tokens)
+        if self.num_context_tokens > self.max_context:
+            self.overflowed = True
+
+    def attach(self, slot: Slot, reusable: Callable[[int, int], bool]) -> None:
+        """Got a slot: confirm the cached prefix of the pending input if it is worth it."""
+        self.slot = slot
+        self.queue_ms = (time.monotonic() - self.t_open) * 1000.0
+        shared = common_prefix_length(slot.tokens, self.pending)
+        # Prompt logprobs need every prompt token evaluated: no prefix reuse then.
+        if self.params.output.prompt_logprobs or not reusable(shared, len(self.pending)):
+            matched = 0
+        else:
+            matched = slot.match(self.pending)
+        self.turn_cached += matched
+        del self.pending[:matched]
+        self._keep_a_token_for_logits()
+
+    def resume(self, slot: Slot, restored: SavedSession | None) -> None:
+        """Got a slot holding a saved session's KV (`restored` None: it could not be loaded)."""
+        self.slot = slot
+        self.queue_ms = (time.monotonic() - self.t_open) * 1000.0
+        if restored is not None:
+            slot.num_confirmed = len(slot.tokens)
+            self.pending[:0] = restored.pending
+            self.turn_cached = slot.num_confirmed
+        self._keep_a_token_for_logits()
+
+    def begin_turn(self) -> None:
+        self.samples_open = 1
+        now = time.monotonic()
+        self.turn = Turn(
+            stream=TextStream(self.params.stopping.stop),
+            prompt_tokens=self.turn_input,
+            cached_tokens=self.turn_cached,
+            t_end_of_input=now,
+            t_ready=now,
+        )
+        self._keep_a_token_for_logits()
+
+    def _keep_a_token_for_logits(self) -> None:
+        # Everything is cached: sample from the logits saved when this prompt last
+        # ended here, else decode the last token again to get its logits.
+        if self.turn is not None and self.slot is not None and not self.pending:
+            if self.next_token is None and self.slot.num_confirmed > 0:
+                saved = self.slot.logits_at(self.slot.num_confirmed - 1)
+                if saved is not None:
+                    self.ready_logits = saved
+                else:
+                    self.pending.append(self.slot.unconfirm_last())
+                    self.turn_cached -= 1
+        if self.turn is not None and self.slot is not None:
+            self.turn.cached_tokens = self.turn_cached
+            self.turn.t_ready = max(self.turn.t_end_of_input, time.monotonic())
+
+    # ------------------------------------------------------------- scheduling
+
+    @property
+    def generating(self) -> bool:
+        return self.next_token is not None
+
+    @property
+    def paused(self) -> bool:
+        return self.sink.backlog >= MAX_BACKLOG
+
+    @property
+    def num_prefill_ready(self) -> int:
+        """Pending tokens that may be prefilled now (the last one waits for end of turn)."""
+        if self.slot is None or self.generating or self.overflowed:
+            return 0
+        return len(self.pending) if self.turn is not None else max(len(self.pending) - 1, 0)
+
+    # ---------------------------------------------------------------- output
+
+    def emit_tokens(self, text: str) -> None:
+        turn = self.turn
+        assert turn is not None
+        if text or turn.held_ids:
+            self.sink.put(
+                TokenEvent(
+                    text=text,
+                    token_ids=tuple(turn.held_ids),
+                    logprobs=tuple(turn.held_logprobs),
+                    index=self.index,
+                )
+            )
+            turn.held_ids.clear()
+            turn.held_logprobs.clear()
+
+    @property
+    def group(self) -> Session:
+        """The session that owns this sample (itself unless it is a forked sample)."""
+        return self.parent or self
+
+    def finish_turn(self, finish: TurnFinish) -> None:
+        """Send the rest of the text and the turn end; get ready for the next turn."""
+        turn = self.turn
+        assert turn is not None
+        reason = finish.reason
+        if reason != FinishReason.STOP_SEQUENCE:
+            self.emit_tokens(turn.stream.flush())
+        elif turn.held_ids:
+            self.emit_tokens("")
+        now = time.monotonic()
+        first = turn.t_first_token if turn.t_first_token is not None else now
+        decode_ms = (now - first) * 1000.0
+        self.sink.put(
+            TurnEndEvent(
+                finish_reason=reason,
+                prompt_tokens=turn.prompt_tokens,
+                cached_tokens=turn.cached_tokens,
+                completion_tokens=turn.completion_tokens,
+                queue_ms=self.queue_ms,
+                ttft_ms=(first - turn.t_end_of_input) * 1000.0,
+                prompt_ms=max(first - turn.t_ready, 0.0) * 1000.0,
+                decode_ms=decode_ms,
+                seed=self.params.sampling.seed,
+                matched_stop=finish.matched_stop,
+                message=finish.message,
+                index=self.index,
+                matched_stop_token_id=finish.matched_stop_token_id,
+                final=self.group.samples_open == 1,
+            )
+        )
+        self.group.samples_open -= 1
+        self.turn = None
+        self.next_token = None
+        self.prompt_logits = None
+        self.queue_ms = 0.0
+        self.overflowed = False
+        self.turn_input = 0
+        self.turn_cached = self.slot.num_confirmed if self.slot else 0
+        if finish.last_token is not None:
+            # The transcript goes on from the last sampled token: it enters the KV
+            # with the next turn's input.
+            self.pending.append(finish.last_token)

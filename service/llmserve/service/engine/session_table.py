@@ -1,0 +1,261 @@
+"""The executor's table of Generate sessions: their lifecycle from open to release.
+
+Opening, input and turn ends, cancels, closes, admission to slots (priority, then
+FIFO), deadlines, forking a turn into n samples, applying each step's output
+(sampling the ready rows and ending turns), and saving/restoring named sessions.
+The executor thread owns it: every method runs on that thread, between decode steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+
+import structlog
+
+from ..domain import FinishReason, GrammarError, SamplingParams, SavedSession, SessionFailed
+from .allocator import Slot, SlotAllocator
+from .commands import AddInput, Cancel, Close, Open
+from .runner_api import Runner, TokenSampler
+from .saved_sessions import SessionStore
+from .scheduler import SeqDemand
+from .session import Session, TurnFinish
+from .slot_kv import SlotKV
+from .step import StepOutput
+from .token_picker import TokenPicker
+
+log = structlog.get_logger("llmserve.sessions")
+
+
+class SessionTable:
+    def __init__(
+        self,
+        runner: Runner,
+        allocator: SlotAllocator,
+        kv: SlotKV,
+        picker: TokenPicker,
+        keys: Iterator[int],
+        store: SessionStore | None,
+    ) -> None:
+        self.runner = runner
+        self.n_ctx_per_slot = allocator.max_tokens_per_slot
+        self.store = store
+        self.allocator = allocator
+        self.kv = kv
+        self.picker = picker
+        self.keys = keys
+        self.sessions: dict[int, Session] = {}
+        self.waiting: deque[Session] = deque()
+        self._eog = tuple(runner.meta.eog_token_ids)
+
+    # ------------------------------------------------------------ commands
+
+    def handle(self, command: object) -> None:
+        if isinstance(command, Open):
+            self._open(command)
+            return
+        session = self.sessions.get(command.key)  # type: ignore[attr-defined]
+        if session is None:
+            return
+        if isinstance(command, AddInput):
+            if session.turn is not None or session.samples_open:
+                session.later.append((command.tokens, command.end_of_turn, command.replace))
+            else:
+                self._accept_input(session, command.tokens, command.end_of_turn, command.replace)
+        elif isinstance(command, Cancel):
+            for sample in (*session.children, session):
+                if sample.turn is not None:
+                    self._finish(sample, TurnFinish(FinishReason.CANCELLED, sample.next_token))
+        elif isinstance(command, Close):
+            session.chat = command.chat
+            self._release(session)
+
+    def _open(self, command: Open) -> None:
+        params = command.params
+        session = Session(command.key, params, command.sink, self.n_ctx_per_slot, command.deadline)
+        try:
+            session.sampler = self._sampler(params.sampling, params.stopping.ignore_eos)
+        except GrammarError as exc:  # the transport checks first; this is the backstop
+            command.sink.put(SessionFailed("INVALID_ARGUMENT", str(exc)))
+            return
+        session.restore = command.restore
+        self.sessions[command.key] = session
+        self.waiting.append(session)
+
+    def _sampler(self, sampling: SamplingParams, ignore_eos: bool = False) -> TokenSampler:
+        return self.runner.new_sampler(sampling, self.n_ctx_per_slot, self._eog if ignore_eos else ())
+
+    def _accept_input(self, session: Session, tokens: tuple[int, ...], end_of_turn: bool, replace: bool) -> None:
+        if replace:
+            session.replace_history(tokens)
+        elif tokens:
+            session.add_input(tokens)
+        if not end_of_turn:
+            return
+        session.begin_turn()
+        if session.overflowed:
+            session.pending.clear()
+            message = f"history plus input exceed the slot context of {self.n_ctx_per_slot} tokens"
+            self._finish(session, TurnFinish(FinishReason.CONTEXT_FULL, None, message=message))
+        elif not session.pending and session.num_context_tokens == 0:
+            self.fail(session, "INVALID_ARGUMENT", "the turn has no input")
+
+    # ----------------------------------------------------------- each step
+
+    def demands(self) -> list[SeqDemand]:
+        """What each session with a slot could put in the next decode."""
+        return [
+            SeqDemand(s.key, s.generating, s.num_prefill_ready)
+            for s in self.sessions.values()
+            if s.slot is not None and not s.paused
+        ]
+
+    def postprocess(self, output: StepOutput) -> None:
+        """Apply a step's output: fail what the decode lost, sample every ready row."""
+        for s in output.failed:
+            self.fail(s, "INTERNAL", output.error)
+        for ready in output.ready:
+            samples = [ready.session, *self._fork(ready.session)] if ready.turn_start else [ready.session]
+            for sample in samples:
+                self._pick(sample, ready.logits, ready.row)
+
+    def sample_ready(self) -> None:
+        """Turns whose whole prompt is cached with its saved logits: first token, no decode."""
+        for s in [s for s in self.sessions.values() if s.ready_logits is not None]:
+            logits, s.ready_logits = s.ready_logits, None
+            if s.turn is None or s.slot is None:
+                continue
+            s.pending[:0] = self.kv.trim_stale_tail(s.slot)
+            for sample in [s, *self._fork(s)]:
+                self._pick(sample, logits, None)
+
+    def _pick(self, s: Session, logits: object, row: int | None) -> None:
+        finish = self.picker.pick(s, logits, row)  # type: ignore[arg-type]
+        if finish is not None:
+            self._finish(s, finish)
+
+    def _finish(self, session: Session, finish: TurnFinish) -> None:
+        session.finish_turn(finish)
+        if session.parent is not None:  # a forked sample lives for one turn
+            self._release(session)
+        group = session.group
+        while group.later and group.turn is None and group.samples_open == 0:
+            tokens, end_of_turn, replace = group.later.popleft()
+            self._accept_input(group, tokens, end_of_turn, replace)
+
+    def _fork(self, parent: Session) -> list[Session]:
+        """First logits of a turn with n > 1: copy the KV into the reserved slots."""
+        if not parent.reserved or parent.turn is None or parent.turn.t_first_token is not None:
+            return []
+        assert parent.slot is not None
+        children = []
+        for slot in parent.reserved:
+            self.kv.copy(parent.slot, slot)
+            child = parent.fork(next(self.keys), slot, self._sampler)
+            self.sessions[child.key] = child
+            children.append(child)
+        parent.reserved.clear()
+        return children
+
+    # ------------------------------------------------------- slots and saves
+
+    def admit(self) -> bool:
+        """Give free slots to waiting sessions that have input: higher priority first, then FIFO."""
+        admitted = False
+        for session in sorted(self.waiting, key=lambda s: (-s.params.priority, s.key)):
+            need = session.params.num_samples
+            if self.allocator.num_idle < need:
+                break
+            if session.restore is not None:
+                self.waiting.remove(session)
+                saved, session.restore = session.restore, None
+                session.resume(*self.kv.restore(saved))
+            elif session.pending:
+                self.waiting.remove(session)
+                session.attach(self.allocator.allocate(session.pending), self.allocator.reusable)
+                session.reserved = [self.allocator.allocate(()) for _ in range(need - 1)]
+                admitted = True
+        return admitted
+
+    def _save(self, session: Session) -> None:
+        """A named session ends: copy its KV state out for the store's writer thread."""
+        slot = session.slot
+        if self.store is None or not session.params.session_id or slot is None or session.parent is not None:
+            return
+        history, state = self.kv.export(slot)
+        pending = (*session.pending, *([session.next_token] if session.next_token is not None else []))
+        self.store.save_async(SavedSession(session.params.session_id, history, pending, session.chat, state))
+
+    def _release(self, session: Session) -> None:
+        """The stream is gone: free the slot now; its KV stays as a prefix cache."""
+        self._save(session)
+        self.sessions.pop(session.key, None)
+        if session.parent is not None and session in session.parent.children:
+            session.parent.children.remove(session)
+        for child in list(session.children):
+            self._release(child)
+        session.children.clear()
+        for slot in session.reserved:
+            self.allocator.free(slot)
+        session.reserved.clear()
+        if session.slot is not None:
+            if session.slot.shifted:  # positions moved: not a prefix of anything any more
+                self.kv.clear(session.slot)
+                session.slot.shifted = False
+            self.allocator.free(session.slot)
+            session.slot = None
+        else:
+            try:
+                self.waiting.remove(session)
+            except ValueError:
+                pass
+        if session.sampler is not None:
+            session.sampler.free()
+            session.sampler = None
+
+    def fail(self, session: Session, status: str, message: str) -> None:
+        session.sink.put(SessionFailed(status, message))
+        self._release(session)
+
+    def fail_busy(self, status: str, message: str) -> None:
+        """After a fault: end every session holding a slot, and drop its sequence."""
+        for s in [s for s in self.sessions.values() if s.parent is None]:
+            if s.slot is not None:
+                self.kv.clear(s.slot)
+                self.fail(s, status, message)
+
+    def fail_all(self, status: str, message: str) -> None:
+        for s in [s for s in self.sessions.values() if s.parent is None]:
+            self.fail(s, status, message)
+
+    def slot_states(self) -> Iterator[tuple[Slot, bool]]:
+        """Every slot, and whether the session on it is paused (its client stopped reading)."""
+        paused = {s.slot.seq_id for s in self.sessions.values() if s.slot is not None and s.paused}
+        for slot in self.allocator.slots:
+            yield slot, slot.seq_id in paused
+
+    # ------------------------------------------------------------ deadlines
+
+    def idle_timeout(self, step_s: float) -> float | None:
+        """How long the idle loop may sleep: paused sessions resume when their client
+        reads (polled), and deadlines must be caught in time."""
+        if any(s.paused for s in self.sessions.values()):
+            return 0.005
+        deadlines = [s.deadline for s in self.sessions.values() if s.deadline is not None]
+        if not deadlines:
+            return None
+        return max(min(deadlines) - time.monotonic() - 1.5 * step_s - 0.005, 0.0)
+
+    def expire_deadlines(self, step_s: float) -> None:
+        """End sessions whose deadline falls before the next step could finish."""
+        horizon = time.monotonic() + 1.5 * step_s + 0.005
+        for s in [s for s in self.sessions.values() if s.parent is None]:
+            if s.deadline is not None and s.deadline <= horizon:
+                s.later.clear()
+                for sample in (*s.children, s):
+                    if sample.turn is not None:
+                        expired = TurnFinish(FinishReason.DEADLINE, sample.next_token, message="the call's deadline expired")
+                        self._finish(sample, expired)
+                self.fail(s, "DEADLINE_EXCEEDED", "the call's deadline expired")
+

@@ -1,0 +1,92 @@
+"""Picking a sequence's next token, and deciding whether its turn ends there.
+
+For each ready row: logprobs (if asked, from the raw logits), bans that keep the
+turn going until `min_tokens`, the sampler chain, then the stopping rules (EOG,
+stop ids, stop strings through the text stream, max_tokens, the slot's context,
+or a context shift). The picker streams the text out through the session and
+returns a `TurnFinish` when the turn is over; the session table applies it.
+Executor thread only.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import structlog
+
+from ..domain import FinishReason
+from ..metrics import Metrics
+from .logprobs import log_softmax, token_logprob
+from .runner_api import Runner
+from .session import Session, TurnFinish
+from .slot_kv import SlotKV
+from .step import StepProfile
+
+log = structlog.get_logger("llmserve.token_picker")
+
+
+class TokenPicker:
+    def __init__(
+        self, runner: Runner, kv: SlotKV, metrics: Metrics, profile: StepProfile, shift_keep: int | None = None
+    ) -> None:
+        self.runner = runner
+        self.kv = kv
+        self.metrics = metrics
+        self.profile = profile
+        # Context shift: tokens kept at the start (BOS at least); None: CONTEXT_FULL instead.
+        self.shift_keep = None if shift_keep is None else max(shift_keep, int(runner.meta.add_bos))
+        self._eog = frozenset(runner.meta.eog_token_ids)
+        self._eog_ids = np.array(sorted(self._eog), dtype=np.int64)
+
+    def pick(self, s: Session, logits: np.ndarray, row: int | None) -> TurnFinish | None:
+        """Sample the next token from `logits` (batch row `row`, or saved logits when None).
+        None: the turn goes on with `s.next_token`."""
+        assert s.turn is not None and s.sampler is not None and s.slot is not None
+        turn, stopping, output = s.turn, s.params.stopping, s.params.output
+        lp = log_softmax(logits) if output.top_logprobs is not None else None
+        t0 = time.perf_counter()
+        if turn.completion_tokens < stopping.min_tokens:
+            logits = logits.copy()  # other samples of this row must see the raw logits
+            logits[self._eog_ids] = -np.inf
+            if stopping.stop_token_ids:
+                logits[list(stopping.stop_token_ids)] = -np.inf
+            token = s.sampler.sample_from(logits)
+        elif row is None:
+            token = s.sampler.sample_from(logits)
+        else:
+            token = s.sampler.sample(row, logits)
+        self.profile.sample_s += time.perf_counter() - t0
+        now = time.monotonic()
+        if turn.t_first_token is None:
+            turn.t_first_token = now
+        else:
+            self.metrics.itl.observe(now - s.t_last_token)
+        s.t_last_token = now
+        turn.completion_tokens += 1
+        turn.held_ids.append(token)
+        if lp is not None:
+            turn.held_logprobs.append(token_logprob(lp, token, output.top_logprobs or 0, self._text))
+        if token in self._eog and not stopping.ignore_eos:
+            return TurnFinish(FinishReason.STOP, token)
+        if token in stopping.stop_token_ids:
+            return TurnFinish(FinishReason.STOP_SEQUENCE, token, matched_stop_token_id=token)
+        text, stop = turn.stream.push(self.runner.piece(token, output.include_special))
+        if stop is not None:
+            s.emit_tokens(text)
+            return TurnFinish(FinishReason.STOP_SEQUENCE, token, matched_stop=stop)
+        if text:
+            s.emit_tokens(text)
+        if stopping.max_tokens is not None and turn.completion_tokens >= stopping.max_tokens:
+            return TurnFinish(FinishReason.LENGTH, token)
+        if s.slot.num_confirmed + 1 > s.max_context:
+            if self.shift_keep is None:
+                return TurnFinish(FinishReason.CONTEXT_FULL, token, message="the slot's context is full")
+            discard = self.kv.shift(s.slot, self.shift_keep)
+            self.metrics.context_shifts.inc()
+            log.info("context_shift", seq_id=s.slot.seq_id, keep=self.shift_keep, discard=discard)
+        s.next_token = token
+        return None
+
+    def _text(self, token: int) -> str:
+        return self.runner.piece(token, True).decode("utf-8", "replace")

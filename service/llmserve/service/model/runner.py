@@ -1,0 +1,184 @@
+"""The llama.cpp runner: every ctypes call on the model and contexts lives here.
+
+Owns the model, the generation llama_context (a unified KV cache shared by all
+slots), the numpy-backed batch, and with embeddings on an `Embedder` (a context of
+its own: on the generative model, stopping before the LM head, or on a separate
+`--embedding-model`). Apart from the tokenizers (vocab.py), which only read
+immutable vocabularies, it is used by the executor thread alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+import structlog
+
+from ..config import CACHE_TYPES, FLASH_ATTN
+from ..domain import SamplingParams
+from .batch import BatchBuffer
+from .embedder import Embedder
+from .sampler import Sampler
+from .tokenizer import Vocab, load_model
+
+# ggml.h enum ggml_log_level
+_GGML_LEVELS = {1: "debug", 2: "info", 3: "warning", 4: "error"}
+_GGML_LOG_CONT = 5
+_llama_log_state: dict[str, object] = {"verbose": False, "level": 2, "buffer": ""}
+_llama_logger = structlog.get_logger("llama.cpp")
+
+
+@llama_cpp.llama_log_callback
+def _llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    """llama.cpp's log, line by line, through structlog: warnings and errors by
+    default, everything with --verbose."""
+    state = _llama_log_state
+    if level != _GGML_LOG_CONT:
+        state["level"] = level
+    state["buffer"] = str(state["buffer"]) + text.decode("utf-8", "replace")
+    if not str(state["buffer"]).endswith("\n"):
+        return
+    message, state["buffer"] = str(state["buffer"]).strip(), ""
+    name = _GGML_LEVELS.get(int(state["level"]), "info")  # type: ignore[call-overload]
+    if message and (state["verbose"] or name in ("warning", "error")):
+        getattr(_llama_logger, name)("llama_cpp", message=message)
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    model_path: Path
+    n_ctx: int  # KV cells for generation, shared by all slots
+    n_parallel: int
+    n_batch: int
+    n_ubatch: int
+    n_threads: int
+    embeddings: bool
+    embedding_model_path: Path | None = None  # None: the generative model's hidden states
+    max_embed_seqs: int = 64
+    verbose: bool = False
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    flash_attn: str = "auto"
+
+
+class LlamaRunner:
+    def __init__(self, config: RunnerConfig) -> None:
+        _llama_log_state["verbose"] = config.verbose
+        llama_cpp.llama_log_set(_llama_log, ctypes.c_void_p(0))
+        self.config = config
+        self.model = load_model(config.model_path)
+        self.tokenizer = Vocab(self.model)
+        self.vocab = self.tokenizer.ptr  # the raw llama_vocab, for samplers and grammars
+        self.n_vocab = self.tokenizer.n_tokens
+        self.ctx = llama_cpp.llama_init_from_model(self.model, self._context_params())
+        if not self.ctx:
+            llama_cpp.llama_model_free(self.model)
+            raise RuntimeError(
+                f"llama.cpp could not create the context (cache types K={config.cache_type_k} "
+                f"V={config.cache_type_v}, flash attention {config.flash_attn}); see its log above"
+            )
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.batch = BatchBuffer(config.n_batch)
+        self.meta = self.tokenizer.read_meta(Path(config.model_path))
+        self.embedder = self._embedder() if config.embeddings else None
+
+    def _embedder(self) -> Embedder:
+        c = self.config
+        if c.embedding_model_path is not None:
+            return Embedder.from_file(c.embedding_model_path, c.n_ubatch, c.max_embed_seqs, c.n_threads)
+        return Embedder(self.tokenizer, self.meta, c.n_ubatch, c.max_embed_seqs, c.n_threads)
+
+    def _context_params(self) -> llama_cpp.llama_context_params:
+        c = self.config
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = c.n_ctx
+        params.n_batch = c.n_batch
+        params.n_ubatch = c.n_ubatch
+        params.n_seq_max = c.n_parallel
+        params.n_threads = c.n_threads
+        params.n_threads_batch = c.n_threads
+        params.embeddings = False  # embeddings run on the Embedder's own context
+        params.kv_unified = True
+        # Full-size SWA cache: trimming a cached prefix (seq_rm) stays exact for
+        # sliding-window models such as gemma 3.
+        params.swa_full = True
+        params.no_perf = True
+        params.type_k = CACHE_TYPES[c.cache_type_k]
+        params.type_v = CACHE_TYPES[c.cache_type_v]
+        params.flash_attn_type = FLASH_ATTN[c.flash_attn]
+        return params
+
+    # ------------------------------------------------------------- decoding
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        return self.tokenizer.piece(token, special)
+
+    def new_sampler(self, params: SamplingParams, n_ctx: int, banned_tokens: tuple[int, ...] = ()) -> Sampler:
+        """A sampler chain for one sequence, reading this context's logits rows."""
+        return Sampler(params, self.vocab, self.n_vocab, n_ctx, banned_tokens, self.ctx)
+
+    def decode(self) -> int:
+        """Run the batch as filled; 0 on success (llama_decode's status otherwise)."""
+        return int(llama_cpp.llama_decode(self.ctx, self.batch.finish()))
+
+    def logits_row(self, row: int) -> np.ndarray:
+        """A view (no copy) of the logits of batch row `row` from the last decode."""
+        ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
+        if not ptr:
+            raise RuntimeError(f"no logits for batch row {row}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def seq_shift(self, seq_id: int, keep: int, discard: int) -> None:
+        """Context shift: drop positions [keep, keep+discard) and move the rest down
+        (llama.cpp applies the RoPE change lazily on the next decode)."""
+        llama_cpp.llama_memory_seq_rm(self.memory, seq_id, keep, keep + discard)
+        llama_cpp.llama_memory_seq_add(self.memory, seq_id, keep + discard, -1, -discard)
+
+    @property
+    def can_shift(self) -> bool:
+        return bool(llama_cpp.llama_memory_can_shift(self.memory))
+
+    def seq_state(self, seq_id: int) -> bytes:
+        """The sequence's KV state (llama_state_seq_get_data)."""
+        size = llama_cpp.llama_state_seq_get_size(self.ctx, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, seq_id)
+        return bytes(buf[:written])
+
+    def set_seq_state(self, seq_id: int, data: bytes) -> bool:
+        """Load a saved state into `seq_id`; False when llama.cpp refuses it."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return bool(llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id))
+
+    def seq_cp(self, src: int, dst: int) -> None:
+        llama_cpp.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
+
+    def embed(self, inputs: list[tuple[int, ...]]) -> list[np.ndarray]:
+        """Pooled embeddings of inputs packed into one ubatch (see embedder.py)."""
+        if self.embedder is None:
+            raise RuntimeError("embeddings are not enabled")
+        return self.embedder.embed(inputs)
+
+    # ------------------------------------------------------------- KV memory
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
+        return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1))
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_min(self.memory, seq_id))
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id))
+
+    def close(self) -> None:
+        if self.embedder is not None:
+            self.embedder.close()
+        if self.ctx:
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            llama_cpp.llama_model_free(self.model)
+            self.model = None

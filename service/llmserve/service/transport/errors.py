@@ -1,0 +1,190 @@
+"""Every gRPC status the service returns is decided here.
+
+Handlers raise `ServiceError` subclasses (or the engine's `InvalidRequest` and
+`PreconditionFailed`); `rpc_errors` turns them into a status with google.rpc details
+(BadRequest field violations, RetryInfo), and turns any other exception into
+INTERNAL, logged with its traceback: INTERNAL means a bug. A request message that
+did not parse reaches the handler as `Undecodable` (see handlers.py) and becomes
+INVALID_ARGUMENT where it is read (`check_decoded`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import structlog
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from ..domain import InvalidRequest, PreconditionFailed
+
+log = structlog.get_logger("llmserve.errors")
+
+
+class ServiceError(Exception):
+    code = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str, *, field: str | None = None, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.retry_after_s = retry_after_s
+
+    def to_status(self) -> grpc.Status:
+        details = []
+        if self.field is not None:
+            bad = error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(field=self.field, description=self.message)
+                ]
+            )
+            details.append(_pack(bad))
+        if self.retry_after_s is not None:
+            delay = duration_pb2.Duration()
+            delay.FromMilliseconds(int(self.retry_after_s * 1000))
+            details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
+        status = status_pb2.Status(
+            code=getattr(code_pb2, self.code.name), message=self.message, details=details
+        )
+        return rpc_status.to_status(status)
+
+
+class InvalidArgument(ServiceError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class FailedPrecondition(ServiceError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ResourceExhausted(ServiceError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unavailable(ServiceError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceeded(ServiceError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Unauthenticated(ServiceError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class Internal(ServiceError):
+    code = grpc.StatusCode.INTERNAL
+
+
+_BY_NAME = {
+    cls.code.name: cls
+    for cls in (InvalidArgument, FailedPrecondition, ResourceExhausted, Unavailable, DeadlineExceeded, Internal)
+}
+
+
+def from_domain(error: InvalidRequest) -> ServiceError:
+    """The engine's refusals, as statuses."""
+    cls = FailedPrecondition if isinstance(error, PreconditionFailed) else InvalidArgument
+    return cls(str(error), field=error.field)
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """A request message whose bytes did not parse."""
+
+    type_name: str
+    error: str
+
+
+def check_decoded(message: Any) -> Any:
+    if isinstance(message, Undecodable):
+        raise InvalidArgument(f"the {message.type_name} message does not parse: {message.error}")
+    return message
+
+
+def error_from_status_name(name: str, message: str) -> ServiceError:
+    """The executor reports failures by status name (it knows nothing of gRPC)."""
+    return _BY_NAME.get(name, Internal)(message)
+
+
+def _pack(message: Any) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: ServiceError) -> None:
+    await context.abort_with_status(error.to_status())
+
+
+def _bug(method: str, exc: BaseException) -> Internal:
+    log.error("rpc_internal_error", method=method, exc_info=exc)
+    return Internal(f"internal error: {type(exc).__name__}")
+
+
+def _gone_code(context: grpc.aio.ServicerContext) -> str:
+    """The call ended from the client's side: its deadline, or a cancel/disconnect."""
+    remaining = context.time_remaining()
+    return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+
+
+def rpc_errors(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a servicer method (coroutine or async generator) with the status mapping.
+
+    Also counts every finished call by method and status (`self.metrics.requests`).
+    """
+    name = method.__name__
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def stream_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
+            code = "OK"
+            try:
+                async for response in method(self, request, context):
+                    yield response
+            except (ServiceError, InvalidRequest) as error:
+                status = error if isinstance(error, ServiceError) else from_domain(error)
+                code = status.code.name
+                await _abort(context, status)
+            except grpc.aio.AbortError:
+                raise
+            except (asyncio.CancelledError, GeneratorExit):
+                code = _gone_code(context)
+                raise
+            except Exception as exc:  # noqa: BLE001 - anything else is a bug
+                code = "INTERNAL"
+                await _abort(context, _bug(name, exc))
+            finally:
+                self.metrics.requests.labels(name, code).inc()
+
+        return stream_wrapper
+
+    @functools.wraps(method)
+    async def unary_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        code = "OK"
+        try:
+            return await method(self, check_decoded(request), context)
+        except (ServiceError, InvalidRequest) as error:
+            status = error if isinstance(error, ServiceError) else from_domain(error)
+            code = status.code.name
+            await _abort(context, status)
+        except grpc.aio.AbortError:
+            raise
+        except asyncio.CancelledError:
+            code = _gone_code(context)
+            raise
+        except Exception as exc:  # noqa: BLE001 - anything else is a bug
+            code = "INTERNAL"
+            await _abort(context, _bug(name, exc))
+        finally:
+            self.metrics.requests.labels(name, code).inc()
+
+    return unary_wrapper

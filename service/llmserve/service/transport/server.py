@@ -1,0 +1,112 @@
+"""The grpc.aio server: LLMService plus the standard health and reflection services.
+
+Start-up: listen at once with health NOT_SERVING, load the model off the event
+loop, then SERVING. Shutdown on SIGTERM/SIGINT: health NOT_SERVING, new calls
+UNAVAILABLE, in-flight turns get `--shutdown-grace` seconds to finish, the rest
+end UNAVAILABLE, the executor is joined, the model freed, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from llmserve.v1 import llmserve_pb2
+
+from ..config import ServerConfig
+from ..engine.engine import Engine
+from ..metrics import Metrics
+from .handlers import add_servicer
+from .security import ApiKeyInterceptor, server_credentials
+from .servicer import LLMServicer
+
+log = structlog.get_logger("llmserve.server")
+
+SERVICE_NAME = llmserve_pb2.DESCRIPTOR.services_by_name["LLMService"].full_name
+HEALTH_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def _set_health(servicer: health.aio.HealthServicer, status: int) -> None:
+    for name in ("", SERVICE_NAME):
+        await servicer.set(name, status)
+
+
+def _build_server(config: ServerConfig, llm: LLMServicer, health_servicer: health.aio.HealthServicer) -> grpc.aio.Server:
+    interceptors = [ApiKeyInterceptor(config.api_key)] if config.api_key else []
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+        ],
+    )
+    add_servicer(llm, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE_NAME, HEALTH_NAME, reflection.SERVICE_NAME), server)
+    address = f"{config.host}:{config.port}"
+    if config.tls_cert and config.tls_key:
+        creds = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+        bound = server.add_secure_port(address, creds)
+    else:
+        bound = server.add_insecure_port(address)
+    if bound == 0:
+        raise RuntimeError(f"cannot listen on {address}")
+    return server
+
+
+async def serve(config: ServerConfig) -> None:
+    metrics = Metrics()
+    llm = LLMServicer(metrics, config.max_queue, config.max_input_tokens)
+    health_servicer = health.aio.HealthServicer()
+    server = _build_server(config, llm, health_servicer)
+    await _set_health(health_servicer, _NOT_SERVING)
+    await server.start()
+    if config.metrics_port is not None:
+        metrics.serve(config.metrics_host, config.metrics_port)
+    log.info(
+        "listening",
+        host=config.host,
+        port=config.port,
+        tls=config.tls_cert is not None,
+        mtls=config.tls_client_ca is not None,
+        api_key=config.api_key is not None,
+        metrics_port=config.metrics_port,
+    )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    load = asyncio.create_task(asyncio.to_thread(Engine, config, metrics))
+    await asyncio.wait([load, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    try:
+        engine = await load  # a signal during loading still waits for the load to free it
+    except RuntimeError as exc:  # llama.cpp could not load a model or create a context
+        log.error("model_load_failed", error=str(exc))
+        await server.stop(0)
+        raise SystemExit(f"llmserve: {exc}") from None
+    engine.start()
+    if not stop.is_set():
+        llm.engine = engine
+        await _set_health(health_servicer, _SERVING)
+        log.info("serving", model=engine.meta.name)
+        await stop.wait()
+
+    log.info("draining", grace_s=config.shutdown_grace_s)
+    await _set_health(health_servicer, _NOT_SERVING)
+    llm.begin_drain()
+    finished = await llm.wait_idle(config.shutdown_grace_s)
+    if not finished:
+        log.warning("grace_period_over", detail="ending the remaining calls with UNAVAILABLE")
+    await asyncio.to_thread(engine.stop)  # open sessions end UNAVAILABLE
+    await llm.wait_idle(5.0)
+    await server.stop(1.0)
+    await asyncio.to_thread(engine.close)
+    log.info("stopped")

@@ -1,0 +1,197 @@
+"""gRPC transport for LLMService: admission, request ids, and the call types.
+
+The servicer converts and streams; `GenerateCall` and `EmbedCall` run the two
+streaming calls, `validation` checks requests, `errors` decides every status.
+It also keeps the server-side count of open sessions, which admission control
+and graceful draining need.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import grpc
+import structlog
+from llmserve.v1 import llmserve_pb2 as pb
+from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+
+from ..domain import GrammarError, SavedSession
+from ..engine.engine import Engine
+from ..metrics import Metrics
+from . import protos, validation
+from .embed_call import EmbedCall
+from .errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable, check_decoded, rpc_errors
+from .generate_call import Drain, GenerateCall
+
+log = structlog.get_logger("llmserve.servicer")
+
+MAX_REQUEST_ID_LENGTH = validation.MAX_REQUEST_ID_LENGTH
+
+
+def request_id(context: grpc.aio.ServicerContext, configured: str = "") -> str:
+    """The call's id: the request's own, else `x-request-id` metadata, else a new one."""
+    if configured:
+        return configured
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-request-id" and value:
+            if len(value) > MAX_REQUEST_ID_LENGTH:
+                raise InvalidArgument("x-request-id is too long", field="x-request-id")
+            return str(value)
+    return uuid.uuid4().hex
+
+
+def bind_request(context: grpc.aio.ServicerContext, rpc: str, rid: str) -> None:
+    structlog.contextvars.bind_contextvars(request_id=rid, rpc=rpc)
+
+
+class LLMServicer(pb_grpc.LLMServiceServicer):
+    def __init__(self, metrics: Metrics, max_queue: int, max_input_tokens: int | None = None) -> None:
+        self.engine: Engine | None = None  # set once the model has loaded
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self.max_input_tokens = max_input_tokens
+        self.draining = False
+        self._num_sessions = 0
+        self._num_calls = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._streams: set[GenerateCall] = set()
+        self._sessions_in_use: set[str] = set()
+        self._session_s = 1.0  # moving average of a session's duration (retry hint)
+
+    def _engine(self) -> Engine:
+        if self.draining:
+            raise Unavailable("the server is shutting down")
+        if self.engine is None:
+            raise Unavailable("the model is still loading", retry_after_s=1.0)
+        return self.engine
+
+    # ------------------------------------------------------------ lifecycle
+
+    def begin_drain(self) -> None:
+        """Refuse new calls; sessions end UNAVAILABLE once their open turn is done."""
+        self.draining = True
+        for stream in self._streams:
+            stream.sink.put_local(Drain())
+
+    async def wait_idle(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    def _enter(self) -> None:
+        self._num_calls += 1
+        self._idle.clear()
+
+    def _leave(self) -> None:
+        self._num_calls -= 1
+        if self._num_calls == 0:
+            self._idle.set()
+
+    # ----------------------------------------------------------------- Generate
+
+    def _admit(self, engine: Engine) -> None:
+        capacity = engine.config.n_parallel + self.max_queue
+        if self._num_sessions >= capacity:
+            waiting = self._num_sessions - engine.config.n_parallel
+            retry = min(max(self._session_s * (waiting + 1) / engine.config.n_parallel, 0.05), 30.0)
+            raise ResourceExhausted(
+                f"{waiting} sessions are already waiting for a slot (--max-queue {self.max_queue}); retry later",
+                retry_after_s=retry,
+            )
+
+    @rpc_errors
+    async def Generate(self, request_iterator, context):  # type: ignore[no-untyped-def]
+        engine = self._engine()
+        self._admit(engine)  # before reading anything: a refusal must be immediate
+        self._num_sessions += 1
+        self.metrics.sessions.set(self._num_sessions)
+        self._enter()
+        started = time.monotonic()
+        try:
+            first = await anext(aiter(request_iterator), None)
+            first = check_decoded(first) if first is not None else None
+            if first is None:
+                raise InvalidArgument("the stream ended before its first message", field="config")
+            if not first.HasField("config"):
+                raise InvalidArgument("the first message must carry the session config", field="config")
+            rid = request_id(context, first.config.request_id)
+            bind_request(context, "Generate", rid)
+            max_samples = min(validation.MAX_SAMPLES, engine.config.n_parallel)
+            params = validation.session_params(first.config, engine.limits, rid, max_samples)
+            if params.sampling.grammar:
+                try:
+                    engine.check_grammar(params.sampling.grammar)
+                except GrammarError as exc:
+                    kind = first.config.constraint.WhichOneof("kind")
+                    raise InvalidArgument(str(exc), field=f"config.constraint.{kind}") from None
+            remaining = context.time_remaining()
+            deadline = time.monotonic() + remaining if remaining is not None else None
+            max_input = min(self.max_input_tokens or engine.limits.n_ctx_per_slot, engine.limits.n_ctx_per_slot)
+            restore = await self._claim_session(engine, params.session_id)
+            stream = GenerateCall(engine, self.metrics, max_input, restore)
+            self._streams.add(stream)
+            if self.draining:
+                stream.sink.put_local(Drain())
+            try:
+                async for response in stream.run(first, params, request_iterator, deadline):
+                    yield response
+            finally:
+                self._streams.discard(stream)
+                self._sessions_in_use.discard(params.session_id)
+        finally:
+            self._num_sessions -= 1
+            self.metrics.sessions.set(self._num_sessions)
+            self._session_s = 0.8 * self._session_s + 0.2 * (time.monotonic() - started)
+            self._leave()
+
+    async def _claim_session(self, engine: Engine, session_id: str) -> SavedSession | None:
+        """A named session: one stream at a time; its saved state, if any, read off the loop."""
+        if not session_id:
+            return None
+        if not engine.has_session_store:
+            raise FailedPrecondition("named sessions need the server to run with --session-dir", field="config.session_id")
+        if session_id in self._sessions_in_use:
+            raise FailedPrecondition(f"session {session_id!r} is open on another stream", field="config.session_id")
+        self._sessions_in_use.add(session_id)
+        try:
+            return await asyncio.to_thread(engine.load_session, session_id)
+        except BaseException:
+            self._sessions_in_use.discard(session_id)
+            raise
+
+    # -------------------------------------------------------------------- Embed
+
+    @rpc_errors
+    async def Embed(self, request_iterator, context):  # type: ignore[no-untyped-def]
+        engine = self._engine()
+        bind_request(context, "Embed", request_id(context))
+        self._enter()
+        try:
+            async for result in EmbedCall(engine).run(request_iterator):
+                yield protos.embed_response(result)
+        finally:
+            self._leave()
+
+    # -------------------------------------------------------------------- Unary
+
+    @rpc_errors
+    async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:  # type: ignore[no-untyped-def]
+        engine, model = self._engine(), request.embedding_model
+        ids = engine.tokenize(request.text, request.add_special, request.parse_special, model)
+        pieces = engine.pieces(ids, model) if request.with_pieces else []
+        return pb.TokenizeResponse(ids=ids, pieces=pieces)
+
+    @rpc_errors
+    async def Detokenize(self, request: pb.DetokenizeRequest, context) -> pb.DetokenizeResponse:  # type: ignore[no-untyped-def]
+        engine, model = self._engine(), request.embedding_model
+        ids = validation.token_ids(request.ids, engine.n_vocab(model), "ids")
+        return pb.DetokenizeResponse(text=engine.detokenize(ids, request.render_special, model))
+
+    @rpc_errors
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:  # type: ignore[no-untyped-def]
+        return protos.model_info(self._engine(), self.max_queue)

@@ -1,0 +1,186 @@
+"""Request validation: proto messages → domain values, or InvalidArgument naming the field.
+
+Nothing that could crash llama.cpp gets past here: token ids are checked against
+the vocabulary, sizes against the slot context and the ubatch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+from collections.abc import Sequence
+
+from llmserve.v1 import llmserve_pb2 as pb
+
+from ..domain import Limits, OutputParams, SamplingParams, SessionParams, StoppingParams
+from ..engine.logprobs import MAX_TOP_LOGPROBS
+from .errors import InvalidArgument
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_LENGTH = 256
+MAX_REQUEST_ID_LENGTH = 128
+MAX_EMBED_INPUTS_PER_MESSAGE = 1024
+
+
+MAX_SAMPLES = 8
+MAX_LOGIT_BIASES = 1024
+MAX_DRY_BREAKERS = 16
+MAX_GRAMMAR_BYTES = 64 * 1024
+
+# Float sampling fields: (low, high, low excluded). Ranges follow llama-server's meaning.
+_FLOAT_RANGES = {
+    "temperature": (0.0, 100.0, False),
+    "top_p": (0.0, 1.0, True),
+    "min_p": (0.0, 1.0, False),
+    "repeat_penalty": (0.0, 10.0, True),
+    "presence_penalty": (-2.0, 2.0, False),
+    "frequency_penalty": (-2.0, 2.0, False),
+    "dynatemp_range": (0.0, 100.0, False),
+    "dynatemp_exponent": (0.0, 100.0, False),
+    "typical_p": (0.0, 1.0, True),
+    "top_n_sigma": (0.0, 100.0, True),
+    "xtc_probability": (0.0, 1.0, False),
+    "xtc_threshold": (0.0, 0.5, False),
+    "dry_multiplier": (0.0, 100.0, False),
+    "dry_base": (1.0, 100.0, False),
+    "mirostat_tau": (0.0, 100.0, False),
+    "mirostat_eta": (0.0, 1.0, True),
+}
+
+
+def _check_float(value: float, field: str, low: float, high: float, low_open: bool = False) -> float:
+    if not math.isfinite(value):
+        raise InvalidArgument(f"{field} must be a finite number, got {value}", field=field)
+    if value < low or value > high or (low_open and value == low):
+        bracket = "(" if low_open else "["
+        raise InvalidArgument(f"{field} must be in {bracket}{low}, {high}], got {value}", field=field)
+    return value
+
+
+def _check_int(value: int, field: str, low: int, high: int) -> int:
+    if value < low or value > high:
+        raise InvalidArgument(f"{field} must be in [{low}, {high}], got {value}", field=field)
+    return value
+
+
+def sampling_params(msg: pb.SamplingParams, limits: Limits, grammar: str = "") -> SamplingParams:
+    prefix = "config.sampling."
+    values: dict[str, object] = {}
+    for name, (low, high, low_open) in _FLOAT_RANGES.items():
+        if msg.HasField(name):
+            values[name] = _check_float(getattr(msg, name), prefix + name, low, high, low_open)
+    ctx = limits.n_ctx_per_slot
+    ints = {"top_k": (0, limits.n_vocab), "repeat_last_n": (-1, ctx), "dry_allowed_length": (0, ctx),
+            "dry_penalty_last_n": (-1, ctx), "mirostat": (0, 2)}
+    for name, (low, high) in ints.items():
+        if msg.HasField(name):
+            values[name] = _check_int(getattr(msg, name), prefix + name, low, high)
+    if values.get("repeat_last_n") == -1:
+        values["repeat_last_n"] = ctx
+    if msg.HasField("dry_sequence_breakers"):
+        breakers = tuple(msg.dry_sequence_breakers.values)
+        if len(breakers) > MAX_DRY_BREAKERS or any(not b or len(b) > 64 for b in breakers):
+            raise InvalidArgument(
+                f"at most {MAX_DRY_BREAKERS} sequence breakers of 1 to 64 characters",
+                field=prefix + "dry_sequence_breakers",
+            )
+        values["dry_sequence_breakers"] = breakers
+    if len(msg.logit_bias) > MAX_LOGIT_BIASES:
+        raise InvalidArgument(f"at most {MAX_LOGIT_BIASES} logit biases", field=prefix + "logit_bias")
+    biases = []
+    for token, bias in sorted(msg.logit_bias.items()):
+        field = f"{prefix}logit_bias[{token}]"
+        token_ids([token], limits.n_vocab, field)
+        if math.isnan(bias) or bias == math.inf:
+            raise InvalidArgument(f"a logit bias must be a number or -inf, got {bias}", field=field)
+        biases.append((token, bias))
+    values["logit_bias"] = tuple(biases)
+    values["seed"] = msg.seed if msg.HasField("seed") else secrets.randbits(32)
+    values["grammar"] = grammar
+    return SamplingParams(**values)  # type: ignore[arg-type]
+
+
+def stopping_params(msg: pb.StoppingCriteria, limits: Limits) -> StoppingParams:
+    max_tokens = None
+    if msg.HasField("max_tokens"):
+        max_tokens = msg.max_tokens
+        if max_tokens < 1 or max_tokens > limits.max_tokens:
+            raise InvalidArgument(
+                f"max_tokens must be in [1, {limits.max_tokens}] (the per-slot context), got {max_tokens}",
+                field="config.stopping.max_tokens",
+            )
+    min_tokens = _check_int(msg.min_tokens, "config.stopping.min_tokens", 0, max_tokens or limits.max_tokens)
+    if len(msg.stop) > MAX_STOP_STRINGS:
+        raise InvalidArgument(f"at most {MAX_STOP_STRINGS} stop strings", field="config.stopping.stop")
+    for i, stop in enumerate(msg.stop):
+        if not stop or len(stop) > MAX_STOP_LENGTH:
+            raise InvalidArgument(
+                f"stop strings must have 1 to {MAX_STOP_LENGTH} characters", field=f"config.stopping.stop[{i}]"
+            )
+    if len(msg.stop_token_ids) > MAX_STOP_STRINGS:
+        raise InvalidArgument(f"at most {MAX_STOP_STRINGS} stop token ids", field="config.stopping.stop_token_ids")
+    stop_ids = token_ids(msg.stop_token_ids, limits.n_vocab, "config.stopping.stop_token_ids")
+    return StoppingParams(
+        max_tokens=max_tokens, min_tokens=min_tokens, stop=tuple(msg.stop), stop_token_ids=stop_ids,
+        ignore_eos=msg.ignore_eos,
+    )
+
+
+def output_params(msg: pb.OutputOptions) -> OutputParams:
+    top = None
+    if msg.HasField("top_logprobs"):
+        top = _check_int(msg.top_logprobs, "config.output.top_logprobs", 0, MAX_TOP_LOGPROBS)
+    return OutputParams(top_logprobs=top, prompt_logprobs=msg.prompt_logprobs, include_special=msg.include_special)
+
+
+def grammar_of(msg: pb.Constraint) -> str:
+    """GBNF text of the constraint (JSON schemas converted by llama-cpp-python's converter)."""
+    kind = msg.WhichOneof("kind")
+    if kind is None:
+        return ""
+    text = getattr(msg, kind)
+    field = f"config.constraint.{kind}"
+    if not text or len(text.encode()) > MAX_GRAMMAR_BYTES:
+        raise InvalidArgument(f"{kind} must have 1 to {MAX_GRAMMAR_BYTES} bytes", field=field)
+    if kind == "grammar":
+        return text
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        json.loads(text)
+        return json_schema_to_gbnf(text)
+    except Exception as exc:  # noqa: BLE001 - the converter raises many kinds on bad schemas
+        raise InvalidArgument(f"the JSON schema cannot be converted to a grammar: {exc}", field=field) from None
+
+
+def session_params(msg: pb.SessionConfig, limits: Limits, request_id: str, max_samples: int = MAX_SAMPLES) -> SessionParams:
+    if len(request_id) > MAX_REQUEST_ID_LENGTH:
+        raise InvalidArgument(
+            f"request_id is limited to {MAX_REQUEST_ID_LENGTH} characters", field="config.request_id"
+        )
+    num_samples = _check_int(msg.n, "config.n", 1, max_samples) if msg.HasField("n") else 1
+    if len(msg.session_id) > MAX_REQUEST_ID_LENGTH:
+        raise InvalidArgument(f"session_id is limited to {MAX_REQUEST_ID_LENGTH} characters", field="config.session_id")
+    if msg.session_id and num_samples > 1:
+        raise InvalidArgument("a named session takes one sample per turn (n = 1)", field="config.n")
+    return SessionParams(
+        request_id=request_id,
+        sampling=sampling_params(msg.sampling, limits, grammar_of(msg.constraint)),
+        stopping=stopping_params(msg.stopping, limits),
+        output=output_params(msg.output),
+        priority=msg.priority,
+        num_samples=num_samples,
+        session_id=msg.session_id,
+    )
+
+
+def token_ids(ids: Sequence[int], n_vocab: int, field: str) -> tuple[int, ...]:
+    """Token ids outside the vocabulary would crash llama.cpp: refuse them here."""
+    for i, token in enumerate(ids):
+        if token < 0 or token >= n_vocab:
+            raise InvalidArgument(
+                f"token id {token} at position {i} is outside the vocabulary [0, {n_vocab})",
+                field=field,
+            )
+    return tuple(ids)

@@ -1,0 +1,165 @@
+"""A deterministic stand-in for the llama.cpp runner (no llama_cpp, no model).
+
+It implements `llmserve.service.engine.runner_api.Runner`. The "model" continues any
+sequence with the next token id (`last + 1`), except that `END_AFTER` is followed
+by the EOG token, so a prompt ending in 10 generates 11, 12, ..., END_AFTER, EOG.
+The second choice (a lower logit) is `last + 2`, so a ban or bias changes the pick.
+Every decode checks that each row extends its sequence's KV at the next position:
+the fake's KV is the ground truth the engine's slot mirror is compared against.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import numpy as np
+from llmserve.service.domain import ModelMeta, SamplingParams
+
+N_VOCAB = 64
+EOG = 1
+BOS = 2
+END_AFTER = 40
+
+META = ModelMeta(
+    name="fake", path="fake.gguf", architecture="fake", num_parameters=0, n_ctx_train=4096, n_embd=4,
+    vocab_size=N_VOCAB, bos_token_id=BOS, eos_token_id=EOG, eog_token_ids=(EOG,), add_bos=True, chat_template=None,
+)
+
+
+def piece_of(token: int) -> bytes:
+    """Special tokens render as nothing; the rest as one letter each (a..z, cycling)."""
+    return b"" if token < 3 else bytes([ord("a") + token % 26])
+
+
+def next_token(last: int) -> int:
+    return EOG if last == END_AFTER else (last + 1) % N_VOCAB
+
+
+class FakeBatch:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.token = np.zeros(capacity, dtype=np.int32)
+        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.seq = np.zeros(capacity, dtype=np.int32)
+        self.logits = np.zeros(capacity, dtype=np.int8)
+        self.num_tokens = 0
+
+    def clear(self) -> None:
+        self.num_tokens = 0
+
+    def add(self, tokens: Sequence[int], start_pos: int, seq_id: int, want_last_logits: bool) -> int:
+        i, n = self.num_tokens, len(tokens)
+        assert i + n <= self.capacity, "batch overflow"
+        self.token[i : i + n] = tokens
+        self.pos[i : i + n] = np.arange(start_pos, start_pos + n)
+        self.seq[i : i + n] = seq_id
+        self.logits[i : i + n] = 0
+        if want_last_logits:
+            self.logits[i + n - 1] = 1
+        self.num_tokens = i + n
+        return i + n - 1
+
+
+class FakeSampler:
+    """Greedy (argmax) at temperature 0, else a seeded draw among the two best tokens."""
+
+    def __init__(self, params: SamplingParams, banned: tuple[int, ...]) -> None:
+        self.params = params
+        self.banned = banned
+        self.history: list[int] = []
+        self.rng = np.random.default_rng(params.seed)
+        self.freed = False
+
+    def sample(self, row: int, logits: np.ndarray) -> int:
+        return self.sample_from(logits)
+
+    def sample_from(self, logits: np.ndarray) -> int:
+        logits = logits.astype(np.float64)
+        for token, bias in self.params.logit_bias:
+            logits[token] += bias
+        logits[list(self.banned)] = -np.inf
+        best = np.argsort(-logits)[:2]
+        token = int(best[0]) if self.params.temperature <= 0 else int(self.rng.choice(best))
+        self.history.append(token)
+        return token
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        self.history.extend(tokens)
+
+    def free(self) -> None:
+        self.freed = True
+
+
+class FakeRunner:
+    meta = META
+    n_vocab = N_VOCAB
+    can_shift = True
+
+    def __init__(self, n_batch: int = 256) -> None:
+        self.batch = FakeBatch(n_batch)
+        self.kv: dict[int, list[int]] = {}  # seq_id -> tokens at positions 0..n-1
+        self._rows: dict[int, np.ndarray] = {}
+        self.fail_next_decode = False
+        self.num_decodes = 0
+        self.samplers: list[FakeSampler] = []
+
+    def decode(self) -> int:
+        self.num_decodes += 1
+        if self.fail_next_decode:
+            self.fail_next_decode = False
+            return 1
+        b = self.batch
+        self._rows.clear()
+        for i in range(b.num_tokens):
+            seq, pos, token = int(b.seq[i]), int(b.pos[i]), int(b.token[i])
+            cells = self.kv.setdefault(seq, [])
+            assert pos == len(cells), f"seq {seq}: token at position {pos}, but the KV holds {len(cells)}"
+            cells.append(token)
+            if b.logits[i]:
+                row = np.full(N_VOCAB, -10.0, dtype=np.float32)
+                row[(next_token(token) + 1) % N_VOCAB] = 5.0
+                row[next_token(token)] = 10.0
+                self._rows[i] = row
+        return 0
+
+    def logits_row(self, row: int) -> np.ndarray:
+        return self._rows[row]
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        return piece_of(token)
+
+    def new_sampler(self, params: SamplingParams, n_ctx: int, banned_tokens: tuple[int, ...] = ()) -> FakeSampler:
+        sampler = FakeSampler(params, banned_tokens)
+        self.samplers.append(sampler)
+        return sampler
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
+        cells = self.kv.setdefault(seq_id, [])
+        if p0 < 0:
+            cells.clear()
+        else:
+            del cells[p0 : (None if p1 < 0 else p1)]
+        return True
+
+    def seq_cp(self, src: int, dst: int) -> None:
+        self.kv[dst] = list(self.kv.get(src, []))
+
+    def seq_shift(self, seq_id: int, keep: int, discard: int) -> None:
+        del self.kv[seq_id][keep : keep + discard]
+
+    def seq_state(self, seq_id: int) -> bytes:
+        return json.dumps(self.kv.get(seq_id, [])).encode()
+
+    def set_seq_state(self, seq_id: int, data: bytes) -> bool:
+        self.kv[seq_id] = list(json.loads(data))
+        return True
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        return 0 if self.kv.get(seq_id) else -1
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return len(self.kv.get(seq_id, [])) - 1
+
+    def embed(self, inputs: list[tuple[int, ...]]) -> list[np.ndarray]:
+        return [np.full(4, float(len(tokens)), dtype=np.float32) for tokens in inputs]

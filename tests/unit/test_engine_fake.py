@@ -1,0 +1,250 @@
+"""The session table, the step, stop handling, multi-turn, cancel and n > 1 on a fake
+runner (tests/unit/fake_runner.py): no model, no threads, milliseconds per test.
+
+The executor is driven by hand: `drain` handles the queued commands, `step` runs one
+iteration of the loop. After every scenario the slots' token mirrors must equal what
+the fake KV holds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from llmserve.service.domain import (
+    EmbedInput,
+    EmbedResult,
+    FinishReason,
+    SamplingParams,
+    SessionFailed,
+    SessionParams,
+    StoppingParams,
+    TokenEvent,
+    TurnEndEvent,
+)
+from llmserve.service.engine.executor import Executor, ExecutorConfig
+
+from .fake_runner import BOS, END_AFTER, EOG, FakeRunner, piece_of
+
+GREEDY = SamplingParams(temperature=0.0, seed=7)
+
+
+class ListSink:
+    backlog = 0
+
+    def __init__(self) -> None:
+        self.events: list[object] = []
+
+    def put(self, event: object) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type) -> list:  # type: ignore[type-arg]
+        return [e for e in self.events if isinstance(e, kind)]
+
+    def text(self, index: int = 0) -> str:
+        return "".join(e.text for e in self.of(TokenEvent) if e.index == index)
+
+    def token_ids(self, index: int = 0) -> list[int]:
+        return [t for e in self.of(TokenEvent) if e.index == index for t in e.token_ids]
+
+
+def make(n_parallel: int = 2, n_ctx_per_slot: int = 256, shift_keep: int | None = None) -> tuple[Executor, FakeRunner]:
+    runner = FakeRunner(n_batch=64)
+    config = ExecutorConfig(n_parallel, n_ctx_per_slot, n_batch=64, n_ubatch=64, max_embed_seqs=4, shift_keep=shift_keep)
+    return Executor(runner, config), runner
+
+
+def params(**stopping: object) -> SessionParams:
+    return SessionParams("test", GREEDY, StoppingParams(**stopping))  # type: ignore[arg-type]
+
+
+def run_until(executor: Executor, done, max_steps: int = 500) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(max_steps):
+        executor.drain(block=False)
+        if done():
+            return
+        executor.step()
+    raise AssertionError("the scenario did not finish")
+
+
+def turn_ends(sink: ListSink, n: int = 1):  # type: ignore[no-untyped-def]
+    return lambda: len([e for e in sink.of(TurnEndEvent) if e.final]) >= n or sink.of(SessionFailed)
+
+
+def assert_kv_mirrors_slots(executor: Executor, runner: FakeRunner) -> None:
+    for slot, _ in executor.table.slot_states():
+        assert runner.kv.get(slot.seq_id, []) == slot.tokens, f"slot {slot.seq_id}"
+
+
+def one_turn(executor: Executor, prompt: tuple[int, ...], p: SessionParams) -> tuple[ListSink, int]:
+    sink = ListSink()
+    key = executor.open_session(p, sink)
+    executor.add_input(key, prompt, True)
+    run_until(executor, turn_ends(sink))
+    return sink, key
+
+
+def test_greedy_turn_runs_to_eog() -> None:
+    executor, runner = make()
+    sink, _ = one_turn(executor, (BOS, 10), params())
+    expected = list(range(11, END_AFTER + 1)) + [EOG]
+    assert sink.token_ids() == expected
+    assert sink.text() == b"".join(piece_of(t) for t in expected).decode()
+    (end,) = sink.of(TurnEndEvent)
+    assert end.finish_reason == FinishReason.STOP and end.completion_tokens == len(expected)
+    assert end.prompt_tokens == 2 and end.final
+    assert_kv_mirrors_slots(executor, runner)
+
+
+def test_max_tokens_ends_with_length() -> None:
+    executor, _ = make()
+    sink, _ = one_turn(executor, (BOS, 10), params(max_tokens=5))
+    assert sink.token_ids() == [11, 12, 13, 14, 15]
+    assert sink.of(TurnEndEvent)[0].finish_reason == FinishReason.LENGTH
+
+
+def test_stop_string_is_held_back_and_reported() -> None:
+    executor, _ = make()
+    stop = (piece_of(14) + piece_of(15)).decode()
+    sink, _ = one_turn(executor, (BOS, 10), params(stop=(stop,)))
+    end = sink.of(TurnEndEvent)[0]
+    assert end.finish_reason == FinishReason.STOP_SEQUENCE and end.matched_stop == stop
+    assert sink.text() == (piece_of(11) + piece_of(12) + piece_of(13)).decode()
+
+
+def test_stop_token_id() -> None:
+    executor, _ = make()
+    sink, _ = one_turn(executor, (BOS, 10), params(stop_token_ids=(13,)))
+    end = sink.of(TurnEndEvent)[0]
+    assert end.finish_reason == FinishReason.STOP_SEQUENCE and end.matched_stop_token_id == 13
+    assert sink.token_ids() == [11, 12, 13]
+
+
+def test_min_tokens_and_ignore_eos_ban_the_end() -> None:
+    executor, _ = make()
+    sink, _ = one_turn(executor, (BOS, END_AFTER - 2), params(min_tokens=4, max_tokens=6))
+    ids = sink.token_ids()
+    assert ids[:2] == [END_AFTER - 1, END_AFTER] and EOG not in ids[:4]
+    sink, _ = one_turn(executor, (BOS, END_AFTER - 2), params(ignore_eos=True, max_tokens=6))
+    assert EOG not in sink.token_ids() and sink.of(TurnEndEvent)[0].finish_reason == FinishReason.LENGTH
+
+
+def test_second_turn_reuses_the_kv() -> None:
+    executor, runner = make()
+    sink = ListSink()
+    key = executor.open_session(params(max_tokens=3), sink)
+    executor.add_input(key, (BOS, 10), True)
+    run_until(executor, turn_ends(sink, 1))
+    executor.add_input(key, (20,), True)
+    run_until(executor, turn_ends(sink, 2))
+    first, second = sink.of(TurnEndEvent)
+    assert second.prompt_tokens == 1 and second.cached_tokens >= 2
+    assert sink.token_ids()[3:] == [21, 22, 23]
+    assert_kv_mirrors_slots(executor, runner)
+
+
+def test_input_during_a_turn_waits_for_it() -> None:
+    executor, _ = make()
+    sink = ListSink()
+    key = executor.open_session(params(max_tokens=3), sink)
+    executor.add_input(key, (BOS, 10), True)
+    executor.add_input(key, (30,), True)  # queued: runs after the first turn ends
+    run_until(executor, turn_ends(sink, 2))
+    assert sink.token_ids() == [11, 12, 13, 31, 32, 33]
+
+
+def test_cancel_ends_the_turn_and_keeps_the_session() -> None:
+    executor, runner = make()
+    sink = ListSink()
+    key = executor.open_session(params(), sink)
+    executor.add_input(key, (BOS, 10), True)
+    run_until(executor, lambda: len(sink.token_ids()) >= 3)
+    executor.cancel(key)
+    run_until(executor, turn_ends(sink))
+    assert sink.of(TurnEndEvent)[0].finish_reason == FinishReason.CANCELLED
+    executor.add_input(key, (5,), True)
+    run_until(executor, turn_ends(sink, 2))
+    assert sink.of(TurnEndEvent)[1].finish_reason == FinishReason.STOP
+    assert_kv_mirrors_slots(executor, runner)
+
+
+def test_n_samples_fork_the_kv_and_free_their_slots() -> None:
+    executor, runner = make(n_parallel=3)
+    p = replace(params(max_tokens=4), sampling=SamplingParams(temperature=1.0, seed=3), num_samples=3)
+    sink, _ = one_turn(executor, (BOS, 10), p)
+    ends = sink.of(TurnEndEvent)
+    assert sorted(e.index for e in ends) == [0, 1, 2] and [e.final for e in ends].count(True) == 1
+    assert all(len(sink.token_ids(i)) == 4 for i in range(3))
+    busy = [slot for slot, _ in executor.table.slot_states() if slot.busy]
+    assert len(busy) == 1  # the children lived for one turn
+    assert_kv_mirrors_slots(executor, runner)
+
+
+def test_closed_session_leaves_a_prefix_cache() -> None:
+    executor, runner = make(n_parallel=1)
+    _, key = one_turn(executor, (BOS, 10, 11, 12, 13, 14, 15, 16), params(max_tokens=2))
+    executor.close(key)
+    sink, _ = one_turn(executor, (BOS, 10, 11, 12, 13, 14, 15, 16), params(max_tokens=2))
+    assert sink.of(TurnEndEvent)[0].cached_tokens >= 7
+    assert_kv_mirrors_slots(executor, runner)
+
+
+def test_context_full_and_context_shift() -> None:
+    executor, _ = make(n_ctx_per_slot=16)
+    sink, _ = one_turn(executor, (BOS, 3), params(ignore_eos=True))
+    end = sink.of(TurnEndEvent)[0]
+    assert end.finish_reason == FinishReason.CONTEXT_FULL
+    executor, runner = make(n_ctx_per_slot=16, shift_keep=1)
+    sink, _ = one_turn(executor, (BOS, 3), params(ignore_eos=True, max_tokens=40))
+    assert sink.of(TurnEndEvent)[0].finish_reason == FinishReason.LENGTH
+    assert executor.metrics.context_shifts._value.get() > 0
+    assert_kv_mirrors_slots(executor, runner)
+
+
+def test_deadline_ends_the_session() -> None:
+    executor, _ = make()
+    sink = ListSink()
+    key = executor.open_session(params(), sink, deadline=time.monotonic() + 0.05)
+    executor.add_input(key, (BOS, 3), True)
+    time.sleep(0.06)
+    run_until(executor, lambda: sink.of(SessionFailed))
+    assert sink.of(TurnEndEvent)[0].finish_reason == FinishReason.DEADLINE
+    assert sink.of(SessionFailed)[0].status == "DEADLINE_EXCEEDED"
+    assert not any(slot.busy for slot, _ in executor.table.slot_states())
+
+
+def test_failed_decode_fails_only_the_sessions_in_it() -> None:
+    executor, runner = make()
+    sink = ListSink()
+    key = executor.open_session(params(), sink)
+    executor.add_input(key, (BOS, 10), True)
+    runner.fail_next_decode = True
+    run_until(executor, lambda: sink.of(SessionFailed))
+    assert sink.of(SessionFailed)[0].status == "INTERNAL"
+    assert not any(slot.busy for slot, _ in executor.table.slot_states())
+    other, _ = one_turn(executor, (BOS, 30), params(max_tokens=2))
+    assert other.token_ids() == [31, 32]
+    assert_kv_mirrors_slots(executor, runner)
+
+
+def test_waiting_session_gets_the_slot_when_one_frees() -> None:
+    executor, _ = make(n_parallel=1)
+    first, second = ListSink(), ListSink()
+    k1 = executor.open_session(params(max_tokens=2), first)
+    executor.add_input(k1, (BOS, 10), True)
+    k2 = executor.open_session(params(max_tokens=2), second)
+    executor.add_input(k2, (BOS, 20), True)
+    run_until(executor, turn_ends(first))
+    assert not second.of(TurnEndEvent) and executor.snapshot.num_waiting in (0, 1)
+    executor.close(k1)
+    run_until(executor, turn_ends(second))
+    assert second.token_ids() == [21, 22]
+
+
+def test_embeddings_run_in_their_own_steps() -> None:
+    executor, _ = make()
+    sink = ListSink()
+    executor.embed(tuple(EmbedInput(i, (BOS,) * (i + 1), False, False) for i in range(3)), sink)
+    run_until(executor, lambda: len(sink.of(EmbedResult)) == 3)
+    assert [float(r.vector[0]) for r in sink.of(EmbedResult)] == [1.0, 2.0, 3.0]
+

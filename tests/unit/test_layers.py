@@ -1,0 +1,100 @@
+"""The house rules of the code base, checked from the source (ast, nothing imported):
+wings import downward only (transport -> engine -> model, the transport through the
+engine alone; everything may use the root's config/domain/metrics/logs), engine and model never touch grpc or the
+generated stubs, the client never imports the service or the benchmarks, no import
+circles, no file over 300 lines outside generated code."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICE = ROOT / "service" / "llmserve" / "service"
+CLIENT = ROOT / "client" / "llmserve" / "client"
+BASE = {"config", "domain", "metrics", "logs", "__init__"}
+RANK = {"model": 0, "engine": 1, "transport": 2}
+
+
+def _module(path: Path) -> str:
+    top = ROOT / ("client" if path.is_relative_to(ROOT / "client") else "service")
+    parts = path.relative_to(top).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Absolute names of every module the file imports (relative imports resolved)."""
+    package = _module(path).split(".") if path.name == "__init__.py" else _module(path).split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            name = ".".join([*base, *([node.module] if node.module else [])])
+            found.add(name)
+            found.update(f"{name}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _service_files() -> list[Path]:
+    return sorted(SERVICE.rglob("*.py"))
+
+
+def _wing(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[2] in RANK else None
+
+
+def test_wings_import_downward_only() -> None:
+    problems = []
+    for path in _service_files():
+        me = _module(path)
+        my_wing = _wing(me)
+        for name in _imports(path):
+            if not name.startswith("llmserve.service."):
+                if my_wing in ("engine", "model") and (name.split(".")[0] == "grpc" or name.startswith("llmserve.v1")):
+                    problems.append(f"{me} imports {name}")
+                continue
+            other = _wing(name)
+            if my_wing is None:
+                root_module = me.split(".")[2] if len(me.split(".")) > 2 else ""
+                if root_module in BASE and other is not None and not name.endswith("__version__"):
+                    problems.append(f"{me} (root) imports {name}")
+            elif other is not None and RANK[other] > RANK[my_wing]:
+                problems.append(f"{me} imports upward: {name}")
+            elif my_wing == "transport" and other == "model":
+                problems.append(f"{me} reaches past the engine: {name}")
+    assert not problems, "\n".join(problems)
+
+
+def test_no_import_circles() -> None:
+    modules = {_module(p): p for p in _service_files()}
+    graph = {m: {n for n in _imports(p) if n in modules and n != m} for m, p in modules.items()}
+    state: dict[str, int] = {}
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for n in graph[m]:
+            if state.get(n) == 1:
+                raise AssertionError("import circle: " + " -> ".join([*stack[stack.index(n):], n]))
+            if n not in state:
+                visit(n, [*stack, n])
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m, [m])
+
+
+def test_client_imports_neither_service_nor_bench() -> None:
+    for path in sorted(CLIENT.rglob("*.py")):
+        for name in _imports(path):
+            assert not name.startswith(("llmserve.service", "bench", "tests")), f"{path.name} imports {name}"
+
+
+def test_files_stay_short() -> None:
+    sources = [*_service_files(), *CLIENT.rglob("*.py"), *(ROOT / "bench").rglob("*.py"), *(ROOT / "tools").rglob("*.py")]
+    long = [f"{p.relative_to(ROOT)}: {len(p.read_text().splitlines())}" for p in sources
+            if len(p.read_text().splitlines()) > 300]
+    assert not long, long
