@@ -70,15 +70,18 @@ class FakeSampler:
         self.history: list[int] = []
         self.rng = np.random.default_rng(params.seed)
         self.freed = False
+        self.turns = 0
 
-    def sample(self, row: int, logits: np.ndarray) -> int:
+    def sample(self, row: int, logits: np.ndarray) -> int | None:
         return self.sample_from(logits)
 
-    def sample_from(self, logits: np.ndarray) -> int:
+    def sample_from(self, logits: np.ndarray) -> int | None:
         logits = logits.astype(np.float64)
         for token, bias in self.params.logit_bias:
             logits[token] += bias
         logits[list(self.banned)] = -np.inf
+        if not np.isfinite(logits).any():
+            return None  # as the real sampler does when nothing is allowed
         best = np.argsort(-logits)[:2]
         token = int(best[0]) if self.params.temperature <= 0 else int(self.rng.choice(best))
         self.history.append(token)
@@ -86,6 +89,12 @@ class FakeSampler:
 
     def accept(self, tokens: Sequence[int]) -> None:
         self.history.extend(tokens)
+
+    def grammar_allows_end(self) -> bool:
+        return True
+
+    def begin_turn(self) -> None:
+        self.turns += 1
 
     def free(self) -> None:
         self.freed = True
@@ -102,6 +111,7 @@ class FakeRunner:
         self._rows: dict[int, np.ndarray] = {}
         self.fail_next_decode = False
         self.num_decodes = 0
+        self.max_output_rows = 0  # the most rows with logits in one decode
         self.samplers: list[FakeSampler] = []
 
     def decode(self) -> int:
@@ -111,6 +121,7 @@ class FakeRunner:
             return 1
         b = self.batch
         self._rows.clear()
+        self.max_output_rows = max(self.max_output_rows, int(b.logits[: b.num_tokens].sum()))
         for i in range(b.num_tokens):
             seq, pos, token = int(b.seq[i]), int(b.pos[i]), int(b.token[i])
             cells = self.kv.setdefault(seq, [])
@@ -129,7 +140,9 @@ class FakeRunner:
     def piece(self, token: int, special: bool = False) -> bytes:
         return piece_of(token)
 
-    def new_sampler(self, params: SamplingParams, n_ctx: int, banned_tokens: tuple[int, ...] = ()) -> FakeSampler:
+    def new_sampler(
+        self, params: SamplingParams, n_ctx: int, banned_tokens: tuple[int, ...] = (), grammar: object | None = None
+    ) -> FakeSampler:
         sampler = FakeSampler(params, banned_tokens)
         self.samplers.append(sampler)
         return sampler

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from llmserve.service.domain import (
     EmbedInput,
+    OutputParams,
     EmbedResult,
     FinishReason,
     SamplingParams,
@@ -248,3 +249,42 @@ def test_embeddings_run_in_their_own_steps() -> None:
     run_until(executor, lambda: len(sink.of(EmbedResult)) == 3)
     assert [float(r.vector[0]) for r in sink.of(EmbedResult)] == [1.0, 2.0, 3.0]
 
+
+
+def test_no_allowed_token_ends_the_turn() -> None:
+    executor, runner = make()
+    everything = tuple((t, float("-inf")) for t in range(64))
+    p = replace(params(max_tokens=4), sampling=replace(GREEDY, logit_bias=everything))
+    sink, key = one_turn(executor, (BOS, 10), p)
+    end = sink.of(TurnEndEvent)[0]
+    assert end.finish_reason == FinishReason.STOP and end.completion_tokens == 0 and "forbid" in end.message
+    executor.add_input(key, (BOS,), True)  # the session goes on
+    run_until(executor, turn_ends(sink, 2))
+    assert_kv_mirrors_slots(executor, runner)
+
+
+def test_a_full_slot_refuses_the_next_turn_without_growing() -> None:
+    executor, runner = make(n_ctx_per_slot=16)
+    sink = ListSink()
+    key = executor.open_session(params(ignore_eos=True), sink)
+    executor.add_input(key, (BOS, 3), True)
+    run_until(executor, turn_ends(sink, 1))
+    for n in range(2, 12):  # empty turns: nothing more fits
+        executor.add_input(key, (), True)
+        run_until(executor, turn_ends(sink, n))
+    ends = sink.of(TurnEndEvent)
+    assert all(e.finish_reason == FinishReason.CONTEXT_FULL for e in ends)
+    assert sum(e.completion_tokens for e in ends[1:]) <= len(ends) // 2
+    (slot,) = [slot for slot, _ in executor.table.slot_states() if slot.busy]
+    assert len(slot.tokens) <= 16 and len(runner.kv[slot.seq_id]) <= 16
+    assert_kv_mirrors_slots(executor, runner)
+
+
+def test_prompt_logprobs_run_in_bounded_chunks() -> None:
+    executor, runner = make()
+    p = replace(params(max_tokens=2), output=OutputParams(prompt_logprobs=True))
+    prompt = (BOS, *range(3, 50))
+    sink, _ = one_turn(executor, prompt, p)
+    scored = [lp for e in sink.events if hasattr(e, "tokens") for lp in e.tokens]
+    assert [lp.token_id for lp in scored] == list(prompt[1:])
+    assert runner.max_output_rows <= 32

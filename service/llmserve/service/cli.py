@@ -76,6 +76,12 @@ def _parser() -> argparse.ArgumentParser:
     f.add("--max-input-tokens", type=int, help="input tokens per session (default and cap: the slot's context)")
     f.add("--max-message-bytes", type=int, default=d.max_message_bytes, help="largest request message accepted")
     f.add("--shutdown-grace", type=float, default=d.shutdown_grace_s, help="seconds in-flight turns get on SIGTERM")
+    f.add("--first-message-timeout", type=float, default=d.first_message_timeout_s,
+          help="seconds a Generate stream may take to send its first message (then DEADLINE_EXCEEDED)")
+    f.add("--watchdog-timeout", type=float, default=d.watchdog_timeout_s,
+          help="exit non-zero if the executor does not step for this long while work waits (0: off)")
+    f.add("--grammar-timeout", type=float, default=d.grammar_timeout_s, help="seconds to compile a grammar or schema")
+    f.add("--grammar-max-mb", type=int, default=d.grammar_max_mb, help="memory a grammar or schema may take to compile")
     f.add("--metrics-port", type=int, help="serve Prometheus metrics on this port (off when unset)")
     f.add("--metrics-host", default=d.metrics_host, help="address for the metrics endpoint")
     f.add("--tls-cert", type=Path, help="server certificate (PEM); enables TLS with --tls-key")
@@ -134,6 +140,10 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         max_input_tokens=args.max_input_tokens,
         max_message_bytes=args.max_message_bytes,
         shutdown_grace_s=args.shutdown_grace,
+        first_message_timeout_s=args.first_message_timeout,
+        watchdog_timeout_s=args.watchdog_timeout,
+        grammar_timeout_s=args.grammar_timeout,
+        grammar_max_mb=args.grammar_max_mb,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         tls_cert=args.tls_cert,

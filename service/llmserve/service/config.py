@@ -62,6 +62,10 @@ class ServerConfig:
     max_input_tokens: int | None = None  # per session; None: the slot's context
     max_message_bytes: int = 16 * 1024 * 1024
     shutdown_grace_s: float = 10.0
+    first_message_timeout_s: float = 5.0  # a Generate stream's first message must come by then
+    watchdog_timeout_s: float = 60.0  # no executor progress this long with work waiting: exit (0: off)
+    grammar_timeout_s: float = 5.0  # compile budget of a grammar / JSON schema (in the grammar worker)
+    grammar_max_mb: int = 512
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     tls_cert: Path | None = None
@@ -99,6 +103,10 @@ class ServerConfig:
             raise ValueError(f"--ctx-size {self.n_ctx} leaves fewer than 16 tokens per slot")
         if self.n_threads < 1:
             raise ValueError("--threads must be at least 1")
+        if self.first_message_timeout_s <= 0 or self.grammar_timeout_s <= 0 or self.grammar_max_mb < 16:
+            raise ValueError("--first-message-timeout and --grammar-timeout must be positive, --grammar-max-mb >= 16")
+        if self.watchdog_timeout_s < 0:
+            raise ValueError("--watchdog-timeout must be >= 0")
         if self.max_queue < 0:
             raise ValueError("--max-queue must be >= 0")
         if self.max_input_tokens is not None and self.max_input_tokens < 1:

@@ -17,9 +17,10 @@ import numpy as np
 class InvalidRequest(ValueError):
     """A request the engine refuses (the transport maps it to INVALID_ARGUMENT)."""
 
-    def __init__(self, message: str, field: str | None = None) -> None:
+    def __init__(self, message: str, field: str | None = None, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.field = field
+        self.retry_after_s = retry_after_s
 
 
 class PreconditionFailed(InvalidRequest):

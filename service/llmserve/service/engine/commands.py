@@ -18,6 +18,7 @@ class Open:
     sink: EventSink
     deadline: float | None  # time.monotonic() by which the session must end
     restore: SavedSession | None = None  # a saved session to resume
+    grammar: object | None = None  # params.sampling.grammar compiled (Engine.compile_constraint)
 
 
 @dataclass(frozen=True)

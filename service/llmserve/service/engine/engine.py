@@ -28,8 +28,9 @@ from ..domain import (
 )
 from ..metrics import Metrics
 from ..model.files import default_model_path
+from ..model.grammar_compiler import GrammarCompiler
 from ..model.runner import LlamaRunner, RunnerConfig
-from ..model.sampler import SAMPLER_NAMES, check_grammar
+from ..model.sampler import SAMPLER_NAMES
 from ..model.tokenizer import Vocab
 from .chat import ChatMessage
 from .executor import Executor, ExecutorConfig
@@ -95,7 +96,10 @@ class Engine:
         self._store: SessionStore | None = None
         if config.session_dir is not None:
             fingerprint = model_fingerprint(model_path, self.meta, config.cache_type_k, config.cache_type_v)
-            self._store = SessionStore(config.session_dir, config.session_dir_max_bytes, fingerprint, metrics or Metrics())
+            self._store = SessionStore(
+                config.session_dir, config.session_dir_max_bytes, fingerprint, metrics or Metrics(),
+                config.n_ctx_per_slot, runner.n_vocab,
+            )
         executor_config = ExecutorConfig(
             n_parallel=config.n_parallel,
             n_ctx_per_slot=config.n_ctx_per_slot,
@@ -120,22 +124,31 @@ class Engine:
             )
         self.pooling = self.embedding_model.pooling if self.embedding_model else "none"
         self.samplers = SAMPLER_NAMES
+        self._grammars = GrammarCompiler(model_path, runner.vocab, config.grammar_timeout_s, config.grammar_max_mb << 20)
         log_loaded(config, self.meta, embedder)
 
     # ------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
+        self._grammars.start()
         self._executor.start()
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Stop the executor after its current step; open sessions end UNAVAILABLE."""
-        self._executor.stop(timeout)
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop the executor after its current step; open sessions end UNAVAILABLE.
+        False if it did not stop within `timeout`."""
+        self._grammars.close()
+        return self._executor.stop(timeout)
 
     def close(self) -> None:
         """After `stop()`: finish saving sessions, free the model."""
         if self._store is not None:
             self._store.close()  # named sessions saved at the end are written out
         self._runner.close()
+
+    def stalled_for(self) -> float | None:
+        """Seconds the executor has gone without progress while work waits (0: healthy);
+        None when its thread is dead."""
+        return self._executor.stalled_for()
 
     @property
     def snapshot(self) -> ExecutorSnapshot:
@@ -145,11 +158,15 @@ class Engine:
     # ------------------------------------------------------------- Generate
 
     def open_session(
-        self, params: SessionParams, sink: EventSink, deadline: float | None = None, restore: SavedSession | None = None
+        self, params: SessionParams, sink: EventSink, deadline: float | None = None,
+        restore: SavedSession | None = None, grammar: object | None = None,
     ) -> SessionHandle:
         """Open a Generate session; its events go to `sink`. `deadline` is time.monotonic();
-        `restore` resumes a saved session (see `load_session`)."""
-        return SessionHandle(self._executor, self._executor.open_session(params, sink, deadline, restore))
+        `restore` resumes a saved session (see `load_session`); `grammar` is what
+        `compile_constraint` returned for `params.sampling.grammar`."""
+        if params.session_id and self._store is not None:
+            self._store.begin(params.session_id)  # a reopen waits until this session is saved
+        return SessionHandle(self._executor, self._executor.open_session(params, sink, deadline, restore, grammar))
 
     @property
     def has_session_store(self) -> bool:
@@ -161,9 +178,12 @@ class Engine:
             raise PreconditionFailed("named sessions need the server to run with --session-dir", field="config.session_id")
         return self._store.load(session_id)
 
-    def check_grammar(self, grammar: str) -> None:
-        """Raise GrammarError if llama.cpp cannot parse the GBNF grammar."""
-        check_grammar(self._runner.vocab, grammar)
+    def compile_constraint(self, kind: str, text: str) -> tuple[str, object]:
+        """A "grammar" or "json_schema" as GBNF, and compiled (an opaque object for
+        `open_session`): proven in the grammar worker within the time and memory budget,
+        then parsed here. GrammarError otherwise. Blocks: call off the event loop."""
+        compiled = self._grammars.compile(kind, text)
+        return compiled.gbnf, compiled
 
     def render_chat(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
         """The conversation rendered with the chat template, as tokens (the template must exist)."""

@@ -12,6 +12,7 @@ Events go to each request's sink, which never blocks this thread.
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import threading
 import time
@@ -45,6 +46,12 @@ from .token_picker import TokenPicker
 log = structlog.get_logger("llmserve.executor")
 
 
+class InjectedFault(BaseException):
+    """Test only: `LLMSERVE_INJECT_FAULT=die:<request_id>` kills the executor thread when a
+    session with that request id opens; `stall:<request_id>` blocks it. Supervision tests
+    use it to prove the process exits instead of hanging."""
+
+
 @dataclass(frozen=True)
 class ExecutorConfig:
     n_parallel: int
@@ -76,6 +83,9 @@ class Executor:
         self._num_steps = 0
         self._step_s = 0.02  # moving average of a step's duration (deadline margin)
         self.snapshot = ExecutorSnapshot()
+        self._beat = time.monotonic()  # the loop's last iteration
+        self._idle = True  # waiting for a command, with nothing to do
+        self._fault = tuple(os.environ.get("LLMSERVE_INJECT_FAULT", ":").split(":", 1))
         self._thread = threading.Thread(target=self._run, name="llmserve-executor", daemon=True)
 
     # ------------------------------------------------ thread-safe API (engine)
@@ -84,18 +94,28 @@ class Executor:
         self._publish()
         self._thread.start()
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Stop after the current step; open sessions end UNAVAILABLE."""
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop after the current step; open sessions end UNAVAILABLE. False if the thread
+        did not end within `timeout`."""
         self._commands.put(STOP)
         self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def stalled_for(self) -> float | None:
+        """Seconds since the loop last moved while it had work (0 when idle); None if the
+        thread has died."""
+        if not self._thread.is_alive():
+            return None
+        return 0.0 if self._idle else max(time.monotonic() - self._beat, 0.0)
 
     def open_session(
-        self, params: SessionParams, sink: EventSink, deadline: float | None = None, restore: SavedSession | None = None
+        self, params: SessionParams, sink: EventSink, deadline: float | None = None,
+        restore: SavedSession | None = None, grammar: object | None = None,
     ) -> int:
         """Open a session; `deadline` (time.monotonic) ends it with DEADLINE in time to tell the client;
-        `restore` resumes a saved session."""
+        `restore` resumes a saved session; `grammar` is the compiled constraint."""
         key = next(self._keys)
-        self._commands.put(Open(key, params, sink, deadline, restore))
+        self._commands.put(Open(key, params, sink, deadline, restore, grammar))
         return key
 
     def add_input(self, key: int, tokens: tuple[int, ...], end_of_turn: bool, replace: bool = False) -> None:
@@ -120,6 +140,7 @@ class Executor:
     def _run(self) -> None:
         try:
             while self.drain(block=False):
+                self._beat, self._idle = time.monotonic(), False
                 try:
                     worked = self.step()
                 except Exception:  # a bug: fail the sessions involved, keep serving
@@ -127,8 +148,13 @@ class Executor:
                     self.table.fail_busy("INTERNAL", "internal error in the executor")
                     worked = True
                 self._publish()
-                if not worked and not self.drain(block=True, timeout=self.table.idle_timeout(self._step_s)):
-                    break
+                if not worked:
+                    self._idle = True
+                    if not self.drain(block=True, timeout=self.table.idle_timeout(self._step_s)):
+                        break
+        except BaseException:
+            log.critical("executor_died", exc_info=True)  # the watchdog sees the dead thread
+            raise
         finally:
             self._shutdown()
 
@@ -147,7 +173,19 @@ class Executor:
             elif isinstance(command, DropEmbeds):
                 self._embeds = deque(entry for entry in self._embeds if entry[1] is not command.sink)
             else:
-                self.table.handle(command)
+                self._handle(command)
+
+    def _handle(self, command: object) -> None:
+        if isinstance(command, Open) and command.params.request_id == self._fault[1]:
+            if self._fault[0] == "die":
+                raise InjectedFault(command.params.request_id)
+            if self._fault[0] == "stall":
+                threading.Event().wait()
+        try:
+            self.table.handle(command)
+        except Exception:  # a bug: fail that session only
+            log.exception("executor_command_failed", command=type(command).__name__)
+            self.table.fail_key(getattr(command, "key", -1), "INTERNAL", "internal error in the executor")
 
     def step(self) -> bool:
         """One iteration of the loop; False when there was nothing to do."""
@@ -181,7 +219,7 @@ class Executor:
         items = [self._embeds.popleft() for _ in range(count)]
         try:
             vectors = self.runner.embed([item.tokens for item, _ in items])
-        except RuntimeError as exc:
+        except Exception as exc:  # noqa: BLE001 - those inputs fail, the loop goes on
             log.error("embedding_step_failed", error=str(exc))
             for _, sink in items:
                 sink.put(SessionFailed("INTERNAL", str(exc)))
@@ -198,6 +236,7 @@ class Executor:
     # ------------------------------------------------------------ bookkeeping
 
     def _shutdown(self) -> None:
+        self._idle = True
         self.table.fail_all("UNAVAILABLE", "the server is shutting down")
         while self._embeds:
             _, sink = self._embeds.popleft()

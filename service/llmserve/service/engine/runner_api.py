@@ -19,12 +19,22 @@ from ..domain import ModelMeta, SamplingParams
 class TokenSampler(Protocol):
     """One sequence's sampler chain (and grammar)."""
 
-    def sample(self, row: int, logits: np.ndarray) -> int:
-        """Sample from batch row `row` of the last decode (`logits` is its view) and accept the token."""
+    def sample(self, row: int, logits: np.ndarray) -> int | None:
+        """Sample from batch row `row` of the last decode (`logits` is its view) and accept
+        the token; None when no token is allowed (a grammar that can only end, and ending
+        is forbidden)."""
         ...
 
-    def sample_from(self, logits: np.ndarray) -> int:
-        """Sample from logits the caller changed (or saved), and accept the token."""
+    def sample_from(self, logits: np.ndarray) -> int | None:
+        """Sample from logits the caller changed (or saved), and accept the token; None as above."""
+        ...
+
+    def grammar_allows_end(self) -> bool:
+        """No grammar, or the grammar is complete."""
+        ...
+
+    def begin_turn(self) -> None:
+        """A new turn: a grammar starts over."""
         ...
 
     def accept(self, tokens: Sequence[int]) -> None:
@@ -63,7 +73,11 @@ class Runner(Protocol):
 
     def piece(self, token: int, special: bool = False) -> bytes: ...
 
-    def new_sampler(self, params: SamplingParams, n_ctx: int, banned_tokens: tuple[int, ...] = ()) -> TokenSampler: ...
+    def new_sampler(
+        self, params: SamplingParams, n_ctx: int, banned_tokens: tuple[int, ...] = (), grammar: object | None = None
+    ) -> TokenSampler:
+        """`grammar`: the compiled form of `params.grammar` (opaque here; see Engine.compile_constraint)."""
+        ...
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool: ...
 

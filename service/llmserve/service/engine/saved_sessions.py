@@ -6,7 +6,13 @@ and KV layout it was made with), then the bytes of `llama_state_seq_get_data`.
 Writes are atomic (temporary file + rename) and happen on a writer thread; the
 directory is kept under `max_bytes` by deleting the least recently used files. A
 file that is corrupt or was made with another model or KV layout is discarded and
-logged, never loaded.
+logged, never loaded, and so is one whose tokens do not fit this server's slots or
+vocabulary.
+
+A session id is saved at most once at a time and never read while a save of it is
+on its way: `begin` (when a stream opens the id) counts a save to come, `settle`
+(the executor had nothing to save) or the written file ends it, and `load` waits
+for it. So a stream that reopens an id at once gets the state the last one left.
 """
 
 from __future__ import annotations
@@ -17,13 +23,13 @@ import os
 import struct
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from ..domain import SavedSession
+from ..domain import PreconditionFailed, SavedSession
 from ..metrics import Metrics
 
 log = structlog.get_logger("llmserve.sessions")
@@ -48,7 +54,13 @@ def model_fingerprint(model_path: Path, meta: Any, cache_type_k: str, cache_type
 
 
 class SessionStore:
-    def __init__(self, directory: Path, max_bytes: int, fingerprint: dict[str, object], metrics: Metrics) -> None:
+    def __init__(
+        self, directory: Path, max_bytes: int, fingerprint: dict[str, object], metrics: Metrics,
+        max_tokens: int, n_vocab: int,
+    ) -> None:
+        """`max_tokens`, `n_vocab`: a saved session must fit one slot and the vocabulary."""
+        self.max_tokens = max_tokens
+        self.n_vocab = n_vocab
         self.directory = directory
         self.max_bytes = max_bytes
         self.fingerprint = fingerprint
@@ -56,15 +68,40 @@ class SessionStore:
         directory.mkdir(parents=True, exist_ok=True)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmserve-session-writer")
         self._lock = threading.Lock()
+        self._saves = threading.Condition()
+        self._num_saving: dict[str, int] = {}  # session id -> saves to come
         self._update_bytes()
+
+    def begin(self, session_id: str) -> None:
+        """A stream holds the id: a save of it will come (or `settle`)."""
+        with self._saves:
+            self._num_saving[session_id] = self._num_saving.get(session_id, 0) + 1
+
+    def settle(self, session_id: str) -> None:
+        """The stream that held the id ended with nothing to save, or its save is written."""
+        with self._saves:
+            left = self._num_saving.get(session_id, 0) - 1
+            if left > 0:
+                self._num_saving[session_id] = left
+            else:
+                self._num_saving.pop(session_id, None)
+            self._saves.notify_all()
 
     def path_for(self, session_id: str) -> Path:
         return self.directory / (hashlib.sha256(session_id.encode()).hexdigest()[:40] + SUFFIX)
 
     # ------------------------------------------------------------------ load
 
-    def load(self, session_id: str) -> SavedSession | None:
-        """The saved session, or None (missing, or discarded because it cannot be trusted)."""
+    def load(self, session_id: str, wait_s: float = 10.0) -> SavedSession | None:
+        """The saved session, or None (missing, or discarded because it cannot be trusted).
+        Waits up to `wait_s` for a save of the id still on its way, else PreconditionFailed."""
+        with self._saves:
+            if not self._saves.wait_for(lambda: session_id not in self._num_saving, wait_s):
+                raise PreconditionFailed(
+                    f"session {session_id!r} is still being saved by the stream that used it; retry",
+                    field="config.session_id",
+                    retry_after_s=1.0,
+                )
         path = self.path_for(session_id)
         try:
             blob = path.read_bytes()
@@ -83,6 +120,17 @@ class SessionStore:
         return record
 
     def _decode(self, blob: bytes, session_id: str) -> SavedSession:
+        try:
+            record = self._parse(blob, session_id)
+        except (KeyError, TypeError, IndexError, struct.error, UnicodeDecodeError) as exc:
+            raise ValueError(f"malformed header ({type(exc).__name__})") from None
+        if len(record.tokens) + len(record.pending) > self.max_tokens:
+            raise ValueError(f"{len(record.tokens) + len(record.pending)} tokens do not fit a slot of {self.max_tokens}")
+        if any(not 0 <= t < self.n_vocab for t in (*record.tokens, *record.pending)):
+            raise ValueError("token ids outside the vocabulary")
+        return record
+
+    def _parse(self, blob: bytes, session_id: str) -> SavedSession:
         if not blob.startswith(MAGIC):
             raise ValueError("not a session file")
         body = blob[len(MAGIC) + 32 :]
@@ -110,8 +158,15 @@ class SessionStore:
     # ------------------------------------------------------------------ save
 
     def save_async(self, record: SavedSession) -> None:
-        """Write on the writer thread (the executor only copies the state out)."""
-        self._writer.submit(self._save, record)
+        """Write on the writer thread (the executor only copies the state out); settles the id."""
+        future = self._writer.submit(self._save_and_settle, record)
+        future.add_done_callback(_log_failure)
+
+    def _save_and_settle(self, record: SavedSession) -> None:
+        try:
+            self._save(record)
+        finally:
+            self.settle(record.session_id)
 
     def _save(self, record: SavedSession) -> None:
         header = json.dumps(
@@ -125,15 +180,18 @@ class SessionStore:
         ).encode()
         body = struct.pack("<I", len(header)) + header + record.state
         blob = MAGIC + hashlib.sha256(body).digest() + body
+        tmp_path: str | None = None
         try:
             with tempfile.NamedTemporaryFile(dir=self.directory, suffix=".tmp", delete=False) as tmp:
+                tmp_path = tmp.name
                 tmp.write(blob)
                 tmp.flush()
                 os.fsync(tmp.fileno())
-            os.replace(tmp.name, self.path_for(record.session_id))
+            os.replace(tmp_path, self.path_for(record.session_id))
         except OSError as exc:
             log.error("session_save_failed", session_id=record.session_id, error=str(exc))
-            Path(tmp.name).unlink(missing_ok=True)
+            if tmp_path is not None:
+                Path(tmp_path).unlink(missing_ok=True)
             return
         self.metrics.session_cache.labels("saved").inc()
         log.info("session_saved", session_id=record.session_id, tokens=len(record.tokens), bytes=len(blob))
@@ -156,3 +214,8 @@ class SessionStore:
     def close(self) -> None:
         """Finish pending writes."""
         self._writer.shutdown(wait=True)
+
+
+def _log_failure(future: Future[None]) -> None:
+    if future.exception() is not None:
+        log.error("session_save_failed", error=repr(future.exception()))

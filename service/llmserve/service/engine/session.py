@@ -27,6 +27,7 @@ from .textstream import TextStream
 # Events a session may have waiting in its sink before the executor pauses it:
 # a client that stops reading holds up only its own sequence.
 MAX_BACKLOG = 64
+PROMPT_LOGPROBS_CHUNK = 32
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class Session:
         self.queue_ms = 0.0
         self.slot: Slot | None = None
         self.sampler: TokenSampler | None = None
+        self.grammar: object | None = None  # the compiled constraint its samplers clone
         self.pending: list[int] = []  # input not yet in the KV
         self.next_token: int | None = None  # sampled, waits to be decoded
         self.turn: Turn | None = None
@@ -107,7 +109,7 @@ class Session:
         """Another sample of this turn (n > 1) on `slot`, which already holds a copy of the KV."""
         assert self.turn is not None
         index = len(self.children) + 1
-        sampling = replace(self.params.sampling, seed=(self.params.sampling.seed + index) % 2**32)
+        sampling = replace(self.params.sampling, seed=(self.params.sampling.seed + index) % 0xFFFFFFFF)
         params = replace(self.params, sampling=sampling, num_samples=1)
         child = Session(key, params, self.sink, self.max_context, self.deadline, self, index)
         child.slot = slot
@@ -161,6 +163,7 @@ class Session:
         self.turn_cached += matched
         del self.pending[:matched]
         self._keep_a_token_for_logits()
+        self._accept_history()
 
     def resume(self, slot: Slot, restored: SavedSession | None) -> None:
         """Got a slot holding a saved session's KV (`restored` None: it could not be loaded)."""
@@ -171,9 +174,18 @@ class Session:
             self.pending[:0] = restored.pending
             self.turn_cached = slot.num_confirmed
         self._keep_a_token_for_logits()
+        self._accept_history()
+
+    def _accept_history(self) -> None:
+        # Penalties and DRY see the cached prefix as if it had been prefilled, so a cache
+        # hit samples as a miss would.
+        if self.sampler is not None and self.slot is not None:
+            self.sampler.accept(self.slot.tokens[: self.slot.num_confirmed])
 
     def begin_turn(self) -> None:
         self.samples_open = 1
+        if self.sampler is not None:
+            self.sampler.begin_turn()
         now = time.monotonic()
         self.turn = Turn(
             stream=TextStream(self.params.stopping.stop),
@@ -214,7 +226,10 @@ class Session:
         """Pending tokens that may be prefilled now (the last one waits for end of turn)."""
         if self.slot is None or self.generating or self.overflowed:
             return 0
-        return len(self.pending) if self.turn is not None else max(len(self.pending) - 1, 0)
+        ready = len(self.pending) if self.turn is not None else max(len(self.pending) - 1, 0)
+        # Prompt logprobs need logits for every row: llama.cpp's output buffer holds
+        # rows x vocabulary floats (1 MiB a row for 262k), so those prompts go in chunks.
+        return min(ready, PROMPT_LOGPROBS_CHUNK) if self.params.output.prompt_logprobs else ready
 
     # ---------------------------------------------------------------- output
 

@@ -74,17 +74,20 @@ class SessionTable:
     def _open(self, command: Open) -> None:
         params = command.params
         session = Session(command.key, params, command.sink, self.n_ctx_per_slot, command.deadline)
+        session.grammar = command.grammar
         try:
-            session.sampler = self._sampler(params.sampling, params.stopping.ignore_eos)
+            session.sampler = self._sampler(params.sampling, params.stopping.ignore_eos, command.grammar)
         except GrammarError as exc:  # the transport checks first; this is the backstop
             command.sink.put(SessionFailed("INVALID_ARGUMENT", str(exc)))
+            if params.session_id and self.store is not None:
+                self.store.settle(params.session_id)
             return
         session.restore = command.restore
         self.sessions[command.key] = session
         self.waiting.append(session)
 
-    def _sampler(self, sampling: SamplingParams, ignore_eos: bool = False) -> TokenSampler:
-        return self.runner.new_sampler(sampling, self.n_ctx_per_slot, self._eog if ignore_eos else ())
+    def _sampler(self, sampling: SamplingParams, ignore_eos: bool, grammar: object | None) -> TokenSampler:
+        return self.runner.new_sampler(sampling, self.n_ctx_per_slot, self._eog if ignore_eos else (), grammar)
 
     def _accept_input(self, session: Session, tokens: tuple[int, ...], end_of_turn: bool, replace: bool) -> None:
         if replace:
@@ -94,7 +97,7 @@ class SessionTable:
         if not end_of_turn:
             return
         session.begin_turn()
-        if session.overflowed:
+        if session.overflowed or session.num_context_tokens > self.n_ctx_per_slot:
             session.pending.clear()
             message = f"history plus input exceed the slot context of {self.n_ctx_per_slot} tokens"
             self._finish(session, TurnFinish(FinishReason.CONTEXT_FULL, None, message=message))
@@ -152,7 +155,8 @@ class SessionTable:
         children = []
         for slot in parent.reserved:
             self.kv.copy(parent.slot, slot)
-            child = parent.fork(next(self.keys), slot, self._sampler)
+            child = parent.fork(next(self.keys), slot, lambda sampling, ignore_eos: self._sampler(
+                sampling, ignore_eos, parent.grammar))
             self.sessions[child.key] = child
             children.append(child)
         parent.reserved.clear()
@@ -179,13 +183,19 @@ class SessionTable:
         return admitted
 
     def _save(self, session: Session) -> None:
-        """A named session ends: copy its KV state out for the store's writer thread."""
+        """A named session ends: copy its KV state out for the store's writer thread. A
+        session with nothing in it leaves the saved file as it was."""
+        session_id = session.params.session_id
+        if self.store is None or not session_id or session.parent is not None:
+            return
         slot = session.slot
-        if self.store is None or not session.params.session_id or slot is None or session.parent is not None:
+        history: tuple[int, ...] = tuple(slot.tokens[: slot.num_confirmed]) if slot is not None else ()
+        if slot is None or not history:
+            self.store.settle(session_id)
             return
         history, state = self.kv.export(slot)
         pending = (*session.pending, *([session.next_token] if session.next_token is not None else []))
-        self.store.save_async(SavedSession(session.params.session_id, history, pending, session.chat, state))
+        self.store.save_async(SavedSession(session_id, history, pending, session.chat, state))
 
     def _release(self, session: Session) -> None:
         """The stream is gone: free the slot now; its KV stays as a prefix cache."""
@@ -213,6 +223,7 @@ class SessionTable:
         if session.sampler is not None:
             session.sampler.free()
             session.sampler = None
+        session.grammar = None
 
     def fail(self, session: Session, status: str, message: str) -> None:
         session.sink.put(SessionFailed(status, message))
@@ -224,6 +235,11 @@ class SessionTable:
             if s.slot is not None:
                 self.kv.clear(s.slot)
                 self.fail(s, status, message)
+
+    def fail_key(self, key: int, status: str, message: str) -> None:
+        session = self.sessions.get(key)
+        if session is not None:
+            self.fail(session.group, status, message)
 
     def fail_all(self, status: str, message: str) -> None:
         for s in [s for s in self.sessions.values() if s.parent is None]:

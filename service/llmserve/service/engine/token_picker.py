@@ -57,6 +57,8 @@ class TokenPicker:
         else:
             token = s.sampler.sample(row, logits)
         self.profile.sample_s += time.perf_counter() - t0
+        if token is None:
+            return self._nothing_allowed(s)
         now = time.monotonic()
         if turn.t_first_token is None:
             turn.t_first_token = now
@@ -87,6 +89,16 @@ class TokenPicker:
             log.info("context_shift", seq_id=s.slot.seq_id, keep=self.shift_keep, discard=discard)
         s.next_token = token
         return None
+
+    def _nothing_allowed(self, s: Session) -> TurnFinish:
+        """The grammar allows no token the request permits: the turn ends here."""
+        assert s.sampler is not None
+        if s.sampler.grammar_allows_end():
+            message = ("the grammar is complete: it allows only the end of generation, which "
+                       "ignore_eos, min_tokens, stop_token_ids or logit_bias forbid")
+            return TurnFinish(FinishReason.STOP, None, message=message)
+        message = "no token is allowed: the grammar permits only tokens that logit_bias or min_tokens forbid"
+        return TurnFinish(FinishReason.ERROR, None, message=message)
 
     def _text(self, token: int) -> str:
         return self.runner.piece(token, True).decode("utf-8", "replace")

@@ -11,20 +11,24 @@ A greedy chain with nothing else to apply is the argmax of the logits row, done
 with numpy. A grammar is applied llama-server's way: sample with the chain, and
 only if the grammar rejects that token, constrain the full row and sample again
 (applying a grammar to 262k candidates on every token would cost tens of ms).
+
+llama.cpp throws (std::terminate: the process dies) when a grammar accepts a token
+it does not allow, and aborts when it accepts the end of generation before the
+grammar is complete. So a token reaches `llama_sampler_accept` on the grammar only
+after the grammar itself allowed it; when nothing is allowed (the grammar can only
+end, and ignore_eos, min_tokens or a bias forbids ending) sampling returns None.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import os
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import llama_cpp
 import numpy as np
 
-from ..domain import GrammarError, SamplingParams
+from ..domain import SamplingParams
+from .grammar_compiler import CompiledGrammar
 
 SAMPLER_NAMES = (
     "logit_bias", "penalties", "dry", "top_n_sigma", "top_k", "typical_p", "top_p", "min_p", "xtc",
@@ -32,33 +36,6 @@ SAMPLER_NAMES = (
 )
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
-
-
-@contextlib.contextmanager
-def _captured_stderr() -> Iterator[list[str]]:
-    """llama.cpp's grammar parser prints its errors straight to fd 2: catch them so they
-    reach the client (and never the log as raw text). Our own logs go to stdout."""
-    out: list[str] = []
-    with tempfile.TemporaryFile() as tmp:
-        saved = os.dup(2)
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield out
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            out.append(tmp.read().decode("utf-8", "replace"))
-
-
-def check_grammar(vocab: llama_cpp.llama_vocab_p, grammar: str) -> None:
-    """Parse a grammar once (thread-safe: reads the vocabulary only)."""
-    with _captured_stderr() as errors:
-        smpl = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
-    if not smpl:
-        detail = " ".join(" ".join(errors).split())[:300]
-        raise GrammarError(f"the grammar does not parse (GBNF with a 'root' rule expected): {detail}")
-    llama_cpp.llama_sampler_free(smpl)
 
 
 class Sampler:
@@ -72,19 +49,23 @@ class Sampler:
         n_ctx: int,
         banned_tokens: Sequence[int] = (),
         ctx: llama_cpp.llama_context_p | None = None,
+        grammar: CompiledGrammar | None = None,
     ) -> None:
-        """`ctx`: the context whose batch rows `sample` reads."""
+        """`ctx`: the context whose batch rows `sample` reads; `grammar`: `params.grammar`
+        compiled (off this thread), cloned here."""
         self.params = params
         self._ctx = ctx
         self._n_vocab = n_vocab
         biases = list(params.logit_bias) + [(t, float("-inf")) for t in banned_tokens]
-        self._is_argmax = params.is_greedy and not params.has_penalties and not biases and not params.grammar
+        self._forbidden = np.array(sorted({t for t, bias in biases if bias == float("-inf")}), dtype=np.int64)
+        self._is_argmax = (
+            params.is_greedy and not params.has_penalties and params.dry_multiplier <= 0 and not biases
+            and not params.grammar
+        )
         self._chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        self._grammar = None
-        if params.grammar:
-            self._grammar = llama_cpp.llama_sampler_init_grammar(vocab, params.grammar.encode(), b"root")
-            if not self._grammar:
-                raise GrammarError("the grammar does not parse")
+        self._compiled = grammar
+        self._grammar = grammar.clone() if grammar is not None else None
+        self._eog = int(llama_cpp.llama_vocab_eos(vocab))
         self._keep_alive: list[object] = []
         self._build(params, vocab, n_ctx, biases)
 
@@ -135,8 +116,9 @@ class Sampler:
 
     # ---------------------------------------------------------------- sampling
 
-    def sample(self, row: int, logits: np.ndarray) -> int:
-        """Sample from batch row `row` (`logits` is its view) and accept the token."""
+    def sample(self, row: int, logits: np.ndarray) -> int | None:
+        """Sample from batch row `row` (`logits` is its view) and accept the token;
+        None when no token is allowed (see the module's docstring)."""
         if self._is_argmax:
             return int(logits.argmax())
         if self._grammar is None:
@@ -144,25 +126,55 @@ class Sampler:
             return int(llama_cpp.llama_sampler_sample(self._chain, self._ctx, row))
         token = self._apply(*self._candidates(logits))
         if not self._grammar_allows(token):
-            data, arr = self._candidates(logits)
-            llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(arr))
-            token = self._apply(data, arr)
+            return self._sample_constrained(logits)
         llama_cpp.llama_sampler_accept(self._grammar, token)
         llama_cpp.llama_sampler_accept(self._chain, token)
         return token
 
-    def sample_from(self, logits: np.ndarray) -> int:
-        """Sample from logits the caller changed (a copy): candidates are built here."""
+    def sample_from(self, logits: np.ndarray) -> int | None:
+        """Sample from logits the caller changed (a copy) or saved: candidates are built here."""
         if self._is_argmax:
             return int(logits.argmax())
+        if self._grammar is not None:
+            return self._sample_constrained(logits)
         data, arr = self._candidates(logits)
-        if self._grammar is not None:
-            llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(arr))
+        if not self._any_allowed(data):
+            return None
         token = self._apply(data, arr)
-        if self._grammar is not None:
-            llama_cpp.llama_sampler_accept(self._grammar, token)
         llama_cpp.llama_sampler_accept(self._chain, token)
         return token
+
+    def _sample_constrained(self, logits: np.ndarray) -> int | None:
+        """The grammar applied to the whole row first, then the chain; None if nothing is left."""
+        assert self._grammar is not None
+        data, arr = self._candidates(logits)
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(arr))
+        if not self._any_allowed(data):
+            return None
+        token = self._apply(data, arr)
+        if not self._grammar_allows(token):  # never accept what the grammar refuses (it throws)
+            return None
+        llama_cpp.llama_sampler_accept(self._grammar, token)
+        llama_cpp.llama_sampler_accept(self._chain, token)
+        return token
+
+    def _any_allowed(self, data: np.ndarray) -> bool:
+        allowed = np.isfinite(data["logit"])
+        allowed[self._forbidden] = False
+        return bool(allowed.any())
+
+    def grammar_allows_end(self) -> bool:
+        """The grammar (if any) is complete: it would accept the end of generation."""
+        if self._grammar is None:
+            return True
+        return self._grammar_allows(self._eog)
+
+    def begin_turn(self) -> None:
+        """Each turn's output matches the grammar from its start (a fresh clone: a reset
+        would parse the grammar again, here on the executor thread)."""
+        if self._compiled is not None and self._grammar is not None:
+            llama_cpp.llama_sampler_free(self._grammar)
+            self._grammar = self._compiled.clone()
 
     def accept(self, tokens: Sequence[int]) -> None:
         """Feed prompt tokens into the chain's history (repetition penalties, DRY)."""

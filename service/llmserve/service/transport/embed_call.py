@@ -91,7 +91,7 @@ class EmbedCall:
                         field="inputs",
                     )
                 for j, item in enumerate(request.inputs):
-                    tokens = input_tokens(self.engine, item, f"inputs[{j}]", add_special, embedding_model=True)
+                    tokens = await input_tokens(self.engine, item, f"inputs[{j}]", add_special, embedding_model=True)
                     truncated = len(tokens) > max_tokens
                     if truncated and not truncate:
                         raise InvalidArgument(

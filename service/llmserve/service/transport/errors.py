@@ -93,7 +93,7 @@ _BY_NAME = {
 def from_domain(error: InvalidRequest) -> ServiceError:
     """The engine's refusals, as statuses."""
     cls = FailedPrecondition if isinstance(error, PreconditionFailed) else InvalidArgument
-    return cls(str(error), field=error.field)
+    return cls(str(error), field=error.field, retry_after_s=error.retry_after_s)
 
 
 @dataclass(frozen=True)

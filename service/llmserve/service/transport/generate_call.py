@@ -38,9 +38,12 @@ from .errors import (
 )
 from .inputs import input_tokens
 from .loop_sink import LoopSink
-from .protos import logprob_proto, tokens_per_second, turn_end_proto
+from .protos import logprob_proto, turn_end_proto
+from .turn_record import record_turn
 
 log = structlog.get_logger("llmserve.generate")
+
+MAX_TURNS_PENDING = 2  # the running turn and one queued behind it
 
 
 @dataclass
@@ -55,6 +58,13 @@ class CallState:
     draining: bool = False
     chat: list[ChatMessage] | None = None  # the conversation, when the session uses messages
     reply: list[str] = field(default_factory=list)  # sample 0's text of the running turn
+    # Chat messages sent while a reply runs: rendered once the reply is in the history.
+    deferred_chat: list[tuple[list[ChatMessage], bool]] = field(default_factory=list)
+
+    @property
+    def num_turns_pending(self) -> int:
+        """Turns open in the engine plus chat turns waiting to be rendered."""
+        return self.turns_open + sum(end_of_turn for _, end_of_turn in self.deferred_chat)
 
 
 class _ClientDone:
@@ -72,10 +82,12 @@ class _ReaderFailed:
 
 class GenerateCall:
     def __init__(
-        self, engine: Engine, metrics: Metrics, max_input_tokens: int, restore: SavedSession | None = None
+        self, engine: Engine, metrics: Metrics, max_input_tokens: int, restore: SavedSession | None = None,
+        grammar: object | None = None,
     ) -> None:
         self.engine = engine
         self.restore = restore
+        self.grammar = grammar  # the compiled constraint (Engine.compile_constraint)
         self.metrics = metrics
         self.max_input_tokens = max_input_tokens
         self.sink = LoopSink(asyncio.get_running_loop())
@@ -96,7 +108,7 @@ class GenerateCall:
             state.session_tokens = len(self.restore.tokens) + len(self.restore.pending)
             if self.restore.chat is not None:
                 state.chat = [ChatMessage(role, content) for role, content in self.restore.chat]
-        session = engine.open_session(params, self.sink, deadline, self.restore)
+        session = engine.open_session(params, self.sink, deadline, self.restore, self.grammar)
         reader = asyncio.create_task(self._read(first, requests, session))
         client_done = False
         try:
@@ -125,7 +137,9 @@ class GenerateCall:
                     if event.index == 0 and state.chat is not None:
                         state.chat.append(ChatMessage("assistant", "".join(state.reply)))
                         state.reply.clear()
-                    self._record(event)
+                    if event.final:
+                        await self._run_deferred_chat(session)
+                    record_turn(self.metrics, event)
                     yield pb.GenerateResponse(request_id=params.request_id, turn_end=turn_end_proto(event))
                     if event.finish_reason == FinishReason.DEADLINE:
                         raise DeadlineExceeded("the call's deadline expired")
@@ -147,33 +161,13 @@ class GenerateCall:
             chat = tuple((m.role, m.content) for m in state.chat) if state.chat is not None else None
             session.close(chat)
 
-    def _record(self, event: TurnEndEvent) -> None:
-        m = self.metrics
-        m.turns.labels(event.finish_reason.name).inc()
-        m.prompt_tokens.inc(event.prompt_tokens)
-        m.cached_tokens.inc(event.cached_tokens)
-        m.generated_tokens.inc(event.completion_tokens)
-        if event.completion_tokens:
-            m.ttft.observe(event.ttft_ms / 1000.0)
-        log.info(
-            "turn_end",
-            status="OK" if event.finish_reason != FinishReason.ERROR else "ERROR",
-            finish_reason=event.finish_reason.name,
-            prompt_tokens=event.prompt_tokens,
-            cached_tokens=event.cached_tokens,
-            completion_tokens=event.completion_tokens,
-            queue_ms=round(event.queue_ms, 1),
-            ttft_ms=round(event.ttft_ms, 1),
-            tokens_per_s=round(tokens_per_second(event), 1),
-        )
-
     async def _read(
         self, first: pb.GenerateRequest, requests: AsyncIterator[pb.GenerateRequest], session: SessionHandle
     ) -> None:
         try:
-            self._on_message(first, session)
+            await self._on_message(first, session)
             async for message in requests:
-                self._on_message(message, session)
+                await self._on_message(message, session)
             if self.state.turn_tokens:  # input without end_of_turn, then half-close: run it
                 self._end_turn(session, ())
             self.sink.put_local(_ClientDone())
@@ -182,26 +176,25 @@ class GenerateCall:
         except Exception as exc:  # noqa: BLE001 - handed to the writer, which maps it
             self.sink.put_local(_ReaderFailed(exc))
 
-    def _on_message(self, message: pb.GenerateRequest, session: SessionHandle) -> None:
+    async def _on_message(self, message: pb.GenerateRequest, session: SessionHandle) -> None:
         message = check_decoded(message)
         engine, state = self.engine, self.state
         if message.cancel:
             session.cancel()
         tokens: tuple[int, ...] = ()
         if message.HasField("input") and message.input.WhichOneof("kind") == "messages":
-            tokens = self._render_chat(message.input.messages)
-            # The whole rendered conversation is this turn's input (the KV reuses its prefix).
-            state.turn_tokens = state.session_tokens = len(tokens)
-            self._check_sizes()
-            if message.end_of_turn:
-                self._end_turn(session, tokens, replace=True)
+            messages = self._chat_messages(message.input.messages)
+            if message.end_of_turn and state.num_turns_pending >= MAX_TURNS_PENDING:
+                raise self._turn_queue_full()
+            if state.turns_open or state.deferred_chat:
+                state.deferred_chat.append((messages, message.end_of_turn))
             else:
-                session.add_input(tokens, False, replace=True)
+                await self._chat_turn(messages, message.end_of_turn, session)
             return
         if message.HasField("input"):
             if state.chat is not None:
                 raise InvalidArgument("a session that uses chat messages must keep to messages", field="input")
-            tokens = input_tokens(engine, message.input, "input", state.needs_bos)
+            tokens = await input_tokens(engine, message.input, "input", state.needs_bos)
             state.needs_bos = False
             state.turn_tokens += len(tokens)
             state.session_tokens += len(tokens)
@@ -226,7 +219,33 @@ class GenerateCall:
                 field="input",
             )
 
-    def _render_chat(self, msg: pb.ChatMessages) -> tuple[int, ...]:
+    async def _chat_turn(self, messages: list[ChatMessage], end_of_turn: bool, session: SessionHandle) -> None:
+        """Add the messages to the conversation and send the whole rendering as the turn's input
+        (the KV reuses its prefix, so only the new tokens are prefilled)."""
+        state = self.state
+        assert state.chat is not None
+        state.chat.extend(messages)
+        tokens = await asyncio.to_thread(self.engine.render_chat, list(state.chat))
+        state.turn_tokens = state.session_tokens = len(tokens)
+        self._check_sizes()
+        if end_of_turn:
+            self._end_turn(session, tokens, replace=True)
+        else:
+            session.add_input(tokens, False, replace=True)
+
+    async def _run_deferred_chat(self, session: SessionHandle) -> None:
+        state = self.state
+        while state.deferred_chat and not state.turns_open:
+            messages, end_of_turn = state.deferred_chat.pop(0)
+            await self._chat_turn(messages, end_of_turn, session)
+
+    def _turn_queue_full(self) -> FailedPrecondition:
+        return FailedPrecondition(
+            "a turn is already queued behind the running one: wait for its turn_end before the next end_of_turn",
+            field="end_of_turn",
+        )
+
+    def _chat_messages(self, msg: pb.ChatMessages) -> list[ChatMessage]:
         engine, state = self.engine, self.state
         if engine.chat_template is None:
             raise FailedPrecondition(
@@ -239,18 +258,20 @@ class GenerateCall:
             state.chat = []
         if not msg.messages:
             raise InvalidArgument("messages must not be empty", field="input.messages")
-        if len(state.chat) + len(msg.messages) > MAX_MESSAGES:
+        num_deferred = sum(len(messages) for messages, _ in state.deferred_chat)
+        if len(state.chat) + num_deferred + len(msg.messages) > MAX_MESSAGES:
             raise InvalidArgument(f"a session holds at most {MAX_MESSAGES} messages", field="input.messages")
         for i, m in enumerate(msg.messages):
             if not m.role:
                 raise InvalidArgument("every message needs a role", field=f"input.messages[{i}].role")
-            state.chat.append(ChatMessage(m.role, m.content))
-        return engine.render_chat(state.chat)
+        return [ChatMessage(m.role, m.content) for m in msg.messages]
 
     def _end_turn(self, session: SessionHandle, tokens: tuple[int, ...], replace: bool = False) -> None:
         state, limits = self.state, self.engine.limits
         if state.turn_tokens == 0 and not state.has_history:
             raise InvalidArgument("the turn has no input: send text or token ids", field="input")
+        if state.turns_open >= MAX_TURNS_PENDING:
+            raise self._turn_queue_full()
         max_tokens = self.params.stopping.max_tokens if self.params else None
         if not state.has_history and max_tokens and not limits.context_shift:
             if state.turn_tokens + max_tokens > limits.n_ctx_per_slot:

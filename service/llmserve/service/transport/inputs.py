@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from llmserve.v1 import llmserve_pb2 as pb
 
 from ..engine.engine import Engine
@@ -9,7 +11,17 @@ from . import validation
 from .errors import InvalidArgument
 
 
-def input_tokens(
+LARGE_TEXT_BYTES = 16 * 1024  # longer texts are tokenized on a worker thread, not the event loop
+
+
+async def tokenize(engine: Engine, text: str, add_special: bool, parse_special: bool, embedding_model: bool) -> list[int]:
+    """Tokenize; a large text on a worker thread (llama_tokenize releases the GIL)."""
+    if len(text) > LARGE_TEXT_BYTES:
+        return await asyncio.to_thread(engine.tokenize, text, add_special, parse_special, embedding_model)
+    return engine.tokenize(text, add_special, parse_special, embedding_model)
+
+
+async def input_tokens(
     engine: Engine, msg: pb.Input, field: str, add_special: bool, embedding_model: bool = False
 ) -> tuple[int, ...]:
     """Text is tokenized with the vocabulary of the model the input is for (the embedding
@@ -18,7 +30,7 @@ def input_tokens(
     if kind == "text":
         if not msg.text:
             raise InvalidArgument("text input must not be empty", field=f"{field}.text")
-        return tuple(engine.tokenize(msg.text, add_special, True, embedding_model))
+        return tuple(await tokenize(engine, msg.text, add_special, True, embedding_model))
     if kind == "tokens":
         if not msg.tokens.ids:
             raise InvalidArgument("token input must not be empty", field=f"{field}.tokens.ids")

@@ -3,13 +3,21 @@
 Start-up: listen at once with health NOT_SERVING, load the model off the event
 loop, then SERVING. Shutdown on SIGTERM/SIGINT: health NOT_SERVING, new calls
 UNAVAILABLE, in-flight turns get `--shutdown-grace` seconds to finish, the rest
-end UNAVAILABLE, the executor is joined, the model freed, exit 0.
+end UNAVAILABLE, the executor is joined, the model freed, exit 0. Whatever is stuck,
+the process is gone `STOP_MARGIN_S` after the grace period (exit 1).
+
+Supervision: if the executor thread dies, or does not move for `--watchdog-timeout`
+seconds while work waits, health turns NOT_SERVING and the process exits 70 at
+once, so that an orchestrator restarts it: never a silent hang.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import sys
+import threading
 
 import grpc
 import structlog
@@ -30,6 +38,38 @@ SERVICE_NAME = llmserve_pb2.DESCRIPTOR.services_by_name["LLMService"].full_name
 HEALTH_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+STOP_MARGIN_S = 5.0
+EXIT_EXECUTOR_FAILED = 70  # EX_SOFTWARE
+
+
+def _exit_now(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+async def _watch(engine: Engine, config: ServerConfig, health_servicer: health.aio.HealthServicer) -> None:
+    """Exit the process when the executor is dead or stuck (see the module docstring)."""
+    while True:
+        await asyncio.sleep(0.25)
+        stalled = engine.stalled_for()
+        if stalled is None or (config.watchdog_timeout_s and stalled > config.watchdog_timeout_s):
+            await _set_health(health_servicer, _NOT_SERVING)
+            reason = "the executor thread died" if stalled is None else f"no executor step for {stalled:.1f} s"
+            log.critical("executor_failed", reason=reason, exit_code=EXIT_EXECUTOR_FAILED)
+            _exit_now(EXIT_EXECUTOR_FAILED)
+
+
+def _hard_deadline(seconds: float) -> None:
+    """Once shutdown starts: whatever blocks (a stuck step, a native call), exit by then."""
+
+    def expire() -> None:
+        log.error("shutdown_deadline_passed", seconds=seconds, detail="exiting without a clean stop")
+        _exit_now(1)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
 
 
 async def _set_health(servicer: health.aio.HealthServicer, status: int) -> None:
@@ -93,18 +133,21 @@ async def serve(config: ServerConfig) -> None:
         await server.stop(0)
         raise SystemExit(f"llmserve: {exc}") from None
     engine.start()
+    watchdog = asyncio.create_task(_watch(engine, config, health_servicer))
     if not stop.is_set():
         llm.engine = engine
         await _set_health(health_servicer, _SERVING)
         log.info("serving", model=engine.meta.name)
         await stop.wait()
 
+    _hard_deadline(config.shutdown_grace_s + STOP_MARGIN_S)
     log.info("draining", grace_s=config.shutdown_grace_s)
     await _set_health(health_servicer, _NOT_SERVING)
     llm.begin_drain()
     finished = await llm.wait_idle(config.shutdown_grace_s)
     if not finished:
         log.warning("grace_period_over", detail="ending the remaining calls with UNAVAILABLE")
+    watchdog.cancel()  # the executor is about to stop on purpose
     await asyncio.to_thread(engine.stop)  # open sessions end UNAVAILABLE
     await llm.wait_idle(5.0)
     await server.stop(1.0)

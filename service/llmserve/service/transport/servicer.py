@@ -17,13 +17,22 @@ import structlog
 from llmserve.v1 import llmserve_pb2 as pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from ..domain import GrammarError, SavedSession
+from ..domain import GrammarError, SavedSession, SessionParams
 from ..engine.engine import Engine
 from ..metrics import Metrics
 from . import protos, validation
 from .embed_call import EmbedCall
-from .errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable, check_decoded, rpc_errors
+from .errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+    check_decoded,
+    rpc_errors,
+)
 from .generate_call import Drain, GenerateCall
+from .inputs import tokenize
 
 log = structlog.get_logger("llmserve.servicer")
 
@@ -95,59 +104,88 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     # ----------------------------------------------------------------- Generate
 
     def _admit(self, engine: Engine) -> None:
+        """Open sessions (those that sent their first message) are capped at the slots plus
+        `--max-queue`; a stream still waiting for its first message counts for nothing,
+        and has `--first-message-timeout` seconds to send it."""
         capacity = engine.config.n_parallel + self.max_queue
         if self._num_sessions >= capacity:
-            waiting = self._num_sessions - engine.config.n_parallel
+            waiting = max(self._num_sessions - engine.config.n_parallel, 0)
             retry = min(max(self._session_s * (waiting + 1) / engine.config.n_parallel, 0.05), 30.0)
             raise ResourceExhausted(
-                f"{waiting} sessions are already waiting for a slot (--max-queue {self.max_queue}); retry later",
+                f"{self._num_sessions} sessions are open, the limit is {engine.config.n_parallel} slots plus "
+                f"{self.max_queue} waiting (--max-queue); retry later",
                 retry_after_s=retry,
             )
+
+    async def _first_message(self, request_iterator, engine: Engine) -> pb.GenerateRequest:  # type: ignore[no-untyped-def]
+        timeout = engine.config.first_message_timeout_s
+        try:
+            first = await asyncio.wait_for(anext(aiter(request_iterator), None), timeout)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"no first message within {timeout:g} s (--first-message-timeout)", field="config"
+            ) from None
+        first = check_decoded(first) if first is not None else None
+        if first is None:
+            raise InvalidArgument("the stream ended before its first message", field="config")
+        if not first.HasField("config"):
+            raise InvalidArgument("the first message must carry the session config", field="config")
+        return first
+
+    async def _session_params(
+        self, engine: Engine, first: pb.GenerateRequest, rid: str
+    ) -> tuple[SessionParams, object | None]:
+        """The session's parameters, and its constraint compiled (off the loop and the executor)."""
+        max_samples = min(validation.MAX_SAMPLES, engine.config.n_parallel)
+        validation.session_params(first.config, engine.limits, rid, max_samples)  # cheap checks first
+        constraint = validation.constraint_of(first.config.constraint)
+        gbnf, compiled = "", None
+        if constraint is not None:
+            kind, text = constraint
+            try:
+                gbnf, compiled = await asyncio.to_thread(engine.compile_constraint, kind, text)
+            except GrammarError as exc:
+                raise InvalidArgument(str(exc), field=f"config.constraint.{kind}") from None
+        return validation.session_params(first.config, engine.limits, rid, max_samples, gbnf), compiled
 
     @rpc_errors
     async def Generate(self, request_iterator, context):  # type: ignore[no-untyped-def]
         engine = self._engine()
-        self._admit(engine)  # before reading anything: a refusal must be immediate
-        self._num_sessions += 1
-        self.metrics.sessions.set(self._num_sessions)
         self._enter()
-        started = time.monotonic()
         try:
-            first = await anext(aiter(request_iterator), None)
-            first = check_decoded(first) if first is not None else None
-            if first is None:
-                raise InvalidArgument("the stream ended before its first message", field="config")
-            if not first.HasField("config"):
-                raise InvalidArgument("the first message must carry the session config", field="config")
+            first = await self._first_message(request_iterator, engine)
             rid = request_id(context, first.config.request_id)
             bind_request(context, "Generate", rid)
-            max_samples = min(validation.MAX_SAMPLES, engine.config.n_parallel)
-            params = validation.session_params(first.config, engine.limits, rid, max_samples)
-            if params.sampling.grammar:
-                try:
-                    engine.check_grammar(params.sampling.grammar)
-                except GrammarError as exc:
-                    kind = first.config.constraint.WhichOneof("kind")
-                    raise InvalidArgument(str(exc), field=f"config.constraint.{kind}") from None
-            remaining = context.time_remaining()
-            deadline = time.monotonic() + remaining if remaining is not None else None
-            max_input = min(self.max_input_tokens or engine.limits.n_ctx_per_slot, engine.limits.n_ctx_per_slot)
-            restore = await self._claim_session(engine, params.session_id)
-            stream = GenerateCall(engine, self.metrics, max_input, restore)
-            self._streams.add(stream)
-            if self.draining:
-                stream.sink.put_local(Drain())
+            self._admit(engine)
+            self._num_sessions += 1
+            self.metrics.sessions.set(self._num_sessions)
+            started = time.monotonic()
             try:
-                async for response in stream.run(first, params, request_iterator, deadline):
+                async for response in self._run_session(engine, first, rid, request_iterator, context):
                     yield response
             finally:
-                self._streams.discard(stream)
-                self._sessions_in_use.discard(params.session_id)
+                self._num_sessions -= 1
+                self.metrics.sessions.set(self._num_sessions)
+                self._session_s = 0.8 * self._session_s + 0.2 * (time.monotonic() - started)
         finally:
-            self._num_sessions -= 1
-            self.metrics.sessions.set(self._num_sessions)
-            self._session_s = 0.8 * self._session_s + 0.2 * (time.monotonic() - started)
             self._leave()
+
+    async def _run_session(self, engine: Engine, first, rid: str, request_iterator, context):  # type: ignore[no-untyped-def]
+        params, grammar = await self._session_params(engine, first, rid)
+        remaining = context.time_remaining()
+        deadline = time.monotonic() + remaining if remaining is not None else None
+        max_input = min(self.max_input_tokens or engine.limits.n_ctx_per_slot, engine.limits.n_ctx_per_slot)
+        restore = await self._claim_session(engine, params.session_id)
+        stream = GenerateCall(engine, self.metrics, max_input, restore, grammar)
+        self._streams.add(stream)
+        if self.draining:
+            stream.sink.put_local(Drain())
+        try:
+            async for response in stream.run(first, params, request_iterator, deadline):
+                yield response
+        finally:
+            self._streams.discard(stream)
+            self._sessions_in_use.discard(params.session_id)
 
     async def _claim_session(self, engine: Engine, session_id: str) -> SavedSession | None:
         """A named session: one stream at a time; its saved state, if any, read off the loop."""
@@ -182,7 +220,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     @rpc_errors
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:  # type: ignore[no-untyped-def]
         engine, model = self._engine(), request.embedding_model
-        ids = engine.tokenize(request.text, request.add_special, request.parse_special, model)
+        ids = await tokenize(engine, request.text, request.add_special, request.parse_special, model)
         pieces = engine.pieces(ids, model) if request.with_pieces else []
         return pb.TokenizeResponse(ids=ids, pieces=pieces)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import secrets
 from collections.abc import Sequence
 
@@ -24,9 +25,12 @@ MAX_EMBED_INPUTS_PER_MESSAGE = 1024
 
 
 MAX_SAMPLES = 8
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama_sampler_init_dist: a random seed
 MAX_LOGIT_BIASES = 1024
 MAX_DRY_BREAKERS = 16
 MAX_GRAMMAR_BYTES = 64 * 1024
+MAX_SCHEMA_REPETITIONS = 1000
+MAX_SCHEMA_DEPTH = 64
 
 # Float sampling fields: (low, high, low excluded). Ranges follow llama-server's meaning.
 _FLOAT_RANGES = {
@@ -96,7 +100,12 @@ def sampling_params(msg: pb.SamplingParams, limits: Limits, grammar: str = "") -
             raise InvalidArgument(f"a logit bias must be a number or -inf, got {bias}", field=field)
         biases.append((token, bias))
     values["logit_bias"] = tuple(biases)
-    values["seed"] = msg.seed if msg.HasField("seed") else secrets.randbits(32)
+    if msg.HasField("seed") and msg.seed == LLAMA_DEFAULT_SEED:
+        raise InvalidArgument(
+            f"seed {LLAMA_DEFAULT_SEED} is llama.cpp's 'random seed' value; leave seed unset for a random one",
+            field=prefix + "seed",
+        )
+    values["seed"] = msg.seed if msg.HasField("seed") else secrets.randbelow(LLAMA_DEFAULT_SEED)
     values["grammar"] = grammar
     return SamplingParams(**values)  # type: ignore[arg-type]
 
@@ -134,27 +143,63 @@ def output_params(msg: pb.OutputOptions) -> OutputParams:
     return OutputParams(top_logprobs=top, prompt_logprobs=msg.prompt_logprobs, include_special=msg.include_special)
 
 
-def grammar_of(msg: pb.Constraint) -> str:
-    """GBNF text of the constraint (JSON schemas converted by llama-cpp-python's converter)."""
+def constraint_of(msg: pb.Constraint) -> tuple[str, str] | None:
+    """The constraint's kind ("grammar" or "json_schema") and text, within the size limits.
+    The engine compiles it (in the grammar worker, with a time and memory budget)."""
     kind = msg.WhichOneof("kind")
     if kind is None:
-        return ""
+        return None
     text = getattr(msg, kind)
     field = f"config.constraint.{kind}"
     if not text or len(text.encode()) > MAX_GRAMMAR_BYTES:
         raise InvalidArgument(f"{kind} must have 1 to {MAX_GRAMMAR_BYTES} bytes", field=field)
-    if kind == "grammar":
-        return text
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    try:
-        json.loads(text)
-        return json_schema_to_gbnf(text)
-    except Exception as exc:  # noqa: BLE001 - the converter raises many kinds on bad schemas
-        raise InvalidArgument(f"the JSON schema cannot be converted to a grammar: {exc}", field=field) from None
+    if kind == "json_schema":
+        try:
+            schema = json.loads(text)
+        except ValueError as exc:
+            raise InvalidArgument(f"the JSON schema is not JSON: {exc}", field=field) from None
+        _check_schema_bounds(schema, field, "")
+    return kind, text
 
 
-def session_params(msg: pb.SessionConfig, limits: Limits, request_id: str, max_samples: int = MAX_SAMPLES) -> SessionParams:
+_REPEAT_KEYS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties", "minContains",
+                "maxContains")
+_PATTERN_REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
+
+
+def _check_schema_bounds(node: object, field: str, path: str, depth: int = 0) -> None:
+    """Repetition counts and nesting the grammar compiler could not build: refused by name."""
+    if depth > MAX_SCHEMA_DEPTH:
+        raise InvalidArgument(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels at {path or '/'}", field=field)
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            _check_schema_bounds(item, field, f"{path}/{i}", depth + 1)
+        return
+    if not isinstance(node, dict):
+        return
+    for key, value in node.items():
+        where = f"{path}/{key}"
+        if key in _REPEAT_KEYS and isinstance(value, (int, float)) and value > MAX_SCHEMA_REPETITIONS:
+            raise InvalidArgument(
+                f"{where} is {value}; a JSON schema's repetition counts are limited to {MAX_SCHEMA_REPETITIONS}",
+                field=field,
+            )
+        if key == "pattern" and isinstance(value, str):
+            for match in _PATTERN_REPEAT.finditer(value):
+                count = max(int(match.group(1)), int(match.group(2) or 0))
+                if count > MAX_SCHEMA_REPETITIONS:
+                    raise InvalidArgument(
+                        f"{where} repeats {count} times; a pattern's repetition counts are limited to "
+                        f"{MAX_SCHEMA_REPETITIONS}",
+                        field=field,
+                    )
+        _check_schema_bounds(value, field, where, depth + 1)
+
+
+def session_params(
+    msg: pb.SessionConfig, limits: Limits, request_id: str, max_samples: int = MAX_SAMPLES, grammar: str = ""
+) -> SessionParams:
+    """`grammar`: the compiled GBNF of `msg.constraint` (see `constraint_of`)."""
     if len(request_id) > MAX_REQUEST_ID_LENGTH:
         raise InvalidArgument(
             f"request_id is limited to {MAX_REQUEST_ID_LENGTH} characters", field="config.request_id"
@@ -166,7 +211,7 @@ def session_params(msg: pb.SessionConfig, limits: Limits, request_id: str, max_s
         raise InvalidArgument("a named session takes one sample per turn (n = 1)", field="config.n")
     return SessionParams(
         request_id=request_id,
-        sampling=sampling_params(msg.sampling, limits, grammar_of(msg.constraint)),
+        sampling=sampling_params(msg.sampling, limits, grammar),
         stopping=stopping_params(msg.stopping, limits),
         output=output_params(msg.output),
         priority=msg.priority,

@@ -1,0 +1,32 @@
+"""A finished turn, counted in the metrics and logged as one line."""
+
+from __future__ import annotations
+
+import structlog
+
+from ..domain import FinishReason, TurnEndEvent
+from ..metrics import Metrics
+from .protos import tokens_per_second
+
+log = structlog.get_logger("llmserve.generate")
+
+
+def record_turn(metrics: Metrics, event: TurnEndEvent) -> None:
+    m = metrics
+    m.turns.labels(event.finish_reason.name).inc()
+    m.prompt_tokens.inc(event.prompt_tokens)
+    m.cached_tokens.inc(event.cached_tokens)
+    m.generated_tokens.inc(event.completion_tokens)
+    if event.completion_tokens:
+        m.ttft.observe(event.ttft_ms / 1000.0)
+    log.info(
+        "turn_end",
+        status="OK" if event.finish_reason != FinishReason.ERROR else "ERROR",
+        finish_reason=event.finish_reason.name,
+        prompt_tokens=event.prompt_tokens,
+        cached_tokens=event.cached_tokens,
+        completion_tokens=event.completion_tokens,
+        queue_ms=round(event.queue_ms, 1),
+        ttft_ms=round(event.ttft_ms, 1),
+        tokens_per_s=round(tokens_per_second(event), 1),
+    )
