@@ -13,9 +13,9 @@ from dataclasses import replace
 
 from llmserve.service.domain import (
     EmbedInput,
-    OutputParams,
     EmbedResult,
     FinishReason,
+    OutputParams,
     SamplingParams,
     SessionFailed,
     SessionParams,

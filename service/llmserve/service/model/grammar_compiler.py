@@ -23,7 +23,6 @@ import weakref
 from pathlib import Path
 
 import llama_cpp
-
 import structlog
 
 from ..domain import GrammarError

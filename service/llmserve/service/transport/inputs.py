@@ -10,7 +10,6 @@ from ..engine.engine import Engine
 from . import validation
 from .errors import InvalidArgument
 
-
 LARGE_TEXT_BYTES = 16 * 1024  # longer texts are tokenized on a worker thread, not the event loop
 
 
