@@ -66,9 +66,10 @@ bench: model
 	$(PY) -m pip install -q -e '.[server,test,bench]'
 	$(PY) -m bench.run
 
-# 2,000-call chaos soak; writes its table into docs/reliability.md.
+# 2,000-call chaos soak and a 600-call feature-combination run; both write their tables into docs/reliability.md.
 soak: model
 	$(PY) -m tests.soak.chaos --calls 2000 --out docs/reliability.md
+	$(PY) -m tests.soak.combos --calls 600 --out docs/reliability.md
 
 lint: install
 	$(VENV)/bin/ruff check service client tests bench tools

@@ -169,16 +169,20 @@ def test_cancel_ends_the_turn_and_keeps_the_session() -> None:
     assert_kv_mirrors_slots(executor, runner)
 
 
-def test_n_samples_fork_the_kv_and_free_their_slots() -> None:
+def test_n_samples_fork_every_turn_and_free_their_slots_at_close() -> None:
     executor, runner = make(n_parallel=3)
     p = replace(params(max_tokens=4), sampling=SamplingParams(temperature=1.0, seed=3), num_samples=3)
-    sink, _ = one_turn(executor, (BOS, 10), p)
+    sink, key = one_turn(executor, (BOS, 10), p)
     ends = sink.of(TurnEndEvent)
     assert sorted(e.index for e in ends) == [0, 1, 2] and [e.final for e in ends].count(True) == 1
     assert all(len(sink.token_ids(i)) == 4 for i in range(3))
-    busy = [slot for slot, _ in executor.table.slot_states() if slot.busy]
-    assert len(busy) == 1  # the children lived for one turn
+    executor.add_input(key, (20,), True)  # the next turn has n samples too, on the same slots
+    run_until(executor, turn_ends(sink, 2))
+    ends = sink.of(TurnEndEvent)[3:]
+    assert sorted(e.index for e in ends) == [0, 1, 2] and ends[-1].final
     assert_kv_mirrors_slots(executor, runner)
+    executor.close(key)
+    run_until(executor, lambda: not any(slot.busy for slot, _ in executor.table.slot_states()))
 
 
 def test_closed_session_leaves_a_prefix_cache() -> None:

@@ -130,8 +130,7 @@ class Engine:
     # ------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        self._grammars.start()
-        self._executor.start()
+        self._executor.start()  # the grammar worker starts with the first constraint
 
     def stop(self, timeout: float | None = None) -> bool:
         """Stop the executor after its current step; open sessions end UNAVAILABLE.

@@ -165,6 +165,8 @@ class Executor:
                 command = self._commands.get(block=block, timeout=timeout if block else None)
             except queue.Empty:
                 return True
+            if self._idle:  # woken: from now on a stuck command counts as a stall
+                self._beat, self._idle = time.monotonic(), False
             block = False
             if command is STOP:
                 return False

@@ -140,7 +140,7 @@ class SessionTable:
 
     def _finish(self, session: Session, finish: TurnFinish) -> None:
         session.finish_turn(finish)
-        if session.parent is not None:  # a forked sample lives for one turn
+        if session.parent is not None:  # a forked sample lives for one turn; its slot stays reserved
             self._release(session)
         group = session.group
         while group.later and group.turn is None and group.samples_open == 0:
@@ -213,7 +213,10 @@ class SessionTable:
             if session.slot.shifted:  # positions moved: not a prefix of anything any more
                 self.kv.clear(session.slot)
                 session.slot.shifted = False
-            self.allocator.free(session.slot)
+            if session.parent is not None and session.parent.key in self.sessions:
+                session.parent.reserved.append(session.slot)  # the next turn's sample forks here again
+            else:
+                self.allocator.free(session.slot)
             session.slot = None
         else:
             try:

@@ -68,12 +68,6 @@ class GrammarCompiler:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
 
-    def start(self) -> None:
-        """Start the worker now (it loads the vocabulary), so the first request does not wait."""
-        with self._lock:
-            if self._process is None and not self._closed:
-                self._process = self._start()
-
     def compile(self, kind: str, text: str) -> CompiledGrammar:
         """The parsed grammar of a "grammar" or "json_schema" constraint, or GrammarError."""
         return CompiledGrammar(self.to_gbnf(kind, text), self.vocab)

@@ -73,6 +73,7 @@ def _serve(model_path: str, protocol: int) -> None:
 
 
 def main() -> None:
+    os.nice(10)  # yield the CPU to the server's decode threads
     model_path, max_data = sys.argv[1], int(sys.argv[2])
     protocol = os.dup(1)
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)

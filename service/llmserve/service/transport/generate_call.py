@@ -158,8 +158,20 @@ class GenerateCall:
                         raise Unavailable("the server is shutting down")
         finally:
             reader.cancel()
-            chat = tuple((m.role, m.content) for m in state.chat) if state.chat is not None else None
-            session.close(chat)
+            session.close(self._chat_to_save())
+
+    def _chat_to_save(self) -> tuple[tuple[str, str], ...] | None:
+        """The conversation a named session keeps: a reply cut short as far as the client saw
+        it; input that was never answered is dropped, so the next stream's messages alternate."""
+        state = self.state
+        if state.chat is None:
+            return None
+        messages = list(state.chat)
+        if state.turns_open and state.reply:
+            messages.append(ChatMessage("assistant", "".join(state.reply)))
+        while messages and messages[-1].role != "assistant":
+            messages.pop()
+        return tuple((m.role, m.content) for m in messages)
 
     async def _read(
         self, first: pb.GenerateRequest, requests: AsyncIterator[pb.GenerateRequest], session: SessionHandle
@@ -270,7 +282,7 @@ class GenerateCall:
         state, limits = self.state, self.engine.limits
         if state.turn_tokens == 0 and not state.has_history:
             raise InvalidArgument("the turn has no input: send text or token ids", field="input")
-        if state.turns_open >= MAX_TURNS_PENDING:
+        if state.num_turns_pending >= MAX_TURNS_PENDING:
             raise self._turn_queue_full()
         max_tokens = self.params.stopping.max_tokens if self.params else None
         if not state.has_history and max_tokens and not limits.context_shift:
