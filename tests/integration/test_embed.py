@@ -75,8 +75,13 @@ def test_a_cancelled_embed_call_leaves_no_work_behind(server) -> None:  # type: 
         call = pb_grpc.LLMServiceStub(channel).Embed(iter([pb.EmbedRequest(inputs=[pb.Input(text=t) for t in texts])]))
         next(call)
         call.cancel()
-    time.sleep(1.5)  # the step running when the call was cancelled finishes
-    settled = computed()
-    time.sleep(1.5)
+    # The step running when the call was cancelled finishes; then the count must stay put.
+    settled, deadline = computed(), time.monotonic() + 30
+    while True:
+        time.sleep(2.0)
+        now = computed()
+        if now == settled or time.monotonic() > deadline:
+            break
+        settled = now
     assert computed() == settled  # nothing queued for the cancelled call is still running
     assert settled - before < 200
