@@ -44,12 +44,15 @@ def start_llmserve(log: Path, embed_args: tuple[str, ...] = ("--embeddings",)) -
     return server.process, server.address
 
 
-def start_llama_server(binary: Path, model: Path, log: Path, embeddings: bool) -> tuple[subprocess.Popen[bytes], str]:
+def start_llama_server(
+    binary: Path, model: Path, log: Path, embeddings: bool, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     args = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-np", str(NP),
             "-c", str(CTX), "-t", str(THREADS), "--no-webui"]
     if embeddings:
         args += ["--embeddings", "--pooling", "mean"]
+    args += list(extra)
     process = subprocess.Popen(args, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     wait_http(url)

@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -115,7 +116,14 @@ async def _llmserve_one(stub: pb_grpc.LLMServiceStub, prompt: str, max_tokens: i
         result.errors += 1
 
 
-async def llmserve_level(address: str, concurrency: int, rounds: int, max_tokens: int) -> LevelResult:
+PromptFn = Callable[[int, int, int], str]  # (level, worker, round) -> prompt
+
+
+async def llmserve_level(
+    address: str, concurrency: int, rounds: int, max_tokens: int, prompt: PromptFn | None = None
+) -> LevelResult:
+    """`concurrency` workers send `rounds` one-turn requests each; `prompt` picks them."""
+    prompt = prompt or _prompt
     result = LevelResult(concurrency)
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.LLMServiceStub(channel)
@@ -123,7 +131,7 @@ async def llmserve_level(address: str, concurrency: int, rounds: int, max_tokens
 
         async def worker(w: int) -> None:
             for r in range(rounds):
-                await _llmserve_one(stub, _prompt(concurrency, w, r), max_tokens, result)
+                await _llmserve_one(stub, prompt(concurrency, w, r), max_tokens, result)
 
         start = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
@@ -175,9 +183,12 @@ async def _peer_one(session, url: str, prompt: str, max_tokens: int, result: Lev
         result.errors += 1
 
 
-async def peer_level(url: str, concurrency: int, rounds: int, max_tokens: int) -> LevelResult:
+async def peer_level(
+    url: str, concurrency: int, rounds: int, max_tokens: int, prompt: PromptFn | None = None
+) -> LevelResult:
     import aiohttp
 
+    prompt = prompt or _prompt
     result = LevelResult(concurrency)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=64)) as session:
@@ -185,7 +196,7 @@ async def peer_level(url: str, concurrency: int, rounds: int, max_tokens: int) -
 
         async def worker(w: int) -> None:
             for r in range(rounds):
-                await _peer_one(session, url, _prompt(concurrency, w, r), max_tokens, result)
+                await _peer_one(session, url, prompt(concurrency, w, r), max_tokens, result)
 
         start = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))

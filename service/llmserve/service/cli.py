@@ -80,6 +80,14 @@ def _parser() -> argparse.ArgumentParser:
           help="seconds a Generate stream may take to send its first message (then DEADLINE_EXCEEDED)")
     f.add("--watchdog-timeout", type=float, default=d.watchdog_timeout_s,
           help="exit non-zero if the executor does not step for this long while work waits (0: off)")
+    f.add("--prefill-budget", type=int, default=d.prefill_budget,
+          help="prompt tokens a step may carry while other sequences decode (0: all of -b)")
+    f.add("--spec-type", default=d.spec_type, help="speculative decoding: none or ngram-simple (n-gram drafts)")
+    f.add("--draft-max", type=int, default=d.draft_max, help="most draft tokens per sequence and step")
+    f.add("--draft-min", type=int, default=d.draft_min, help="fewest draft tokens worth verifying")
+    f.add("--spec-ngram-size-n", type=int, default=d.spec_ngram_size_n, help="tokens matched to find a draft")
+    f.add("--spec-max-rows", type=int, default=d.spec_max_rows,
+          help="draft rows per step for all sequences (less one per decoding sequence)")
     f.add("--grammar-timeout", type=float, default=d.grammar_timeout_s, help="seconds to compile a grammar or schema")
     f.add("--grammar-max-mb", type=int, default=d.grammar_max_mb, help="memory a grammar or schema may take to compile")
     f.add("--metrics-port", type=int, help="serve Prometheus metrics on this port (off when unset)")
@@ -144,6 +152,12 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         watchdog_timeout_s=args.watchdog_timeout,
         grammar_timeout_s=args.grammar_timeout,
         grammar_max_mb=args.grammar_max_mb,
+        prefill_budget=args.prefill_budget,
+        spec_type=args.spec_type,
+        draft_max=args.draft_max,
+        draft_min=args.draft_min,
+        spec_ngram_size_n=args.spec_ngram_size_n,
+        spec_max_rows=args.spec_max_rows,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         tls_cert=args.tls_cert,

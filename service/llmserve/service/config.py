@@ -66,6 +66,12 @@ class ServerConfig:
     watchdog_timeout_s: float = 60.0  # no executor progress this long with work waiting: exit (0: off)
     grammar_timeout_s: float = 5.0  # compile budget of a grammar / JSON schema (in the grammar worker)
     grammar_max_mb: int = 512
+    prefill_budget: int = 256  # prompt tokens per step while sequences decode (0: no cap)
+    spec_type: str = "none"  # speculative decoding: none | ngram-simple
+    draft_max: int = 16
+    draft_min: int = 0
+    spec_ngram_size_n: int = 3
+    spec_max_rows: int = 16  # draft rows per step, all sequences together (less one per decoding sequence)
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     tls_cert: Path | None = None
@@ -105,6 +111,10 @@ class ServerConfig:
             raise ValueError("--threads must be at least 1")
         if self.first_message_timeout_s <= 0 or self.grammar_timeout_s <= 0 or self.grammar_max_mb < 16:
             raise ValueError("--first-message-timeout and --grammar-timeout must be positive, --grammar-max-mb >= 16")
+        if self.spec_type not in ("none", "ngram-simple"):
+            raise ValueError(f"--spec-type {self.spec_type}: expected none or ngram-simple")
+        if self.draft_max < 0 or self.draft_min < 0 or self.spec_ngram_size_n < 1 or self.prefill_budget < 0:
+            raise ValueError("--draft-max, --draft-min, --prefill-budget must be >= 0, --spec-ngram-size-n >= 1")
         if self.watchdog_timeout_s < 0:
             raise ValueError("--watchdog-timeout must be >= 0")
         if self.max_queue < 0:

@@ -252,6 +252,8 @@ class TurnEndEvent:
     index: int = 0
     matched_stop_token_id: int | None = None
     final: bool = True  # the last turn end of this turn (all samples done)
+    draft_tokens: int = 0  # speculative draft tokens verified
+    accepted_draft_tokens: int = 0
 
 
 @dataclass(frozen=True)

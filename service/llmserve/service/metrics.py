@@ -47,6 +47,10 @@ class Metrics:
             "llmserve_session_cache", "Saved-session lookups and writes", ["result"], registry=r
         )
         self.session_cache_bytes = Gauge("llmserve_session_cache_bytes", "Bytes of saved sessions on disk", registry=r)
+        self.spec_draft_tokens = Counter("llmserve_spec_draft_tokens", "Speculative draft tokens verified", registry=r)
+        self.spec_accepted_tokens = Counter(
+            "llmserve_spec_accepted_tokens", "Speculative draft tokens accepted", registry=r
+        )
         self.kv_used = Gauge("llmserve_kv_cells_used_ratio", "KV cells holding tokens / generation cells", registry=r)
 
     def observe_snapshot(self, snapshot: Any, num_cells: int) -> None:

@@ -36,6 +36,7 @@ from .chat import ChatMessage
 from .executor import Executor, ExecutorConfig
 from .loading import chat_template, log_loaded
 from .saved_sessions import SessionStore, model_fingerprint
+from .speculation import SpecConfig
 
 log = structlog.get_logger("llmserve.engine")
 
@@ -107,6 +108,14 @@ class Engine:
             n_ubatch=config.n_ubatch,
             max_embed_seqs=runner.config.max_embed_seqs,
             shift_keep=config.n_keep if config.context_shift else None,
+            prefill_budget=config.prefill_budget or None,
+            spec=SpecConfig(
+                spec_type=config.spec_type,
+                draft_max=config.draft_max,
+                draft_min=config.draft_min,
+                ngram_size=config.spec_ngram_size_n,
+                max_rows=config.spec_max_rows,
+            ),
         )
         self._executor = Executor(runner, executor_config, metrics, self._store)
         embedder = runner.embedder  # None without embeddings

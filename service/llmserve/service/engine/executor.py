@@ -35,11 +35,13 @@ from ..domain import (
 from ..metrics import Metrics
 from .allocator import SlotAllocator
 from .commands import STOP, AddInput, Cancel, Close, DropEmbeds, Embed, Open
+from .draft_verifier import DraftVerifier
 from .runner_api import Runner
 from .saved_sessions import SessionStore
 from .scheduler import Scheduler
 from .session_table import SessionTable
 from .slot_kv import SlotKV
+from .speculation import SpecConfig
 from .step import GenerationStep, StepProfile
 from .token_picker import TokenPicker
 
@@ -60,6 +62,8 @@ class ExecutorConfig:
     n_ubatch: int
     max_embed_seqs: int = 64
     shift_keep: int | None = None  # tokens kept at the start on a context shift; None: no shifting
+    prefill_budget: int | None = None  # prompt tokens per step while others decode; None: no cap
+    spec: SpecConfig = SpecConfig()  # speculative decoding (off by default here)
 
 
 class Executor:
@@ -75,9 +79,13 @@ class Executor:
         allocator = SlotAllocator(config.n_parallel, config.n_ctx_per_slot)
         kv = SlotKV(runner, allocator)
         picker = TokenPicker(runner, kv, self.metrics, self.profile, config.shift_keep)
-        self.table = SessionTable(runner, allocator, kv, picker, self._keys, store)
+        verifier = DraftVerifier(runner, picker, config.spec, self.metrics) if config.spec.enabled else None
+        self.table = SessionTable(runner, allocator, kv, picker, self._keys, store, verifier)
         self.generation = GenerationStep(runner, kv, self.profile)
-        self.scheduler = Scheduler(config.n_batch, config.n_ubatch, config.max_embed_seqs)
+        max_draft_rows = config.spec.max_rows if config.spec.enabled else 0
+        self.scheduler = Scheduler(
+            config.n_batch, config.n_ubatch, config.max_embed_seqs, config.prefill_budget, max_draft_rows
+        )
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._embeds: deque[tuple[EmbedInput, EventSink]] = deque()
         self._num_steps = 0

@@ -1,8 +1,12 @@
 """Step scheduler: decides what one `llama_decode` call contains (pure decisions).
 
 Per generation step: one decode token for every generating sequence first (so
-streams never stall behind long prompts), then prompt chunks, round-robin across
-prefilling sequences, until `n_batch` tokens. Embedding inputs run in steps of
+streams never stall behind long prompts), then draft rows for the sequences that
+speculate (within `max_draft_rows` less one row per decoding sequence: under load
+verify rows cost real compute), then prompt chunks shared fairly across prefilling
+sequences, until `n_batch` tokens. While any sequence decodes, prompt chunks are
+capped at `prefill_budget` tokens per step so that a long prompt cannot stall every
+stream (vLLM's chunked prefill); with nothing decoding a prompt gets all of `n_batch`. Embedding inputs run in steps of
 their own (never mixed with generation in one decode): several inputs packed into
 one ubatch, alternating fairly with generation steps when both are waiting.
 
@@ -23,6 +27,7 @@ class SeqDemand:
     key: int
     decode_token: bool  # a sampled token waits to be decoded
     num_prefill: int  # prompt tokens ready to prefill now
+    num_draft: int = 0  # draft tokens it would verify after its decode token
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,7 @@ class StepPlan:
     decode: tuple[int, ...] = ()
     prefill: tuple[tuple[int, int], ...] = ()  # (key, num_tokens)
     num_embed: int = 0  # how many queued embedding inputs (from the front) to run
+    drafts: tuple[tuple[int, int], ...] = ()  # (key, draft rows granted) for decoding keys
 
     @property
     def is_empty(self) -> bool:
@@ -41,11 +47,17 @@ class StepPlan:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.decode) + sum(n for _, n in self.prefill)
+        return len(self.decode) + sum(n for _, n in self.drafts) + sum(n for _, n in self.prefill)
 
 
 class Scheduler:
-    def __init__(self, n_batch: int, n_ubatch: int, max_embed_seqs: int) -> None:
+    def __init__(
+        self, n_batch: int, n_ubatch: int, max_embed_seqs: int, prefill_budget: int | None = None,
+        max_draft_rows: int = 0,
+    ) -> None:
+        """`prefill_budget`: prompt tokens per step while sequences decode (None: no cap)."""
+        self.prefill_budget = prefill_budget
+        self.max_draft_rows = max_draft_rows
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
         self.max_embed_seqs = max_embed_seqs
@@ -75,17 +87,32 @@ class Scheduler:
 
     def _plan_generation(self, demands: Sequence[SeqDemand]) -> StepPlan:
         decode = tuple(d.key for d in demands if d.decode_token)
-        budget = self.n_batch - len(decode)
+        drafts = self._grant_drafts([d for d in demands if d.decode_token and d.num_draft > 0], len(decode))
+        budget = self.n_batch - len(decode) - sum(n for _, n in drafts)
+        if decode and self.prefill_budget is not None:
+            budget = min(budget, self.prefill_budget)
         waiting = sorted((d for d in demands if d.num_prefill > 0), key=lambda d: d.key)
         # Round-robin: start after the sequence that started last step.
         start = next((i for i, d in enumerate(waiting) if d.key > self._last_prefill_key), 0)
-        prefill: list[tuple[int, int]] = []
-        for d in waiting[start:] + waiting[:start]:
-            if budget <= 0:
-                break
-            n = min(d.num_prefill, budget)
-            prefill.append((d.key, n))
-            budget -= n
+        prefill = _fair_shares([(d.key, d.num_prefill) for d in waiting[start:] + waiting[:start]], budget)
         if prefill:
             self._last_prefill_key = prefill[0][0]
-        return StepPlan(decode=decode, prefill=tuple(prefill))
+        return StepPlan(decode=decode, prefill=tuple(prefill), drafts=tuple(drafts))
+
+    def _grant_drafts(self, wanting: list[SeqDemand], num_decoding: int) -> list[tuple[int, int]]:
+        budget = min(self.max_draft_rows - (num_decoding - 1), self.n_batch - num_decoding)
+        return _fair_shares([(d.key, d.num_draft) for d in wanting], budget)
+
+
+def _fair_shares(wants: list[tuple[int, int]], budget: int) -> list[tuple[int, int]]:
+    """Split `budget` across (key, wanted) in order: equal shares, what one leaves goes to the
+    next, the first in order gets the rounding."""
+    shares: list[tuple[int, int]] = []
+    for i, (key, wanted) in enumerate(wants):
+        if budget <= 0:
+            break
+        left = len(wants) - i
+        n = min(wanted, max(budget // left, 1) if i else max(budget - (budget // left) * (left - 1), 1))
+        shares.append((key, n))
+        budget -= n
+    return shares

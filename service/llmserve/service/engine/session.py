@@ -15,55 +15,21 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
-from ..domain import EventSink, FinishReason, SavedSession, SessionParams, TokenEvent, TokenLogprob, TurnEndEvent
+from ..domain import EventSink, FinishReason, SavedSession, SessionParams, TokenEvent, TurnEndEvent
 from .allocator import Slot, common_prefix_length
 from .runner_api import TokenSampler
+from .speculation import SeqSpeculation
 from .textstream import TextStream
+from .turn import Turn, TurnFinish
 
 # Events a session may have waiting in its sink before the executor pauses it:
 # a client that stops reading holds up only its own sequence.
 MAX_BACKLOG = 64
 PROMPT_LOGPROBS_CHUNK = 32
-
-
-@dataclass(frozen=True)
-class TurnFinish:
-    """How a turn ended; `last_token` was sampled but never entered the KV."""
-
-    reason: FinishReason
-    last_token: int | None
-    matched_stop: str = ""
-    message: str = ""
-    matched_stop_token_id: int | None = None
-
-
-@dataclass
-class Turn:
-    """Counters and text state of the turn being generated."""
-
-    stream: TextStream
-    prompt_tokens: int
-    cached_tokens: int
-    t_end_of_input: float
-    t_ready: float  # when the turn could start computing (input ended and slot held)
-    t_first_token: float | None = None
-    completion_tokens: int = 0
-    held_ids: list[int] = field(default_factory=list)
-    held_logprobs: list[TokenLogprob] = field(default_factory=list)
-
-    def fork(self) -> Turn:
-        """The same turn for another sample (n > 1): same input, its own output."""
-        return Turn(
-            stream=TextStream(self.stream.stop),
-            prompt_tokens=self.prompt_tokens,
-            cached_tokens=self.cached_tokens,
-            t_end_of_input=self.t_end_of_input,
-            t_ready=self.t_ready,
-        )
 
 
 class Session:
@@ -97,6 +63,8 @@ class Session:
         self.slot: Slot | None = None
         self.sampler: TokenSampler | None = None
         self.grammar: object | None = None  # the compiled constraint its samplers clone
+        self.speculation: SeqSpeculation | None = None  # drafting state (None: no speculation)
+        self.draft: list[int] = []  # proposed for the coming step
         self.pending: list[int] = []  # input not yet in the KV
         self.next_token: int | None = None  # sampled, waits to be decoded
         self.turn: Turn | None = None
@@ -280,6 +248,8 @@ class Session:
                 message=finish.message,
                 index=self.index,
                 matched_stop_token_id=finish.matched_stop_token_id,
+                draft_tokens=turn.num_drafted,
+                accepted_draft_tokens=turn.num_accepted,
                 final=self.group.samples_open == 1,
             )
         )

@@ -17,13 +17,16 @@ import structlog
 from ..domain import FinishReason, GrammarError, SamplingParams, SavedSession, SessionFailed
 from .allocator import Slot, SlotAllocator
 from .commands import AddInput, Cancel, Close, Open
+from .draft_verifier import DraftVerifier
 from .runner_api import Runner, TokenSampler
 from .saved_sessions import SessionStore
 from .scheduler import SeqDemand
-from .session import Session, TurnFinish
+from .session import Session
 from .slot_kv import SlotKV
+from .speculation import SeqSpeculation
 from .step import StepOutput
 from .token_picker import TokenPicker
+from .turn import TurnFinish
 
 log = structlog.get_logger("llmserve.sessions")
 
@@ -37,8 +40,11 @@ class SessionTable:
         picker: TokenPicker,
         keys: Iterator[int],
         store: SessionStore | None,
+        verifier: DraftVerifier | None = None,
     ) -> None:
+        """`verifier`: speculative decoding (None: off)."""
         self.runner = runner
+        self.verifier = verifier
         self.n_ctx_per_slot = allocator.max_tokens_per_slot
         self.store = store
         self.allocator = allocator
@@ -75,6 +81,7 @@ class SessionTable:
         params = command.params
         session = Session(command.key, params, command.sink, self.n_ctx_per_slot, command.deadline)
         session.grammar = command.grammar
+        session.speculation = self._speculation()
         try:
             session.sampler = self._sampler(params.sampling, params.stopping.ignore_eos, command.grammar)
         except GrammarError as exc:  # the transport checks first; this is the backstop
@@ -85,6 +92,9 @@ class SessionTable:
         session.restore = command.restore
         self.sessions[command.key] = session
         self.waiting.append(session)
+
+    def _speculation(self) -> SeqSpeculation | None:
+        return SeqSpeculation(self.verifier.config) if self.verifier is not None else None
 
     def _sampler(self, sampling: SamplingParams, ignore_eos: bool, grammar: object | None) -> TokenSampler:
         return self.runner.new_sampler(sampling, self.n_ctx_per_slot, self._eog if ignore_eos else (), grammar)
@@ -108,8 +118,9 @@ class SessionTable:
 
     def demands(self) -> list[SeqDemand]:
         """What each session with a slot could put in the next decode."""
+        verifier = self.verifier
         return [
-            SeqDemand(s.key, s.generating, s.num_prefill_ready)
+            SeqDemand(s.key, s.generating, s.num_prefill_ready, verifier.propose(s) if verifier and s.generating else 0)
             for s in self.sessions.values()
             if s.slot is not None and not s.paused
         ]
@@ -119,6 +130,11 @@ class SessionTable:
         for s in output.failed:
             self.fail(s, "INTERNAL", output.error)
         for ready in output.ready:
+            if ready.draft and self.verifier is not None:
+                finish = self.verifier.verify(ready)
+                if finish is not None:
+                    self._finish(ready.session, finish)
+                continue
             samples = [ready.session, *self._fork(ready.session)] if ready.turn_start else [ready.session]
             for sample in samples:
                 self._pick(sample, ready.logits, ready.row)
@@ -157,6 +173,7 @@ class SessionTable:
             self.kv.copy(parent.slot, slot)
             child = parent.fork(next(self.keys), slot, lambda sampling, ignore_eos: self._sampler(
                 sampling, ignore_eos, parent.grammar))
+            child.speculation = self._speculation()
             self.sessions[child.key] = child
             children.append(child)
         parent.reserved.clear()

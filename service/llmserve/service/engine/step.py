@@ -60,6 +60,7 @@ class ReadyRow:
     logits: np.ndarray
     row: int | None  # the batch row of the last decode; None: saved logits
     turn_start: bool  # the turn's prompt just ended: a turn with n > 1 forks here
+    draft: tuple[int, ...] = ()  # draft tokens in rows row+1.. (to verify; not yet in the slot)
 
 
 @dataclass(frozen=True)
@@ -80,11 +81,18 @@ class GenerationStep:
         batch = self.runner.batch
         batch.clear()
         entries: list[tuple[Session, list[int], int | None, int]] = []  # session, tokens, sample row, first row
+        granted = dict(plan.drafts)
+        drafts: dict[int, tuple[int, ...]] = {}
         for key in plan.decode:
             s = sessions[key]
             assert s.slot is not None and s.next_token is not None
-            row = batch.add([s.next_token], len(s.slot.tokens), s.slot.seq_id, True)
-            entries.append((s, [s.next_token], row, row))
+            draft = tuple(s.draft[: granted.get(key, 0)])
+            row = batch.add([s.next_token, *draft], len(s.slot.tokens), s.slot.seq_id, True)
+            first = row - len(draft)
+            if draft:
+                batch.logits[first : row + 1] = 1  # every draft row is verified
+                drafts[key] = draft
+            entries.append((s, [s.next_token], first, first))
         for key, n in plan.prefill:
             s = sessions[key]
             assert s.slot is not None
@@ -118,7 +126,8 @@ class GenerationStep:
             if s.generating:
                 s.next_token = None
                 if row is not None:
-                    ready.append(ReadyRow(s, self.runner.logits_row(row), row, turn_start=False))
+                    draft = drafts.get(s.key, ())
+                    ready.append(ReadyRow(s, self.runner.logits_row(row), row, turn_start=False, draft=draft))
                 continue
             del s.pending[: len(tokens)]
             s.sampler.accept(tokens)

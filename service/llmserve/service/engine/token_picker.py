@@ -19,9 +19,10 @@ from ..domain import FinishReason
 from ..metrics import Metrics
 from .logprobs import log_softmax, token_logprob
 from .runner_api import Runner
-from .session import Session, TurnFinish
+from .session import Session
 from .slot_kv import SlotKV
 from .step import StepProfile
+from .turn import TurnFinish
 
 log = structlog.get_logger("llmserve.token_picker")
 

@@ -35,6 +35,8 @@ def turn_end_proto(event: TurnEndEvent) -> pb.TurnEnd:
             prompt_tokens=event.prompt_tokens,
             cached_tokens=event.cached_tokens,
             completion_tokens=event.completion_tokens,
+            draft_tokens=event.draft_tokens,
+            accepted_draft_tokens=event.accepted_draft_tokens,
         ),
         timings=pb.Timings(
             queue_ms=event.queue_ms,

@@ -1,0 +1,197 @@
+"""Speculative decoding and the prefill budget, llmserve vs llama-server (issue 15).
+
+    python -m bench.speculative [--out docs/benchmarks.md]
+
+Scenarios (greedy; servers measured one at a time, alternately):
+* extractive: "repeat the passage above" on ~150-token passages, 160 new tokens, c = 1, 4, 16:
+  llmserve with and without `--spec-type ngram-simple`, llama-server with none, ngram-simple
+  and ngram-mod;
+* non-extractive: the load generator's prompts, 64 tokens, c = 1, 4, 8, 16, speculation on and off;
+* mixed: 8 streams decode 256 tokens while 4 fresh prompts of ~1,400 tokens arrive 1.5 s apart:
+  ITL p50/p99/max of the 8, TTFT of the 4;
+* fresh long prompt: ~900 tokens, c = 1, TTFT.
+llama-server comes from /tmp/llama-build/bin (bench/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import time
+from pathlib import Path
+
+import grpc
+from llmserve.client import loadgen, pb
+from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+
+from .servers import DEFAULT_BUILD, ROOT, start_llama_server, start_llmserve, stop
+
+WORDS = ("river stone market window garden engine letter silver morning harbor winter forest paper "
+         "lantern village bridge copper meadow signal orchard").split()
+
+
+MIXED_WORDS = 1300  # about 1,400 tokens
+FRESH_WORDS = 840  # about 900 tokens
+
+
+def _passage(seed: int, words: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(words)).capitalize() + "."
+
+
+def extractive(level: int, worker: int, round_: int) -> str:
+    text = _passage(level * 1000 + worker * 10 + round_, 110)
+    return f"Passage:\n{text}\n\nRepeat the passage above exactly.\nPassage:\n"
+
+
+def long_prompt(seed: int, words: int) -> str:
+    return f"Notes {seed}: " + _passage(seed, words) + "\nSummary:"
+
+
+def _row(s: dict[str, float]) -> str:
+    return f"{s['tokens_per_s']:.1f} | {s['ttft_p50_ms']:.0f} | {s['itl_p50_ms']:.1f} | {s['itl_p99_ms']:.1f}"
+
+
+async def _mixed_llmserve(address: str) -> dict[str, float]:
+    result = loadgen.LevelResult(8)
+    long = loadgen.LevelResult(4)
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.LLMServiceStub(channel)
+
+        async def stream(i: int) -> None:
+            await loadgen._llmserve_one(stub, f"Stream {i} {time.time()}: count slowly:", 256, result)
+
+        async def late(i: int) -> None:
+            await asyncio.sleep(1.5 * (i + 1))
+            await loadgen._llmserve_one(stub, long_prompt(int(time.time() * 1000) + i, MIXED_WORDS), 4, long)
+
+        await asyncio.gather(*(stream(i) for i in range(8)), *(late(i) for i in range(4)))
+    return _mixed_summary(result, long)
+
+
+async def _mixed_peer(url: str) -> dict[str, float]:
+    import aiohttp
+
+    result = loadgen.LevelResult(8)
+    long = loadgen.LevelResult(4)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        async def stream(i: int) -> None:
+            await loadgen._peer_one(session, url, f"Stream {i} {time.time()}: count slowly:", 256, result)
+
+        async def late(i: int) -> None:
+            await asyncio.sleep(1.5 * (i + 1))
+            await loadgen._peer_one(session, url, long_prompt(int(time.time() * 1000) + i, MIXED_WORDS), 4, long)
+
+        await asyncio.gather(*(stream(i) for i in range(8)), *(late(i) for i in range(4)))
+    return _mixed_summary(result, long)
+
+
+def _mixed_summary(streams: loadgen.LevelResult, long: loadgen.LevelResult) -> dict[str, float]:
+    s = streams.summary()
+    return {"itl_p50": s["itl_p50_ms"], "itl_p99": s["itl_p99_ms"], "itl_max": max(streams.itl_ms),
+            "long_ttft_min": min(long.ttft_ms), "long_ttft_max": max(long.ttft_ms)}
+
+
+async def _fresh_long(address: str | None, url: str | None) -> float:
+    ttfts = []
+    for i in range(3):
+        result = loadgen.LevelResult(1)
+        prompt = long_prompt(int(time.time() * 1000) + i, FRESH_WORDS)
+        if address:
+            async with grpc.aio.insecure_channel(address) as channel:
+                await loadgen._llmserve_one(pb_grpc.LLMServiceStub(channel), prompt, 2, result)
+        else:
+            import aiohttp
+
+            async with aiohttp.ClientSession() as session:
+                await loadgen._peer_one(session, url, prompt, 2, result)
+        ttfts.append(result.ttft_ms[0])
+    return statistics.median(ttfts)
+
+
+def _count_tokens(address: str, text: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        return len(pb_grpc.LLMServiceStub(channel).Tokenize(pb.TokenizeRequest(text=text, add_special=True)).ids)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--llama-server", type=Path, default=DEFAULT_BUILD / "llama-server")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    logs = ROOT / "build" / "bench-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+    ext_levels, plain_levels = (1, 4, 16), (1, 4, 8, 16)
+    ours = {"llmserve, speculation off": ("--spec-type", "none"), "llmserve, --spec-type ngram-simple": ("--spec-type", "ngram-simple")}
+    peers = {"llama-server, no speculation": (), "llama-server --spec-type ngram-simple": ("--spec-type", "ngram-simple"),
+             "llama-server --spec-type ngram-mod": ("--spec-type", "ngram-mod")}
+    table: dict[str, dict[str, str]] = {}
+    sizes = ""
+    for name, flags in [*ours.items(), *peers.items()]:
+        is_peer = name.startswith("llama")
+        if is_peer and not args.llama_server.exists():
+            continue
+        if is_peer:
+            process, url = start_llama_server(args.llama_server, _model(), logs / "peer.log", False, flags)
+        else:
+            process, url = start_llmserve(logs / "ours.log", ("--embeddings", *flags))
+        try:
+            if not is_peer and not sizes:
+                sizes = (f"prompts of {_count_tokens(url, extractive(1, 0, 0))} tokens; mixed-load prompts of "
+                         f"{_count_tokens(url, long_prompt(1, MIXED_WORDS))}, fresh long prompt of "
+                         f"{_count_tokens(url, long_prompt(1, FRESH_WORDS))}")
+            row = table.setdefault(name, {})
+            for level in ext_levels:
+                run = loadgen.peer_level if is_peer else loadgen.llmserve_level
+                r = asyncio.run(run(url, level, 2 if level < 16 else 1, 160, extractive))
+                row[f"ext{level}"] = f"{r.tokens_per_s:.1f}"
+                print(name, "extractive", level, _row(r.summary()), flush=True)
+            if "ngram-mod" in name or ("simple" in name and is_peer):
+                continue
+            for level in plain_levels:
+                run = loadgen.peer_level if is_peer else loadgen.llmserve_level
+                r = asyncio.run(run(url, level, 2, 64))
+                row[f"plain{level}"] = f"{r.tokens_per_s:.1f}"
+                print(name, "plain", level, _row(r.summary()), flush=True)
+            mixed = asyncio.run(_mixed_peer(url) if is_peer else _mixed_llmserve(url))
+            row["mixed"] = (f"{mixed['itl_p50']:.0f} / {mixed['itl_p99']:.0f} / {mixed['itl_max']:.0f} ms, long TTFT "
+                            f"{mixed['long_ttft_min'] / 1000:.1f}-{mixed['long_ttft_max'] / 1000:.1f} s")
+            print(name, "mixed", row["mixed"], flush=True)
+            row["fresh"] = f"{asyncio.run(_fresh_long(None if is_peer else url, url if is_peer else None)):.0f}"
+            print(name, "fresh long TTFT", row["fresh"], flush=True)
+        finally:
+            stop(process)
+    lines.append(f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with `python -m bench.speculative`; "
+                 f"extractive {sizes}, 160 new tokens, greedy; tokens/s aggregate over all streams.\n")
+    cols = [f"ext{c}" for c in ext_levels] + [f"plain{c}" for c in plain_levels]
+    lines.append("| server | " + " | ".join(
+        [f"extractive c={c}" for c in ext_levels] + [f"plain c={c}" for c in plain_levels]) + " |")
+    lines.append("|---|" + "---|" * len(cols))
+    for name, row in table.items():
+        lines.append(f"| {name} | " + " | ".join(row.get(c, "") for c in cols) + " |")
+    lines.append("\n| server | mixed load: ITL p50 / p99 / max of 8 streams, TTFT of 4 long prompts | fresh ~900-token prompt TTFT ms |")
+    lines.append("|---|---|---|")
+    for name, row in table.items():
+        if "mixed" in row:
+            lines.append(f"| {name} | {row['mixed']} | {row['fresh']} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        body = args.out.read_text()
+        marker = "<!-- speculative -->"
+        head = body.split(marker)[0].rstrip() + "\n\n" if marker in body else body.rstrip() + "\n\n## Speculative decoding and the prefill budget\n\n"
+        tail = body.split(marker)[2] if body.count(marker) >= 2 else ""
+        args.out.write_text(head + marker + "\n" + text + marker + tail)
+
+
+def _model() -> Path:
+    from llmserve.service.model.files import default_model_path
+
+    return default_model_path()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Drafting and verifying speculative tokens for one sequence (see speculation.py).
+
+`propose` fills `session.draft` before a step; after the step `verify` samples the
+decode row and each draft row in order with the sequence's sampler, through the
+same `TokenPicker` as any token (stop rules, logprobs, grammar), keeps the draft
+tokens the sampler picks, stops at the first it does not, and cuts the rejected
+rows from the KV before anything else can release the slot. Executor thread only.
+"""
+
+from __future__ import annotations
+
+from ..metrics import Metrics
+from .runner_api import Runner
+from .session import Session
+from .speculation import SpecConfig
+from .step import ReadyRow
+from .token_picker import TokenPicker
+from .turn import TurnFinish
+
+
+class DraftVerifier:
+    def __init__(self, runner: Runner, picker: TokenPicker, config: SpecConfig, metrics: Metrics) -> None:
+        self.runner = runner
+        self.picker = picker
+        self.config = config
+        self.metrics = metrics
+
+    def propose(self, s: Session) -> int:
+        """Set `s.draft` for the coming step; returns its length."""
+        s.draft = []
+        if s.speculation is None or s.next_token is None or s.slot is None or s.turn is None:
+            return 0
+        # Room: the slot must hold the decode token and every draft token, with one cell
+        # to spare (a context shift never happens mid-draft); max_tokens counts them all.
+        room = s.max_context - len(s.slot.tokens) - 2
+        max_tokens = s.params.stopping.max_tokens
+        if max_tokens is not None:
+            room = min(room, max_tokens - s.turn.completion_tokens - 1)
+        s.draft = s.speculation.propose(s.slot.tokens, s.next_token, room)
+        return len(s.draft)
+
+    def verify(self, ready: ReadyRow) -> TurnFinish | None:
+        s = ready.session
+        assert ready.row is not None and s.slot is not None and s.turn is not None
+        finish: TurnFinish | None = None
+        num_accepted = 0
+        for i in range(len(ready.draft) + 1):
+            row = ready.row + i
+            finish = self.picker.pick(s, ready.logits if i == 0 else self.runner.logits_row(row), row)
+            if finish is not None or i == len(ready.draft) or s.next_token != ready.draft[i]:
+                break
+            s.slot.append([ready.draft[i]])  # decoded in this step's row i + 1: already in the KV
+            s.next_token = None
+            num_accepted += 1
+        self.runner.seq_rm(s.slot.seq_id, len(s.slot.tokens), -1)  # the rows not kept
+        s.turn.num_drafted += len(ready.draft)
+        s.turn.num_accepted += num_accepted
+        self.metrics.spec_draft_tokens.inc(len(ready.draft))
+        self.metrics.spec_accepted_tokens.inc(num_accepted)
+        if s.speculation is not None:
+            s.speculation.record(len(ready.draft), num_accepted)
+        return finish

@@ -1,0 +1,102 @@
+"""Speculative decoding with n-gram drafts (prompt-lookup decoding), per sequence.
+
+A generating sequence whose last `ngram_size` tokens (its sampled next token
+included) occurred earlier in its own prompt or output proposes the tokens that
+followed them as a draft. The draft rides the same `llama_decode` as every other
+sequence's rows (`GenerationStep`), each draft row with logits; the session table
+then samples row by row with the sequence's own sampler and keeps each draft token
+the sampler picks, stopping at the first it does not (`SessionTable._verify`).
+Sampling the row and comparing is llama.cpp's rule (common_sampler_sample_and_accept_n):
+with a draft that is a fixed guess it leaves every token's distribution unchanged,
+and greedy output is the non-speculative output. Rejected rows are cut from the KV
+with `llama_memory_seq_rm`.
+
+Adaptive: a sequence's draft length doubles after a fully accepted draft and drops
+to what was accepted (+1) otherwise; after `max_misses` drafts in a row with
+nothing accepted it rests for `rest_tokens` tokens. The scheduler grants draft rows
+within a per-step budget that shrinks as more sequences decode, since under batching
+verify rows cost real compute. Pure Python; executor thread only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+SPEC_TYPES = ("none", "ngram-simple")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    spec_type: str = "none"
+    draft_max: int = 16  # llama-server: --draft-max
+    draft_min: int = 0  # a shorter draft is not worth its rows
+    ngram_size: int = 3  # tokens matched to find a draft (--spec-ngram-size-n)
+    max_rows: int = 16  # draft rows one step may carry, all sequences together
+    max_misses: int = 3
+    rest_tokens: int = 32
+
+    @property
+    def enabled(self) -> bool:
+        return self.spec_type != "none" and self.draft_max > 0
+
+
+class NgramIndex:
+    """Where each n-gram of a sequence's tokens last ended (incremental; rebuilt when the
+    history is cut or rewritten)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._tokens: list[int] = []
+        self._last: dict[tuple[int, ...], int] = {}  # n-gram -> index just past its latest occurrence
+
+    def sync(self, tokens: Sequence[int]) -> None:
+        n, mine = self.size, self._tokens
+        if len(tokens) < len(mine) or (mine and tokens[len(mine) - 1] != mine[-1]):
+            self._tokens, self._last = [], {}
+            mine = self._tokens
+        for i in range(len(mine), len(tokens)):
+            mine.append(tokens[i])
+            if i + 1 >= n:
+                self._last[tuple(mine[i + 1 - n : i + 1])] = i + 1
+
+    def draft(self, last: int, max_tokens: int) -> list[int]:
+        """What followed the latest earlier occurrence of (history tail + `last`)."""
+        n, tokens = self.size, self._tokens
+        if max_tokens <= 0 or len(tokens) < n:
+            return []
+        key = (*tokens[len(tokens) - n + 1 :], last) if n > 1 else (last,)
+        start = self._last.get(key)
+        if start is None:
+            return []
+        return tokens[start : start + max_tokens]
+
+
+class SeqSpeculation:
+    """One sequence's drafting state."""
+
+    def __init__(self, config: SpecConfig) -> None:
+        self.config = config
+        self.index = NgramIndex(config.ngram_size)
+        self.max_len = config.draft_max
+        self.misses = 0
+        self.rest = 0
+
+    def propose(self, history: Sequence[int], last: int, room: int) -> list[int]:
+        """A draft after `history` + `last`, at most `room` tokens (context, max_tokens)."""
+        if self.rest > 0:
+            self.rest -= 1
+            return []
+        self.index.sync(history)
+        draft = self.index.draft(last, min(self.max_len, room))
+        return draft if len(draft) >= max(self.config.draft_min, 1) else []
+
+    def record(self, num_drafted: int, num_accepted: int) -> None:
+        c = self.config
+        if num_accepted == num_drafted:
+            self.max_len = min(self.max_len * 2, c.draft_max)
+        else:
+            self.max_len = max(num_accepted + 1, 1)
+        self.misses = self.misses + 1 if num_accepted == 0 else 0
+        if self.misses >= c.max_misses:
+            self.misses, self.rest, self.max_len = 0, c.rest_tokens, c.draft_max

@@ -1,0 +1,97 @@
+"""Speculative decoding on the fake runner: n-gram drafts, verification in the batched
+step, rollback of rejected rows, and the same output as without speculation."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from llmserve.service.domain import FinishReason, SamplingParams, TurnEndEvent
+from llmserve.service.engine.executor import Executor, ExecutorConfig
+from llmserve.service.engine.scheduler import Scheduler, SeqDemand
+from llmserve.service.engine.speculation import NgramIndex, SeqSpeculation, SpecConfig
+
+from .fake_runner import BOS, FakeRunner
+from .test_engine_fake import GREEDY, assert_kv_mirrors_slots, one_turn, params, run_until, turn_ends
+
+SPEC = SpecConfig(spec_type="ngram-simple", draft_max=16, ngram_size=2, max_rows=16)
+# The fake model continues with last + 1: after 10..20 and again 10, 11, it samples 12;
+# the n-gram (11, 12) drafts 13..20, 10, 11: 13..20 are accepted, at 10 the model says 21.
+PROMPT = (BOS, *range(10, 21), 10, 11)
+
+
+def make(spec: SpecConfig = SPEC, n_parallel: int = 2) -> tuple[Executor, FakeRunner]:
+    runner = FakeRunner(n_batch=64)
+    config = ExecutorConfig(n_parallel, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4, spec=spec)
+    return Executor(runner, config), runner
+
+
+def test_ngram_index_drafts_what_followed_the_latest_occurrence() -> None:
+    index = NgramIndex(2)
+    index.sync([1, 2, 3, 4, 1, 2, 5, 6, 1])
+    assert index.draft(2, 8) == [5, 6, 1]  # (1, 2) last ended before 5
+    assert index.draft(2, 2) == [5, 6]
+    assert index.draft(9, 8) == []
+    index.sync([1, 2, 3])  # cut: rebuilt
+    assert index.draft(1, 8) == []
+
+
+def test_adaptive_length_and_rest() -> None:
+    spec = SeqSpeculation(replace(SPEC, max_misses=2, rest_tokens=3))
+    spec.record(8, 2)
+    assert spec.max_len == 3
+    spec.record(3, 3)
+    assert spec.max_len == 6
+    spec.record(4, 0)
+    spec.record(4, 0)
+    assert [spec.propose([1, 2, 1], 2, 8) for _ in range(3)] == [[], [], []]
+
+
+def test_scheduler_grants_draft_rows_within_the_budget() -> None:
+    scheduler = Scheduler(64, 64, 4, prefill_budget=None, max_draft_rows=8)
+    one = scheduler.plan([SeqDemand(1, True, 0, 12)], [])
+    assert one.drafts == ((1, 8),)
+    many = scheduler.plan([SeqDemand(k, True, 0, 12) for k in range(1, 6)], [])
+    assert sum(n for _, n in many.drafts) == 4  # 8 less one row for each other decoding sequence
+
+
+def test_speculative_greedy_output_equals_plain_output() -> None:
+    plain, _ = make(SpecConfig())
+    sink_plain, _ = one_turn(plain, PROMPT, params(max_tokens=30, ignore_eos=True))
+    spec, runner = make()
+    sink_spec, _ = one_turn(spec, PROMPT, params(max_tokens=30, ignore_eos=True))
+    assert sink_spec.token_ids() == sink_plain.token_ids()
+    assert sink_spec.text() == sink_plain.text()
+    end = sink_spec.of(TurnEndEvent)[0]
+    assert end.draft_tokens > end.accepted_draft_tokens >= 8
+    assert spec.profile.steps < plain.profile.steps  # accepted drafts saved decode steps
+    assert_kv_mirrors_slots(spec, runner)
+
+
+def test_rejected_rows_leave_the_kv_and_stops_still_apply() -> None:
+    executor, runner = make()
+    stop = "q"  # piece of token 16: inside an accepted draft
+    sink, key = one_turn(executor, PROMPT, params(max_tokens=30, stop=(stop,)))
+    end = sink.of(TurnEndEvent)[0]
+    assert end.finish_reason == FinishReason.STOP_SEQUENCE and end.matched_stop == stop
+    assert sink.token_ids()[-1] == 16 and sink.token_ids()[0] == 12
+    assert_kv_mirrors_slots(executor, runner)
+    executor.add_input(key, (30,), True)  # the session goes on from the KV as it should be
+    run_until(executor, turn_ends(sink, 2))
+    assert_kv_mirrors_slots(executor, runner)
+
+
+def test_max_tokens_counts_draft_tokens() -> None:
+    executor, runner = make()
+    sink, _ = one_turn(executor, PROMPT, params(max_tokens=5, ignore_eos=True))
+    assert len(sink.token_ids()) == 5
+    assert sink.of(TurnEndEvent)[0].finish_reason == FinishReason.LENGTH
+    assert_kv_mirrors_slots(executor, runner)
+
+
+def test_sampling_with_drafts_keeps_the_kv_consistent() -> None:
+    executor, runner = make()
+    p = replace(params(max_tokens=40, ignore_eos=True), sampling=SamplingParams(temperature=1.0, seed=5), num_samples=2)
+    sink, _ = one_turn(executor, PROMPT, p)
+    assert len(sink.token_ids(0)) == 40 and len(sink.token_ids(1)) == 40
+    assert_kv_mirrors_slots(executor, runner)
+    _ = GREEDY
