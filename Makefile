@@ -65,6 +65,7 @@ unit: install
 bench: model
 	$(PY) -m pip install -q -e '.[server,test,bench]'
 	$(PY) -m bench.run
+	$(PY) -m bench.speculative --out docs/benchmarks.md
 
 # 2,000-call chaos soak and a 600-call feature-combination run; both write their tables into docs/reliability.md.
 soak: model

@@ -120,18 +120,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--llama-server", type=Path, default=DEFAULT_BUILD / "llama-server")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--only", default="", help="run only the servers whose name contains this")
     args = parser.parse_args()
     logs = ROOT / "build" / "bench-logs"
     logs.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
     ext_levels, plain_levels = (1, 4, 16), (1, 4, 8, 16)
-    ours = {"llmserve, speculation off": ("--spec-type", "none"), "llmserve, --spec-type ngram-simple": ("--spec-type", "ngram-simple")}
-    peers = {"llama-server, no speculation": (), "llama-server --spec-type ngram-simple": ("--spec-type", "ngram-simple"),
-             "llama-server --spec-type ngram-mod": ("--spec-type", "ngram-mod")}
+    ctx = ("-c", "32768")  # 2,048 tokens per slot: the mixed load's prompts are ~1,400 tokens
+    ours = {"llmserve, speculation off": (*ctx, "--spec-type", "none"),
+            "llmserve, --spec-type ngram-simple": (*ctx, "--spec-type", "ngram-simple")}
+    peers = {"llama-server, no speculation": ctx, "llama-server --spec-type ngram-simple": (*ctx, "--spec-type", "ngram-simple"),
+             "llama-server --spec-type ngram-mod": (*ctx, "--spec-type", "ngram-mod")}
     table: dict[str, dict[str, str]] = {}
     sizes = ""
     for name, flags in [*ours.items(), *peers.items()]:
         is_peer = name.startswith("llama")
+        if args.only and args.only not in name:
+            continue
         if is_peer and not args.llama_server.exists():
             continue
         if is_peer:
@@ -139,21 +144,19 @@ def main() -> None:
         else:
             process, url = start_llmserve(logs / "ours.log", ("--embeddings", *flags))
         try:
-            if not is_peer and not sizes:
-                sizes = (f"prompts of {_count_tokens(url, extractive(1, 0, 0))} tokens; mixed-load prompts of "
-                         f"{_count_tokens(url, long_prompt(1, MIXED_WORDS))}, fresh long prompt of "
-                         f"{_count_tokens(url, long_prompt(1, FRESH_WORDS))}")
+            if not sizes:
+                sizes = "prompts of ~150 tokens"
             row = table.setdefault(name, {})
             for level in ext_levels:
                 run = loadgen.peer_level if is_peer else loadgen.llmserve_level
-                r = asyncio.run(run(url, level, 2 if level < 16 else 1, 160, extractive))
+                r = asyncio.run(run(url, level, 2 if level == 1 else 1, 160, extractive))
                 row[f"ext{level}"] = f"{r.tokens_per_s:.1f}"
                 print(name, "extractive", level, _row(r.summary()), flush=True)
             if "ngram-mod" in name or ("simple" in name and is_peer):
                 continue
             for level in plain_levels:
                 run = loadgen.peer_level if is_peer else loadgen.llmserve_level
-                r = asyncio.run(run(url, level, 2, 64))
+                r = asyncio.run(run(url, level, 1, 64))
                 row[f"plain{level}"] = f"{r.tokens_per_s:.1f}"
                 print(name, "plain", level, _row(r.summary()), flush=True)
             mixed = asyncio.run(_mixed_peer(url) if is_peer else _mixed_llmserve(url))

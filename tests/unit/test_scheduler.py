@@ -87,3 +87,18 @@ def test_embedding_steps_alternate_with_generation_and_pack_one_ubatch() -> None
     assert kinds == ["embed", "gen", "embed", "gen"]
     assert sched.plan([], [20, 20]).num_embed == 1  # 40 tokens do not fit one ubatch
     assert sched.plan([], []).is_empty
+
+
+def test_prefill_budget_caps_prompts_only_while_others_decode() -> None:
+    from llmserve.service.engine.scheduler import PrefillPacer
+
+    scheduler = Scheduler(n_batch=512, n_ubatch=512, max_embed_seqs=4, prefill_budget=64)
+    alone = scheduler.plan([SeqDemand(1, False, 1400)], [])
+    assert alone.prefill == ((1, 512),)  # nothing decodes: the whole batch
+    busy = scheduler.plan([SeqDemand(1, True, 0), SeqDemand(2, False, 1400), SeqDemand(3, False, 1400)], [])
+    assert sum(n for _, n in busy.prefill) == 64 and sorted(n for _, n in busy.prefill) == [32, 32]  # fair shares
+    pacer = PrefillPacer(max_slowdown=2.0)
+    for _ in range(20):
+        pacer.observe(0.050, 8, 0)  # a decode-only step: 50 ms
+        pacer.observe(0.050 + 0.001 * 100, 8, 100)  # 100 prompt tokens cost 1 ms each
+    assert 45 <= pacer.budget() <= 55  # ~50 tokens keep a step within 2x a decode step

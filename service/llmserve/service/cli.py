@@ -81,7 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add("--watchdog-timeout", type=float, default=d.watchdog_timeout_s,
           help="exit non-zero if the executor does not step for this long while work waits (0: off)")
     f.add("--prefill-budget", type=int, default=d.prefill_budget,
-          help="prompt tokens a step may carry while other sequences decode (0: all of -b)")
+          help="prompt tokens a step may carry while other sequences decode (0: paced to keep their "
+               "inter-token latency within 2x a decode step)")
     f.add("--spec-type", default=d.spec_type, help="speculative decoding: none or ngram-simple (n-gram drafts)")
     f.add("--draft-max", type=int, default=d.draft_max, help="most draft tokens per sequence and step")
     f.add("--draft-min", type=int, default=d.draft_min, help="fewest draft tokens worth verifying")

@@ -66,8 +66,8 @@ class ServerConfig:
     watchdog_timeout_s: float = 60.0  # no executor progress this long with work waiting: exit (0: off)
     grammar_timeout_s: float = 5.0  # compile budget of a grammar / JSON schema (in the grammar worker)
     grammar_max_mb: int = 512
-    prefill_budget: int = 256  # prompt tokens per step while sequences decode (0: no cap)
-    spec_type: str = "none"  # speculative decoding: none | ngram-simple
+    prefill_budget: int = 0  # prompt tokens per step while sequences decode (0: paced, see PrefillPacer)
+    spec_type: str = "ngram-simple"  # speculative decoding: none | ngram-simple
     draft_max: int = 16
     draft_min: int = 0
     spec_ngram_size_n: int = 3

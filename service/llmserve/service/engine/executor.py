@@ -38,7 +38,7 @@ from .commands import STOP, AddInput, Cancel, Close, DropEmbeds, Embed, Open
 from .draft_verifier import DraftVerifier
 from .runner_api import Runner
 from .saved_sessions import SessionStore
-from .scheduler import Scheduler
+from .scheduler import PrefillPacer, Scheduler
 from .session_table import SessionTable
 from .slot_kv import SlotKV
 from .speculation import SpecConfig
@@ -62,7 +62,7 @@ class ExecutorConfig:
     n_ubatch: int
     max_embed_seqs: int = 64
     shift_keep: int | None = None  # tokens kept at the start on a context shift; None: no shifting
-    prefill_budget: int | None = None  # prompt tokens per step while others decode; None: no cap
+    prefill_budget: int | None = None  # prompt tokens per step while others decode; None: paced (PrefillPacer)
     spec: SpecConfig = SpecConfig()  # speculative decoding (off by default here)
 
 
@@ -86,6 +86,7 @@ class Executor:
         self.scheduler = Scheduler(
             config.n_batch, config.n_ubatch, config.max_embed_seqs, config.prefill_budget, max_draft_rows
         )
+        self.pacer = PrefillPacer() if config.prefill_budget is None else None
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._embeds: deque[tuple[EmbedInput, EventSink]] = deque()
         self._num_steps = 0
@@ -205,6 +206,8 @@ class Executor:
             self._publish()  # slots taken before the first token streams out
         table.sample_ready()
         sizes = [len(item.tokens) for item, _ in itertools.islice(self._embeds, self.scheduler.max_embed_seqs)]
+        if self.pacer is not None:
+            self.scheduler.prefill_budget = self.pacer.budget()
         plan = self.scheduler.plan(table.demands(), sizes)
         if plan.is_empty:
             return False
@@ -220,6 +223,9 @@ class Executor:
             table.postprocess(output)
             self.profile.post_s += time.perf_counter() - t_post
         elapsed = time.perf_counter() - start
+        if self.pacer is not None and not plan.is_embedding:
+            num_prefill = sum(n for _, n in plan.prefill)
+            self.pacer.observe(elapsed, len(plan.decode) + sum(n for _, n in plan.drafts), num_prefill)
         self._step_s = 0.9 * self._step_s + 0.1 * elapsed
         self.metrics.step_duration.labels(kind).observe(elapsed)
         self.metrics.batch_tokens.labels(kind).observe(num_tokens)

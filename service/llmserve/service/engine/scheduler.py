@@ -2,11 +2,13 @@
 
 Per generation step: one decode token for every generating sequence first (so
 streams never stall behind long prompts), then draft rows for the sequences that
-speculate (within `max_draft_rows` less one row per decoding sequence: under load
-verify rows cost real compute), then prompt chunks shared fairly across prefilling
-sequences, until `n_batch` tokens. While any sequence decodes, prompt chunks are
-capped at `prefill_budget` tokens per step so that a long prompt cannot stall every
-stream (vLLM's chunked prefill); with nothing decoding a prompt gets all of `n_batch`. Embedding inputs run in steps of
+speculate (`max_draft_rows` with one decoding sequence, half with two, none with
+more: under batching verify rows cost real compute), then prompt chunks shared
+fairly across prefilling sequences, until `n_batch` tokens. While any sequence
+decodes, prompt chunks are capped at `prefill_budget` tokens per step so that a long
+prompt cannot stall every stream (vLLM's chunked prefill); with nothing decoding a
+prompt gets all of `n_batch`. The executor may move `prefill_budget` every step
+(`PrefillPacer`). Embedding inputs run in steps of
 their own (never mixed with generation in one decode): several inputs packed into
 one ubatch, alternating fairly with generation steps when both are waiting.
 
@@ -100,7 +102,7 @@ class Scheduler:
         return StepPlan(decode=decode, prefill=tuple(prefill), drafts=tuple(drafts))
 
     def _grant_drafts(self, wanting: list[SeqDemand], num_decoding: int) -> list[tuple[int, int]]:
-        budget = min(self.max_draft_rows - (num_decoding - 1), self.n_batch - num_decoding)
+        budget = min(self.max_draft_rows - (self.max_draft_rows // 2) * (num_decoding - 1), self.n_batch - num_decoding)
         return _fair_shares([(d.key, d.num_draft) for d in wanting], budget)
 
 
@@ -116,3 +118,33 @@ def _fair_shares(wants: list[tuple[int, int]], budget: int) -> list[tuple[int, i
         shares.append((key, n))
         budget -= n
     return shares
+
+
+class PrefillPacer:
+    """The prompt budget per step that keeps a decoding stream's inter-token latency within
+    `max_slowdown` times a decode-only step: moving averages of a decode-only step and of
+    one prompt token's cost, measured on this machine as it runs."""
+
+    def __init__(self, max_slowdown: float = 2.0, min_tokens: int = 16, max_tokens: int = 2048) -> None:
+        self.max_slowdown = max_slowdown
+        self.min_tokens = min_tokens
+        self.max_tokens = max_tokens
+        self.decode_step_s: float | None = None
+        self.prefill_token_s: float | None = None
+
+    def observe(self, elapsed_s: float, num_decode_rows: int, num_prefill_tokens: int) -> None:
+        if num_decode_rows and not num_prefill_tokens:
+            self.decode_step_s = _ema(self.decode_step_s, elapsed_s)
+        elif num_prefill_tokens >= 8:
+            base = (self.decode_step_s or 0.0) if num_decode_rows else 0.0
+            self.prefill_token_s = _ema(self.prefill_token_s, max(elapsed_s - base, 0.0) / num_prefill_tokens)
+
+    def budget(self) -> int:
+        if self.decode_step_s is None or not self.prefill_token_s:
+            return self.min_tokens
+        tokens = int(self.decode_step_s * (self.max_slowdown - 1.0) / self.prefill_token_s)
+        return max(self.min_tokens, min(tokens, self.max_tokens))
+
+
+def _ema(current: float | None, value: float, weight: float = 0.2) -> float:
+    return value if current is None else (1 - weight) * current + weight * value
