@@ -67,7 +67,7 @@ class ServerConfig:
     grammar_timeout_s: float = 5.0  # compile budget of a grammar / JSON schema (in the grammar worker)
     grammar_max_mb: int = 512
     prefill_budget: int = 0  # prompt tokens per step while sequences decode (0: paced, see PrefillPacer)
-    spec_type: str = "ngram-simple"  # speculative decoding: none | ngram-simple
+    spec_type: str = "none"  # speculative decoding: none | ngram-simple (docs/benchmarks.md: why off)
     draft_max: int = 16
     draft_min: int = 0
     spec_ngram_size_n: int = 3
