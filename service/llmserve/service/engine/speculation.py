@@ -8,7 +8,8 @@ then samples row by row with the sequence's own sampler and keeps each draft tok
 the sampler picks, stopping at the first it does not (`SessionTable._verify`).
 Sampling the row and comparing is llama.cpp's rule (common_sampler_sample_and_accept_n):
 with a draft that is a fixed guess it leaves every token's distribution unchanged,
-and greedy output is the non-speculative output. Rejected rows are cut from the KV
+and greedy output is the non-speculative output up to the float rounding of rows
+computed in a batch (a near tie can flip). Rejected rows are cut from the KV
 with `llama_memory_seq_rm`.
 
 Adaptive: a sequence's draft length doubles after a fully accepted draft and drops
