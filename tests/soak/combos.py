@@ -129,7 +129,7 @@ def draw(rng: random.Random, session_ids: list[str]) -> Plan:
     if rng.random() < 0.2:
         plan.adversarial = rng.choice(sorted(ADVERSARIAL))
         ADVERSARIAL[plan.adversarial](c)
-        plan.expected = {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"}
+        plan.expected = {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"} | ({"DEADLINE_EXCEEDED"} if ending == "deadline" else set())
     return plan
 
 

@@ -124,8 +124,8 @@ class SessionStore:
             record = self._parse(blob, session_id)
         except (KeyError, TypeError, IndexError, struct.error, UnicodeDecodeError) as exc:
             raise ValueError(f"malformed header ({type(exc).__name__})") from None
-        if len(record.tokens) + len(record.pending) > self.max_tokens:
-            raise ValueError(f"{len(record.tokens) + len(record.pending)} tokens do not fit a slot of {self.max_tokens}")
+        if len(record.tokens) > self.max_tokens:  # pending input that does not fit ends its turn CONTEXT_FULL
+            raise ValueError(f"{len(record.tokens)} tokens do not fit a slot of {self.max_tokens}")
         if any(not 0 <= t < self.n_vocab for t in (*record.tokens, *record.pending)):
             raise ValueError("token ids outside the vocabulary")
         return record
