@@ -96,6 +96,10 @@ def from_domain(error: InvalidRequest) -> ServiceError:
     return cls(str(error), field=error.field, retry_after_s=error.retry_after_s)
 
 
+def _as_status(error: ServiceError | InvalidRequest) -> ServiceError:
+    return error if isinstance(error, ServiceError) else from_domain(error)
+
+
 @dataclass(frozen=True)
 class Undecodable:
     """A request message whose bytes did not parse."""
@@ -151,7 +155,7 @@ def rpc_errors(method: Callable[..., Any]) -> Callable[..., Any]:
                 async for response in method(self, request, context):
                     yield response
             except (ServiceError, InvalidRequest) as error:
-                status = error if isinstance(error, ServiceError) else from_domain(error)
+                status = _as_status(error)
                 code = status.code.name
                 await _abort(context, status)
             except grpc.aio.AbortError:
@@ -173,7 +177,7 @@ def rpc_errors(method: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return await method(self, check_decoded(request), context)
         except (ServiceError, InvalidRequest) as error:
-            status = error if isinstance(error, ServiceError) else from_domain(error)
+            status = _as_status(error)
             code = status.code.name
             await _abort(context, status)
         except grpc.aio.AbortError:
