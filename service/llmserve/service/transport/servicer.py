@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from dataclasses import replace
 
 import grpc
 import structlog
@@ -137,16 +138,16 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     ) -> tuple[SessionParams, object | None]:
         """The session's parameters, and its constraint compiled (off the loop and the executor)."""
         max_samples = min(validation.MAX_SAMPLES, engine.config.n_parallel)
-        validation.session_params(first.config, engine.limits, rid, max_samples)  # cheap checks first
+        params = validation.session_params(first.config, engine.limits, rid, max_samples)  # cheap checks first
         constraint = validation.constraint_of(first.config.constraint)
-        gbnf, compiled = "", None
-        if constraint is not None:
-            kind, text = constraint
-            try:
-                gbnf, compiled = await asyncio.to_thread(engine.compile_constraint, kind, text)
-            except GrammarError as exc:
-                raise InvalidArgument(str(exc), field=f"config.constraint.{kind}") from None
-        return validation.session_params(first.config, engine.limits, rid, max_samples, gbnf), compiled
+        if constraint is None:
+            return params, None
+        kind, text = constraint
+        try:
+            gbnf, compiled = await asyncio.to_thread(engine.compile_constraint, kind, text)
+        except GrammarError as exc:
+            raise InvalidArgument(str(exc), field=f"config.constraint.{kind}") from None
+        return replace(params, sampling=replace(params.sampling, grammar=gbnf)), compiled
 
     @rpc_errors
     async def Generate(self, request_iterator, context):  # type: ignore[no-untyped-def]
