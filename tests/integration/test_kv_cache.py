@@ -90,3 +90,34 @@ def test_default_parallelism_is_four_and_logged(tmp_path: Path) -> None:
     finally:
         assert stop_server(running) == 0
     assert '"n_parallel_auto": true' in running.log_path.read_text()
+
+
+def test_a_cached_prefix_whose_window_cells_were_reused_is_prefilled_again(tmp_path: Path) -> None:
+    """Issue 14 (600-call combos run): llama.cpp hands the cells that left a sequence's
+    sliding window to other tokens. A later prompt sharing a prefix of that sequence was
+    served from a KV lacking cells the prefix's next token attends to (the slot mirrored
+    321 tokens from 0, llama.cpp held 29..320)."""
+    from tests.soak import chaos
+
+    running = start_server(["-np", "2", "-c", "4096", "-t", "2"], tmp_path / "server.log")
+    try:
+        with Client(running.address, timeout=300) as client:
+            n_swa = client.model_info().n_swa
+            assert n_swa == 512  # gemma-3's sliding window
+            long_text = "Here is a list. " + " ".join(f"item{i} is {i * 7 % 13}." for i in range(200))
+            prefix_ids = client.tokenize(long_text)[:300]
+            prompt = client.detokenize(prefix_ids) + " Summary:"
+            reference = client.generate(prompt, max_tokens=16, temperature=0)
+            client.generate("Tell me about cats " * 3, max_tokens=1, temperature=0)
+            client.generate(long_text, max_tokens=1, temperature=0)  # > n_swa tokens
+            # A new prompt on the other slot: its tokens land in the long sequence's
+            # oldest cells, which have left the window of its newest token.
+            client.generate("Quantum physics summary please " * 3, max_tokens=30, temperature=0, ignore_eos=True)
+            again = client.generate(prompt, max_tokens=16, temperature=0)
+            info = client.model_info()
+    finally:
+        assert stop_server(running) == 0
+    assert again.text == reference.text
+    assert again.turn_end.usage.cached_tokens == 0  # the cached prefix could not serve
+    assert chaos.kv_leaks(info) == []
+    assert "kv_prefix_dropped" in (tmp_path / "server.log").read_text()

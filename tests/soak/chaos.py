@@ -211,11 +211,13 @@ def wait_until_idle(address: str, timeout: float = 30.0) -> pb.ModelInfo:
 
 
 def kv_leaks(info: pb.ModelInfo) -> list[str]:
-    """Slots whose llama.cpp KV does not hold exactly their cached prefix."""
+    """Slots whose llama.cpp KV does not hold exactly their cached prefix: every position up
+    to the last, and from the first one the next token's sliding window reads (`n_swa`)."""
     problems = []
     for s in info.slots:
-        expected_max = s.num_cached_tokens - 1
-        if s.kv_pos_max != expected_max or (s.num_cached_tokens and s.kv_pos_min != 0):
+        n = s.num_cached_tokens
+        first_needed = max(0, n - info.n_swa + 1) if info.n_swa else 0
+        if s.kv_pos_max != n - 1 or (n and not 0 <= s.kv_pos_min <= first_needed):
             problems.append(f"slot {s.seq_id}: {s.num_cached_tokens} cached tokens, KV positions {s.kv_pos_min}..{s.kv_pos_max}")
     return problems
 

@@ -6,12 +6,16 @@ by the EOG token, so a prompt ending in 10 generates 11, 12, ..., END_AFTER, EOG
 The second choice (a lower logit) is `last + 2`, so a ban or bias changes the pick.
 Every decode checks that each row extends its sequence's KV at the next position:
 the fake's KV is the ground truth the engine's slot mirror is compared against.
+With `n_swa`, the fake drops the cells that left a sequence's sliding window after each
+decode (what llama.cpp may do at any later decode) and checks that every row still has
+the window it attends to.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 from llmserve.service.domain import ModelMeta, SamplingParams
@@ -105,9 +109,12 @@ class FakeRunner:
     n_vocab = N_VOCAB
     can_shift = True
 
-    def __init__(self, n_batch: int = 256) -> None:
+    def __init__(self, n_batch: int = 256, n_swa: int = 0) -> None:
         self.batch = FakeBatch(n_batch)
+        self.meta = replace(META, n_swa=n_swa)
+        self.n_swa = n_swa
         self.kv: dict[int, list[int]] = {}  # seq_id -> tokens at positions 0..n-1
+        self.kv_min: dict[int, int] = {}  # seq_id -> positions below it left the window
         self._rows: dict[int, np.ndarray] = {}
         self.fail_next_decode = False
         self.num_decodes = 0
@@ -126,13 +133,21 @@ class FakeRunner:
             seq, pos, token = int(b.seq[i]), int(b.pos[i]), int(b.token[i])
             cells = self.kv.setdefault(seq, [])
             assert pos == len(cells), f"seq {seq}: token at position {pos}, but the KV holds {len(cells)}"
+            assert self.holds_window(seq, pos), f"seq {seq}: position {pos} attends to cells already dropped"
             cells.append(token)
             if b.logits[i]:
                 row = np.full(N_VOCAB, -10.0, dtype=np.float32)
                 row[(next_token(token) + 1) % N_VOCAB] = 5.0
                 row[next_token(token)] = 10.0
                 self._rows[i] = row
+        if self.n_swa:
+            for seq in {int(x) for x in b.seq[: b.num_tokens]}:
+                self.kv_min[seq] = max(self.kv_min.get(seq, 0), len(self.kv[seq]) - self.n_swa + 1)
         return 0
+
+    def holds_window(self, seq_id: int, pos: int) -> bool:
+        """Whether a token at `pos` would find every cell of its window."""
+        return self.kv_min.get(seq_id, 0) <= max(0, pos - self.n_swa + 1)
 
     def logits_row(self, row: int) -> np.ndarray:
         return self._rows[row]
@@ -153,23 +168,34 @@ class FakeRunner:
             cells.clear()
         else:
             del cells[p0 : (None if p1 < 0 else p1)]
+        if len(cells) <= self.kv_min.get(seq_id, 0):  # nothing left that the KV holds
+            cells.clear()
+        if not cells:
+            self.kv_min[seq_id] = 0
         return True
 
     def seq_cp(self, src: int, dst: int) -> None:
         self.kv[dst] = list(self.kv.get(src, []))
+        self.kv_min[dst] = self.kv_min.get(src, 0)
 
     def seq_shift(self, seq_id: int, keep: int, discard: int) -> None:
         del self.kv[seq_id][keep : keep + discard]
+        self.kv_min[seq_id] = max(0, self.kv_min.get(seq_id, 0) - discard)
 
     def seq_state(self, seq_id: int) -> bytes:
-        return json.dumps(self.kv.get(seq_id, [])).encode()
+        cells = self.kv.get(seq_id, [])
+        # Like llama.cpp's state_write: cells out of the newest token's window are left out.
+        lowest = max(self.kv_min.get(seq_id, 0), len(cells) - self.n_swa) if self.n_swa else 0
+        return json.dumps({"tokens": cells, "min": lowest}).encode()
 
     def set_seq_state(self, seq_id: int, data: bytes) -> bool:
-        self.kv[seq_id] = list(json.loads(data))
+        state = json.loads(data)
+        self.kv[seq_id] = list(state["tokens"])
+        self.kv_min[seq_id] = state["min"] if state["tokens"] else 0
         return True
 
     def seq_pos_min(self, seq_id: int) -> int:
-        return 0 if self.kv.get(seq_id) else -1
+        return self.kv_min.get(seq_id, 0) if self.kv.get(seq_id) else -1
 
     def seq_pos_max(self, seq_id: int) -> int:
         return len(self.kv.get(seq_id, [])) - 1

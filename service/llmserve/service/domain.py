@@ -72,6 +72,9 @@ class ModelMeta:
     eog_token_ids: tuple[int, ...]
     add_bos: bool
     chat_template: str | None
+    # Sliding-window attention span (0: none). A token at position p attends to the
+    # positions after p - n_swa in those layers, and llama.cpp drops older cells.
+    n_swa: int = 0
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,10 @@ class Scheduler:
         return StepPlan(decode=decode, prefill=tuple(prefill), drafts=tuple(drafts))
 
     def _grant_drafts(self, wanting: list[SeqDemand], num_decoding: int) -> list[tuple[int, int]]:
-        budget = min(self.max_draft_rows - (self.max_draft_rows // 2) * (num_decoding - 1), self.n_batch - num_decoding)
+        # Decode and draft rows lead the batch and stay in its first ubatch: llama.cpp then
+        # places them all against the pre-step positions, so no cell a rejected draft's
+        # sequence still needs can leave the sliding window (see SlotKV.holds_window).
+        budget = min(self.max_draft_rows - (self.max_draft_rows // 2) * (num_decoding - 1), self.n_ubatch - num_decoding)
         return _fair_shares([(d.key, d.num_draft) for d in wanting], budget)
 
 

@@ -71,6 +71,7 @@ class Session:
         self.later: deque[tuple[tuple[int, ...], bool, bool]] = deque()  # input sent during a turn
         self.turn_input = 0  # tokens the client sent for the upcoming turn
         self.turn_cached = 0  # of the upcoming turn's history, tokens already in the KV
+        self.num_accepted_ahead = 0  # leading pending tokens the sampler already accepted
         self.overflowed = False  # the upcoming turn's input does not fit the context
 
     def fork(self, key: int, slot: Slot, make_sampler: Callable[..., TokenSampler]) -> Session:
@@ -133,16 +134,31 @@ class Session:
         self._keep_a_token_for_logits()
         self._accept_history()
 
-    def resume(self, slot: Slot, restored: SavedSession | None) -> None:
-        """Got a slot holding a saved session's KV (`restored` None: it could not be loaded)."""
+    def resume(self, slot: Slot, saved: SavedSession, loaded: bool) -> None:
+        """Got a slot for a saved session: holding its KV if `loaded`, else empty, and the
+        saved history is prefilled again."""
         self.slot = slot
         self.queue_ms = (time.monotonic() - self.t_open) * 1000.0
-        if restored is not None:
+        if loaded:
             slot.num_confirmed = len(slot.tokens)
-            self.pending[:0] = restored.pending
+            self.pending[:0] = saved.pending
             self.turn_cached = slot.num_confirmed
+        else:
+            self.pending[:0] = (*saved.tokens, *saved.pending)
         self._keep_a_token_for_logits()
         self._accept_history()
+
+    def prefill_again(self, history: list[int]) -> bool:
+        """The slot's KV was dropped (see `SlotKV.trim_stale_tail`): `history` is
+        prefilled again and no longer counts as cached. False if `history` is empty."""
+        if not history:
+            return False
+        self.pending[:0] = history
+        self.num_accepted_ahead += len(history)  # the sampler has seen them as history
+        self.turn_cached = max(0, self.turn_cached - len(history))
+        if self.turn is not None:
+            self.turn.cached_tokens = max(0, self.turn.cached_tokens - len(history))
+        return True
 
     def _accept_history(self) -> None:
         # Penalties and DRY see the cached prefix as if it had been prefilled, so a cache

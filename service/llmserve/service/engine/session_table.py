@@ -145,7 +145,8 @@ class SessionTable:
             logits, s.ready_logits = s.ready_logits, None
             if s.turn is None or s.slot is None:
                 continue
-            s.pending[:0] = self.kv.trim_stale_tail(s.slot)
+            if s.prefill_again(self.kv.trim_stale_tail(s.slot)):
+                continue  # the KV was dropped: the prefill's last row gives the logits
             for sample in [s, *self._fork(s)]:
                 self._pick(sample, logits, None)
 
@@ -191,7 +192,8 @@ class SessionTable:
             if session.restore is not None:
                 self.waiting.remove(session)
                 saved, session.restore = session.restore, None
-                session.resume(*self.kv.restore(saved))
+                slot, loaded = self.kv.restore(saved)
+                session.resume(slot, saved, loaded)
             elif session.pending:
                 self.waiting.remove(session)
                 session.attach(self.allocator.allocate(session.pending), self.allocator.reusable)

@@ -34,16 +34,46 @@ class SlotKV:
         self.runner.seq_rm(slot.seq_id, -1, -1)
         slot.reset()
 
+    def holds_window(self, slot: Slot) -> bool:
+        """Whether the KV holds every cell the slot's next token attends to.
+
+        With sliding-window attention llama.cpp reuses cells that have left the window
+        of their sequence's newest token (and purges every older position with them), even
+        with a full-size SWA cache. A sequence that grew long and is then cut back to a
+        prefix may so have lost positions the prefix's next token needs (the token at
+        position n reads n - n_swa + 1 .. n - 1). llama.cpp keeps [pos_min, pos_max]
+        contiguous, so pos_min tells.
+        """
+        num_tokens = len(slot.tokens)
+        if num_tokens == 0:
+            return True
+        n_swa = self.runner.meta.n_swa
+        first_needed = max(0, num_tokens - n_swa + 1) if n_swa > 0 else 0
+        return 0 <= self.runner.seq_pos_min(slot.seq_id) <= first_needed
+
     def trim_stale_tail(self, slot: Slot) -> list[int]:
         """Cut what the slot caches past its confirmed history. Returns the history to
-        prefill again when the cache cannot cut there (the sequence is dropped), else []."""
+        prefill again when the KV cannot serve it after the cut (the sequence is
+        dropped), else []."""
         history = slot.tokens[: slot.num_confirmed]
         start = slot.take_stale_tail()
-        if start is not None and not self.runner.seq_rm(slot.seq_id, start, -1):
-            log.warning("seq_rm_partial_failed", seq_id=slot.seq_id, position=start)
-            self.clear(slot)
+        if start is not None and not self._cut(slot, start):
             return history
         return []
+
+    def _cut(self, slot: Slot, start: int) -> bool:
+        """Remove positions from `start` on (the mirror is already cut). False when the
+        sequence had to be dropped: llama.cpp could not cut there, or what is left
+        lacks cells of the sliding window (see `holds_window`)."""
+        if not self.runner.seq_rm(slot.seq_id, start, -1):
+            log.warning("seq_rm_partial_failed", seq_id=slot.seq_id, position=start)
+        elif not self.holds_window(slot):
+            log.info("kv_prefix_dropped", seq_id=slot.seq_id, num_tokens=start,
+                     kv_pos_min=self.runner.seq_pos_min(slot.seq_id), reason="sliding window cells reused")
+        else:
+            return True
+        self.clear(slot)
+        return False
 
     def shift(self, slot: Slot, keep: int) -> int:
         """Context shift: drop half of what follows the first `keep` tokens, as llama-server
@@ -53,28 +83,32 @@ class SlotKV:
         slot.shift(keep, discard)
         return discard
 
-    def restore(self, saved: SavedSession) -> tuple[Slot, SavedSession | None]:
+    def restore(self, saved: SavedSession) -> tuple[Slot, bool]:
         """A slot holding the saved session's KV: one that still has it in memory, else
-        one loaded from the saved state. The second value is None if llama.cpp refused it."""
+        one loaded from the saved state. False (and an empty slot) when neither serves."""
         slot = self.allocator.allocate(saved.tokens)
         if saved.tokens and common_prefix_length(slot.tokens, saved.tokens) == len(saved.tokens):
-            del slot.tokens[len(saved.tokens) :]  # the rest is another continuation
+            slot.num_confirmed = len(saved.tokens)
             slot.save_logits(-1, None)
-            self.runner.seq_rm(slot.seq_id, len(saved.tokens), -1)
-            return slot, saved
+            if slot.take_stale_tail() is None or self._cut(slot, len(saved.tokens)):  # the rest is another continuation
+                return slot, True
         self.clear(slot)
         if not saved.tokens:
-            return slot, saved
+            return slot, True
         if self.runner.set_seq_state(slot.seq_id, saved.state):
             slot.tokens[:] = saved.tokens
-            return slot, saved
-        log.warning("session_state_rejected", session_id=saved.session_id, detail="llama.cpp refused the state")
+            if self.holds_window(slot):
+                return slot, True
+            log.warning("session_state_rejected", session_id=saved.session_id, detail="the state lacks window cells")
+        else:
+            log.warning("session_state_rejected", session_id=saved.session_id, detail="llama.cpp refused the state")
         self.clear(slot)
-        return slot, None
+        return slot, False
 
     def export(self, slot: Slot) -> tuple[tuple[int, ...], bytes]:
-        """The slot's history and its KV state (a stale cached tail is trimmed first)."""
+        """The slot's history and its KV state (a stale cached tail is trimmed first; if
+        that drops the sequence, the state is empty and a restore prefills again)."""
         history = tuple(slot.tokens[: slot.num_confirmed])
         if slot.take_stale_tail() is not None:
-            self.runner.seq_rm(slot.seq_id, len(history), -1)
+            self._cut(slot, len(history))
         return history, self.runner.seq_state(slot.seq_id)

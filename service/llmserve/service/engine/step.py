@@ -96,7 +96,7 @@ class GenerationStep:
         for key, n in plan.prefill:
             s = sessions[key]
             assert s.slot is not None
-            s.pending[:0] = self.kv.trim_stale_tail(s.slot)
+            s.prefill_again(self.kv.trim_stale_tail(s.slot))
             chunk = s.pending[:n]
             wants_logits = s.turn is not None and n == len(s.pending)
             first = batch.num_tokens
@@ -130,7 +130,9 @@ class GenerationStep:
                     ready.append(ReadyRow(s, self.runner.logits_row(row), row, turn_start=False, draft=draft))
                 continue
             del s.pending[: len(tokens)]
-            s.sampler.accept(tokens)
+            seen = min(len(tokens), s.num_accepted_ahead)
+            s.num_accepted_ahead -= seen
+            s.sampler.accept(tokens[seen:])
             if s.params.output.prompt_logprobs:
                 self._prompt_logprobs(s, tokens, first)
             if row is not None:

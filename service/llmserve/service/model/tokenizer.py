@@ -85,6 +85,7 @@ class Vocab:
             eog_token_ids=eog,
             add_bos=bool(llama_cpp.llama_vocab_get_add_bos(ptr)),
             chat_template=template.decode("utf-8", "replace") if template else None,
+            n_swa=int(llama_cpp.llama_model_n_swa(model)),
         )
 
 

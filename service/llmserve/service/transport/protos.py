@@ -82,6 +82,7 @@ def model_info(engine: Engine, max_queue: int) -> pb.ModelInfo:
         n_parallel=config.n_parallel,
         n_batch=config.n_batch_effective,
         n_ubatch=config.n_ubatch,
+        n_swa=meta.n_swa,
         pooling_type=engine.pooling,
         version=engine.version,
         slots=[
