@@ -57,6 +57,9 @@ def test_queue_full_is_resource_exhausted_fast_with_retry_info(one_slot_server: 
     retry = error_details_pb2.RetryInfo()
     assert status is not None and any(d.Unpack(retry) for d in status.details)
     assert retry.retry_delay.ToMilliseconds() > 0
+    # The same delay as the trailer gRPC retry policies honour (gRFC A6).
+    pushback = dict(err.value.trailing_metadata() or ())  # type: ignore[attr-defined]
+    assert pushback["grpc-retry-pushback-ms"] == str(retry.retry_delay.ToMilliseconds())
 
 
 def _admission_order(address: str, priorities: list[int]) -> list[int]:

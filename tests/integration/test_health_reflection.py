@@ -52,3 +52,11 @@ def test_buf_curl_lists_and_calls_through_reflection(server) -> None:  # type: i
     assert messages[-1]["turnEnd"]["finishReason"] == "FINISH_REASON_LENGTH"
     assert messages[-1]["turnEnd"]["usage"]["completionTokens"] == 4
     assert "".join(m["chunk"]["text"] for m in messages[:-1] if "chunk" in m)
+
+
+@pytest.mark.parametrize("protocol", ["grpc-v1", "grpc-v1alpha"])
+def test_reflection_v1_and_v1alpha(server, protocol: str) -> None:  # type: ignore[no-untyped-def]
+    methods = _buf("--reflect-protocol", protocol, "--list-methods", f"http://{server.address}").split()
+    assert "llmserve.v1.LLMService/Generate" in methods
+    services = {m.rsplit("/", 1)[0] for m in methods}
+    assert {"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"} <= services

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import grpc
+import pytest
 from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_log_line_is_json_and_calls_carry_the_request_id(server) -> None:  # type: ignore[no-untyped-def]
@@ -63,3 +70,69 @@ def test_metrics_endpoint(server) -> None:  # type: ignore[no-untyped-def]
                  "llmserve_cached_tokens_total", "llmserve_sessions"):
         assert _value(after, name) >= 0
     assert 0 < _value(after, "llmserve_kv_cells_used_ratio") <= 1
+
+
+def test_dashboard_metrics_are_exported(server) -> None:  # type: ignore[no-untyped-def]
+    """The series issue 18 asks for: request histograms, model info, process and per-RPC."""
+    with Client(server.address, timeout=30) as client:
+        client.generate("Count: one, two,", max_tokens=5, temperature=0, ignore_eos=True)
+        client.model_info()
+    text = _scrape(server.metrics_port)
+    for histogram in ("llmserve_queue_time_seconds", "llmserve_turn_duration_seconds",
+                      "llmserve_turn_prompt_tokens", "llmserve_turn_generated_tokens"):
+        assert _value(text, f"{histogram}_count") >= 1, histogram
+    assert _value(text, 'llmserve_turn_generated_tokens_bucket{le="4.0"}') < _value(
+        text, 'llmserve_turn_generated_tokens_bucket{le="16.0"}')
+    info = next(line for line in text.splitlines() if line.startswith("llmserve_model_info{"))
+    assert 'quantization="Q4_K_M"' in info and 'architecture="gemma3"' in info and info.endswith(" 1.0")
+    assert _value(text, "process_resident_memory_bytes") > 100e6
+    assert _value(text, "process_cpu_seconds_total") > 0
+    bidi = 'grpc_method="Generate",grpc_service="llmserve.v1.LLMService",grpc_type="bidi_stream"'
+    assert _value(text, f'grpc_server_handled_total{{grpc_code="OK",{bidi}}}') >= 1
+    assert _value(text, f"grpc_server_started_total{{{bidi}}}") >= 1
+    assert _value(text, f"grpc_server_handling_seconds_count{{{bidi}}}") >= 1
+    unary = 'grpc_method="GetModelInfo",grpc_service="llmserve.v1.LLMService",grpc_type="unary"'
+    assert _value(text, f'grpc_server_handled_total{{grpc_code="OK",{unary}}}') >= 1
+
+
+def test_log_format_console_or_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """JSON when stdout is not a TTY (auto), console lines with --log-format console."""
+    junk = tmp_path / "junk.gguf"  # loads far enough to log, then fails
+    junk.write_text("not a model")
+    outputs = {}
+    for fmt in ("auto", "console", "json"):
+        done = subprocess.run(
+            [sys.executable, "-m", "llmserve.service", "serve", "--model", str(junk), "--log-format", fmt, "--port", "0"],
+            capture_output=True, text=True, timeout=120,
+        )
+        outputs[fmt] = [line for line in done.stdout.splitlines() if line.strip()]
+        assert outputs[fmt], done.stderr
+    for fmt in ("auto", "json"):
+        assert all(json.loads(line)["event"] for line in outputs[fmt])
+    for line in outputs["console"]:
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(line)
+    assert any("listening" in line for line in outputs["console"])
+
+
+def test_dashboard_queries_use_only_exported_metrics(server) -> None:  # type: ignore[no-untyped-def]
+    """Every metric name in deploy/grafana's dashboard is one the server really exports."""
+    with Client(server.address, timeout=30) as client:
+        client.generate("Hi", max_tokens=2)
+    exported = {re.split(r"[{ ]", line, maxsplit=1)[0] for line in _scrape(server.metrics_port).splitlines()
+                if line and not line.startswith("#")}
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "llmserve.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    used = set()
+    for expr in exprs:
+        # drop label matchers, ranges, strings, `by (labels)` and numbers such as 1e-9
+        bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\"[^\"]*\"|\bby \([^)]*\)|\b\d[\d.]*(e-?\d+)?", " ", expr)
+        names = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", bare)) - PROMQL_WORDS
+        assert names, expr
+        used |= names
+    missing = sorted(used - exported)
+    assert not missing, f"dashboard uses metrics the server does not export: {missing}"
+    assert len(used) >= 12
+
+
+PROMQL_WORDS = {"sum", "by", "rate", "histogram_quantile", "clamp_min", "without", "avg", "max", "min", "irate"}

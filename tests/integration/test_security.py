@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -62,6 +63,7 @@ def tls_server(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[R
         directory / "server.log",
         env={"LLMSERVE_API_KEY": API_KEY},  # the key comes from the environment
         channel_factory=factory,
+        metrics=True,
     )
     yield running
     assert stop_server(running) == 0
@@ -99,6 +101,22 @@ def test_missing_or_wrong_api_key_is_unauthenticated(tls_server: RunningServer, 
         with pytest.raises(grpc.RpcError) as err:
             list(pb_grpc.LLMServiceStub(channel).Generate(iter([pb.GenerateRequest()]), timeout=10))
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_refused_calls_are_counted(tls_server: RunningServer, pki: Pki) -> None:
+    def refused() -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{tls_server.metrics_port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        sample = ('grpc_server_handled_total{grpc_code="UNAUTHENTICATED",grpc_method="GetModelInfo",'
+                  'grpc_service="llmserve.v1.LLMService",grpc_type="unary"} ')
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(sample))
+
+    before = refused()
+    with _secure(tls_server.address, _server_ca(tls_server), pki.client) as channel:
+        for _ in range(3):
+            with pytest.raises(grpc.RpcError):
+                _info(channel, "wrong-key")
+    assert refused() == before + 3
 
 
 def test_health_answers_without_the_api_key(tls_server: RunningServer, pki: Pki) -> None:

@@ -4,6 +4,7 @@ No Docker engine or Envoy binary runs here: the containers themselves are not st
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,7 +21,20 @@ def test_compose_file_validates() -> None:
     assert out.returncode == 0, out.stderr
     config = yaml.safe_load(out.stdout)
     assert config["services"]["llmserve"]["deploy"]["replicas"] >= 2
-    assert set(config["services"]) == {"llmserve", "envoy", "prometheus"}
+    assert set(config["services"]) == {"llmserve", "envoy", "prometheus", "grafana"}
+    grafana = config["services"]["grafana"]
+    # docker-compose 1.x prints the short syntax ("src:dst:ro", "ip:host:container/tcp")
+    mounts = dict(_short_volume(v) for v in grafana["volumes"])
+    assert mounts["deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    assert mounts["deploy/grafana/dashboards"] == "/var/lib/grafana/dashboards"
+    for service in ("grafana", "prometheus"):  # UIs on loopback only
+        ports = config["services"][service]["ports"]
+        assert all((p["host_ip"] if isinstance(p, dict) else p.split(":")[0]) == "127.0.0.1" for p in ports)
+
+
+def _short_volume(volume: str | dict[str, str]) -> tuple[str, str]:
+    source, target = (volume["source"], volume["target"]) if isinstance(volume, dict) else volume.split(":")[:2]
+    return Path(source).resolve().relative_to(ROOT.resolve()).as_posix(), target
 
 
 def test_envoy_balances_grpc_with_active_health_checks() -> None:
@@ -42,3 +56,14 @@ def test_prometheus_scrapes_every_replica() -> None:
 def test_dockerfile_runs_as_non_root_with_a_health_probe() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert "USER llmserve" in text and "HEALTHCHECK" in text and "llmserve.service.model.files" in text
+
+
+def test_grafana_provisions_the_dashboard_on_the_prometheus_datasource() -> None:
+    provisioning = ROOT / "deploy" / "grafana" / "provisioning"
+    source = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"][0]
+    assert source["url"] == "http://prometheus:9090" and source["type"] == "prometheus"
+    provider = yaml.safe_load((provisioning / "dashboards" / "llmserve.yml").read_text())["providers"][0]
+    assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "llmserve.json").read_text())
+    uids = {target["datasource"]["uid"] for panel in dashboard["panels"] for target in panel["targets"]}
+    assert uids == {source["uid"]}

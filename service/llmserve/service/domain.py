@@ -75,6 +75,7 @@ class ModelMeta:
     # Sliding-window attention span (0: none). A token at position p attends to the
     # positions after p - n_swa in those layers, and llama.cpp drops older cells.
     n_swa: int = 0
+    quantization: str = ""  # GGUF general.file_type, as llama.cpp names it (Q4_K_M)
 
 
 @dataclass(frozen=True)

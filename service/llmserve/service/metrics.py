@@ -1,23 +1,40 @@
-"""Prometheus metrics (prometheus-client), all named `llmserve_*`.
+"""Prometheus metrics (prometheus-client): `llmserve_*`, `grpc_server_*`, `process_*`.
 
 One `Metrics` object per server, on its own registry; the executor records
 steps, batch sizes, inter-token latency and slot gauges, the transport records
-requests, turns and tokens. Served on `--metrics-port` when set.
+requests, turns and tokens, and `transport/rpc_metrics.py` every RPC (the
+go-grpc-prometheus names, so stock gRPC dashboards work). `process_*` and
+`python_*` come from prometheus-client's own collectors. Served on `--metrics-port`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    start_http_server,
+)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+_REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_REQUEST_TOKEN_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            r.register(collector)
+        self.model = Info("llmserve_model", "The model served, its quantization and context", registry=r)
         self.requests = Counter("llmserve_requests", "Finished RPCs by method and status code", ["rpc", "code"], registry=r)
         self.turns = Counter("llmserve_turns", "Finished Generate turns by finish reason", ["finish_reason"], registry=r)
         self.prompt_tokens = Counter("llmserve_prompt_tokens", "Input tokens of finished turns", registry=r)
@@ -27,6 +44,31 @@ class Metrics:
         self.embedding_tokens = Counter("llmserve_embedding_tokens", "Tokens of embedding inputs", registry=r)
         self.ttft = Histogram(
             "llmserve_time_to_first_token_seconds", "End of input to first token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.queue_time = Histogram(
+            "llmserve_queue_time_seconds", "Session open to slot assigned", buckets=_REQUEST_BUCKETS, registry=r
+        )
+        self.turn_duration = Histogram(
+            "llmserve_turn_duration_seconds", "End of a turn's input to its end (each sample)",
+            buckets=_REQUEST_BUCKETS, registry=r,
+        )
+        self.turn_prompt_tokens = Histogram(
+            "llmserve_turn_prompt_tokens", "Input tokens per turn", buckets=_REQUEST_TOKEN_BUCKETS, registry=r
+        )
+        self.turn_generated_tokens = Histogram(
+            "llmserve_turn_generated_tokens", "Tokens sampled per turn (each sample)",
+            buckets=_REQUEST_TOKEN_BUCKETS, registry=r,
+        )
+        self.rpc_started = Counter(
+            "grpc_server_started", "RPCs started", ["grpc_type", "grpc_service", "grpc_method"], registry=r
+        )
+        self.rpc_handled = Counter(
+            "grpc_server_handled", "RPCs completed, by status code",
+            ["grpc_type", "grpc_service", "grpc_method", "grpc_code"], registry=r,
+        )
+        self.rpc_seconds = Histogram(
+            "grpc_server_handling_seconds", "RPC start to end", ["grpc_type", "grpc_service", "grpc_method"],
+            buckets=_REQUEST_BUCKETS, registry=r,
         )
         self.itl = Histogram(
             "llmserve_inter_token_latency_seconds", "Time between a session's tokens", buckets=_LATENCY_BUCKETS, registry=r
@@ -52,6 +94,21 @@ class Metrics:
             "llmserve_spec_accepted_tokens", "Speculative draft tokens accepted", registry=r
         )
         self.kv_used = Gauge("llmserve_kv_cells_used_ratio", "KV cells holding tokens / generation cells", registry=r)
+
+    def describe_model(self, meta: Any, n_ctx: int, n_parallel: int, version: str) -> None:
+        """`llmserve_model_info{model=..., quantization=..., ...} 1`, for dashboards to join on."""
+        self.model.info({
+            "model": meta.name, "architecture": meta.architecture, "quantization": meta.quantization,
+            "n_ctx": str(n_ctx), "n_parallel": str(n_parallel), "version": version,
+        })
+
+    def observe_turn(self, event: Any) -> None:
+        """A finished turn's histograms (`event`: a TurnEndEvent)."""
+        if event.queue_ms > 0 and event.index == 0:  # set on a session's first turn only
+            self.queue_time.observe(event.queue_ms / 1000.0)
+        self.turn_duration.observe((event.ttft_ms + event.decode_ms) / 1000.0)
+        self.turn_prompt_tokens.observe(event.prompt_tokens)
+        self.turn_generated_tokens.observe(event.completion_tokens)
 
     def observe_snapshot(self, snapshot: Any, num_cells: int) -> None:
         """Slot, queue and KV gauges from the executor's published snapshot."""

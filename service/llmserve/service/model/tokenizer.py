@@ -86,7 +86,16 @@ class Vocab:
             add_bos=bool(llama_cpp.llama_vocab_get_add_bos(ptr)),
             chat_template=template.decode("utf-8", "replace") if template else None,
             n_swa=int(llama_cpp.llama_model_n_swa(model)),
+            quantization=_file_type_name(self.meta_str("general.file_type")),
         )
+
+
+def _file_type_name(value: str) -> str:
+    """GGUF `general.file_type` as llama.cpp names it (15 -> "Q4_K_M")."""
+    for name, number in vars(llama_cpp).items():
+        if name.startswith("LLAMA_FTYPE_") and value.isdigit() and number == int(value):
+            return name.removeprefix("LLAMA_FTYPE_").removeprefix("MOSTLY_").removeprefix("ALL_")
+    return value or "unknown"
 
 
 def load_model(path: Path) -> Any:

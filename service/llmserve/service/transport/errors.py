@@ -2,7 +2,8 @@
 
 Handlers raise `ServiceError` subclasses (or the engine's `InvalidRequest` and
 `PreconditionFailed`); `rpc_errors` turns them into a status with google.rpc details
-(BadRequest field violations, RetryInfo), and turns any other exception into
+(BadRequest field violations, RetryInfo, and for RESOURCE_EXHAUSTED and UNAVAILABLE
+the `grpc-retry-pushback-ms` trailer that gRPC retry policies honour), and turns any other exception into
 INTERNAL, logged with its traceback: INTERNAL means a bug. A request message that
 did not parse reaches the handler as `Undecodable` (see handlers.py) and becomes
 INVALID_ARGUMENT where it is read (`check_decoded`).
@@ -11,6 +12,7 @@ INVALID_ARGUMENT where it is read (`check_decoded`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import inspect
 from collections.abc import Callable
@@ -50,10 +52,18 @@ class ServiceError(Exception):
             delay = duration_pb2.Duration()
             delay.FromMilliseconds(int(self.retry_after_s * 1000))
             details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
-        status = status_pb2.Status(
-            code=getattr(code_pb2, self.code.name), message=self.message, details=details
+        status = rpc_status.to_status(
+            status_pb2.Status(code=getattr(code_pb2, self.code.name), message=self.message, details=details)
         )
-        return rpc_status.to_status(status)
+        if self.retry_after_s is None or self.code not in _RETRYABLE:
+            return status
+        # gRPC's retry policy reads this trailer (gRFC A6): wait this long, then retry.
+        pushback = (("grpc-retry-pushback-ms", str(int(self.retry_after_s * 1000))),)
+        return _Status(status.code, status.details, tuple(status.trailing_metadata) + pushback)
+
+
+class _Status(collections.namedtuple("_Status", ("code", "details", "trailing_metadata")), grpc.Status):  # type: ignore[misc]
+    pass
 
 
 class InvalidArgument(ServiceError):
@@ -83,6 +93,8 @@ class Unauthenticated(ServiceError):
 class Internal(ServiceError):
     code = grpc.StatusCode.INTERNAL
 
+
+_RETRYABLE = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
 
 _BY_NAME = {
     cls.code.name: cls

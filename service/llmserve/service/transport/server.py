@@ -22,13 +22,14 @@ import threading
 import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from llmserve.v1 import llmserve_pb2
 
 from ..config import ServerConfig
 from ..engine.engine import Engine
 from ..metrics import Metrics
 from .handlers import add_servicer
+from .reflection import enable_reflection
+from .rpc_metrics import RpcMetricsInterceptor
 from .security import ApiKeyInterceptor, server_credentials
 from .servicer import LLMServicer
 
@@ -78,7 +79,9 @@ async def _set_health(servicer: health.aio.HealthServicer, status: int) -> None:
 
 
 def _build_server(config: ServerConfig, llm: LLMServicer, health_servicer: health.aio.HealthServicer) -> grpc.aio.Server:
-    interceptors = [ApiKeyInterceptor(config.api_key)] if config.api_key else []
+    interceptors: list[grpc.aio.ServerInterceptor] = [RpcMetricsInterceptor(llm.metrics)]
+    if config.api_key:
+        interceptors.append(ApiKeyInterceptor(config.api_key))
     server = grpc.aio.server(
         interceptors=interceptors,
         options=[
@@ -88,7 +91,7 @@ def _build_server(config: ServerConfig, llm: LLMServicer, health_servicer: healt
     )
     add_servicer(llm, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection((SERVICE_NAME, HEALTH_NAME, reflection.SERVICE_NAME), server)
+    enable_reflection((SERVICE_NAME, HEALTH_NAME), server)
     address = f"{config.host}:{config.port}"
     if config.tls_cert and config.tls_key:
         creds = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
@@ -133,6 +136,7 @@ async def serve(config: ServerConfig) -> None:
         await server.stop(0)
         raise SystemExit(f"llmserve: {exc}") from None
     engine.start()
+    metrics.describe_model(engine.meta, config.n_ctx, config.n_parallel, engine.version)
     watchdog = asyncio.create_task(_watch(engine, config, health_servicer))
     if not stop.is_set():
         llm.engine = engine

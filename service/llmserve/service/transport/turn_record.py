@@ -19,6 +19,7 @@ def record_turn(metrics: Metrics, event: TurnEndEvent) -> None:
     m.generated_tokens.inc(event.completion_tokens)
     if event.completion_tokens:
         m.ttft.observe(event.ttft_ms / 1000.0)
+    m.observe_turn(event)
     log.info(
         "turn_end",
         status="OK" if event.finish_reason != FinishReason.ERROR else "ERROR",
