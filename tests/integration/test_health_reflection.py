@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -56,7 +57,17 @@ def test_buf_curl_lists_and_calls_through_reflection(server) -> None:  # type: i
 
 @pytest.mark.parametrize("protocol", ["grpc-v1", "grpc-v1alpha"])
 def test_reflection_v1_and_v1alpha(server, protocol: str) -> None:  # type: ignore[no-untyped-def]
+    service = f"grpc.reflection.{protocol.removeprefix('grpc-')}.ServerReflection"
+    before = _reflection_calls(server.metrics_port, service)
     methods = _buf("--reflect-protocol", protocol, "--list-methods", f"http://{server.address}").split()
     assert "llmserve.v1.LLMService/Generate" in methods
     services = {m.rsplit("/", 1)[0] for m in methods}
     assert {"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"} <= services
+    assert _reflection_calls(server.metrics_port, service) > before  # that protocol answered
+
+
+def _reflection_calls(metrics_port: int, service: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(line.split()[-1]) for line in lines
+               if line.startswith("grpc_server_started_total{") and f'grpc_service="{service}"' in line)
