@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -63,7 +64,11 @@ def test_queue_full_is_resource_exhausted_fast_with_retry_info(one_slot_server: 
 
 
 def _admission_order(address: str, priorities: list[int]) -> list[int]:
-    """Queue sessions (in list order) behind a busy slot; return the order they get it."""
+    """Queue sessions (in list order) behind a busy slot; return the order they get it.
+
+    One slot: a waiter's turn can only end once it holds the slot, and the next waiter
+    gets it only when that one closes. So the order the turns end is the admission order
+    (read from threads, without timing windows)."""
     with grpc.insecure_channel(address) as channel, Client(address, timeout=10) as client:
         holder = SessionStream(channel, **LONG)
         holder.send("Talk for a long time:")
@@ -74,24 +79,22 @@ def _admission_order(address: str, priorities: list[int]) -> list[int]:
             w.send(f"waiter {i}")
             _wait_waiting(client, i + 1)
             waiters.append(w)
+        order: list[int] = []
+        lock = threading.Lock()
+
+        def serve(i: int, waiter: SessionStream) -> None:
+            waiter.read_turn()
+            with lock:
+                order.append(i)
+            waiter.close()
+
+        threads = [threading.Thread(target=serve, args=(i, w)) for i, w in enumerate(waiters)]
+        for thread in threads:
+            thread.start()
         holder.call.cancel()
-        order = []
-        pending = dict(enumerate(waiters))
-        while pending:
-            # Exactly one waiter holds the slot: the one whose turn ends while the rest wait.
-            served = [i for i, w in pending.items() if _turn_done_soon(w)]
-            assert len(served) == 1, served
-            order.append(served[0])
-            pending.pop(served[0]).close()
+        for thread in threads:
+            thread.join(60)
         return order
-
-
-def _turn_done_soon(stream: SessionStream) -> bool:
-    try:
-        stream.read_turn_within(0.5)
-        return True
-    except TimeoutError:
-        return False
 
 
 def test_higher_priority_waiter_is_admitted_first(one_slot_server: RunningServer) -> None:
