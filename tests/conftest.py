@@ -31,6 +31,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+READINESS = "llmserve.v1.LLMService"
+
+
 def start_server(
     args: list[str],
     log_path: Path,
@@ -39,7 +42,8 @@ def start_server(
     env: dict[str, str] | None = None,
     channel_factory=grpc.insecure_channel,  # type: ignore[no-untyped-def]
 ) -> RunningServer:
-    """Start `llmserve serve` as a real process and wait until health says SERVING."""
+    """Start `llmserve serve` as a real process and wait until it is ready (health of
+    llmserve.v1.LLMService SERVING: the model is loaded; "" is liveness, at once)."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     port = free_port()
@@ -61,7 +65,7 @@ def start_server(
             if process.poll() is not None:
                 raise RuntimeError(f"server exited: {log_path.read_text()[-3000:]}")
             try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=READINESS), timeout=1)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return RunningServer(address, process, log_path, metrics_port)
             except grpc.RpcError:

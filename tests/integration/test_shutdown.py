@@ -40,7 +40,8 @@ def test_sigterm_drains_then_exits_zero(tmp_path) -> None:  # type: ignore[no-un
         ["-np", "3", "-c", "6144", "-t", "2", "--shutdown-grace", str(GRACE_S)], tmp_path / "server.log"
     )
     channel = grpc.insecure_channel(server.address)
-    watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=60)
+    health = health_pb2_grpc.HealthStub(channel)
+    watch = health.Watch(health_pb2.HealthCheckRequest(service="llmserve.v1.LLMService"), timeout=60)  # readiness
     assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
     # A one-shot call (input, end of turn, half-close): its turn must complete, status OK.
     short = Client(server.address, timeout=60).stream("Say something short:", max_tokens=48, temperature=0, ignore_eos=True)
@@ -56,7 +57,9 @@ def test_sigterm_drains_then_exits_zero(tmp_path) -> None:  # type: ignore[no-un
         long_done = pool.submit(_run_turn, long)
         signalled = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
-        assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING  # not ready: draining
+        liveness = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        assert liveness.status == health_pb2.HealthCheckResponse.SERVING  # but alive: no restart
         with pytest.raises(grpc.RpcError) as refused, Client(server.address, timeout=5) as client:
             client.generate("too late", max_tokens=2)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -5,10 +5,12 @@ SIGTERM ends the process even when the executor is stuck."""
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llmserve.client import make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
@@ -80,3 +82,56 @@ def test_sigterm_ends_the_process_even_with_a_stuck_executor(tmp_path: Path) -> 
     assert code is not None and code != 0
     assert elapsed < 10
     assert "shutdown_deadline_passed" in (tmp_path / "term.log").read_text()
+
+
+def test_a_stalled_executor_is_not_ready_but_alive_then_exits(tmp_path: Path) -> None:
+    """Readiness (llmserve.v1.LLMService) turns NOT_SERVING once the executor has not
+    stepped for half the watchdog's time while liveness ("") stays SERVING; then exit 70."""
+    env = {"LLMSERVE_INJECT_FAULT": "stall:stall-the-executor"}
+    server = start_server([*ARGS, "--watchdog-timeout", "6"], tmp_path / "ready.log", env=env)
+    with grpc.insecure_channel(server.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        ready = health.Watch(health_pb2.HealthCheckRequest(service="llmserve.v1.LLMService"), timeout=30)
+        assert next(ready).status == health_pb2.HealthCheckResponse.SERVING
+        trigger = threading.Thread(target=_trigger, args=(server.address, "stall-the-executor"))
+        started = time.monotonic()
+        trigger.start()
+        assert next(ready).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        not_ready_after = time.monotonic() - started
+        alive = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+    code, _ = _exit_within(server.process, 15)
+    trigger.join(30)
+    assert 2.5 < not_ready_after < 5.5, not_ready_after
+    assert alive == health_pb2.HealthCheckResponse.SERVING
+    assert code == 70
+
+
+def test_liveness_serves_while_the_model_loads(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "llmserve.service", "serve", "--port", str(port), *ARGS],
+                               stdout=(tmp_path / "load.log").open("w"), stderr=subprocess.STDOUT)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=30)
+            health = health_pb2_grpc.HealthStub(channel)
+            seen = set()
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                live = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+                ready = health.Check(health_pb2.HealthCheckRequest(service="llmserve.v1.LLMService"), timeout=5).status
+                seen.add((live, ready))
+                if ready == health_pb2.HealthCheckResponse.SERVING:
+                    break
+                time.sleep(0.02)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+    SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    assert (SERVING, SERVING) in seen  # ready in the end
+    assert all(live == SERVING for live, _ in seen)  # alive throughout, loading or not
+    assert (SERVING, NOT_SERVING) in seen, seen  # loading: alive, not ready

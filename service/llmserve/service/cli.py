@@ -80,6 +80,15 @@ def _parser() -> argparse.ArgumentParser:
           help="seconds a Generate stream may take to send its first message (then DEADLINE_EXCEEDED)")
     f.add("--watchdog-timeout", type=float, default=d.watchdog_timeout_s,
           help="exit non-zero if the executor does not step for this long while work waits (0: off)")
+    f.add("--keepalive-time", type=float, default=d.keepalive_time_s, help="seconds between the server's pings")
+    f.add("--keepalive-timeout", type=float, default=d.keepalive_timeout_s, help="seconds a ping may go unanswered")
+    f.add("--keepalive-min-time", type=float, default=d.keepalive_min_time_s,
+          help="shortest client ping interval accepted (more often: GOAWAY too_many_pings)")
+    f.switch("--no-keepalive-permit-without-calls", help="refuse client pings while no call is open")
+    f.add("--max-connection-age", type=float, default=d.max_connection_age_s,
+          help="seconds before a connection is asked to go away, so clients rebalance (0: never)")
+    f.add("--max-connection-age-grace", type=float, default=d.max_connection_age_grace_s,
+          help="seconds the calls in flight then get before the connection closes")
     f.add("--prefill-budget", type=int, default=d.prefill_budget,
           help="prompt tokens a step may carry while other sequences decode (0: paced to keep their "
                "inter-token latency within 2x a decode step)")
@@ -151,6 +160,12 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         shutdown_grace_s=args.shutdown_grace,
         first_message_timeout_s=args.first_message_timeout,
         watchdog_timeout_s=args.watchdog_timeout,
+        keepalive_time_s=args.keepalive_time,
+        keepalive_timeout_s=args.keepalive_timeout,
+        keepalive_min_time_s=args.keepalive_min_time,
+        keepalive_permit_without_calls=not args.no_keepalive_permit_without_calls,
+        max_connection_age_s=args.max_connection_age,
+        max_connection_age_grace_s=args.max_connection_age_grace,
         grammar_timeout_s=args.grammar_timeout,
         grammar_max_mb=args.grammar_max_mb,
         prefill_budget=args.prefill_budget,

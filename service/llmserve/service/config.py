@@ -64,6 +64,12 @@ class ServerConfig:
     shutdown_grace_s: float = 10.0
     first_message_timeout_s: float = 5.0  # a Generate stream's first message must come by then
     watchdog_timeout_s: float = 60.0  # no executor progress this long with work waiting: exit (0: off)
+    keepalive_time_s: float = 60.0  # the server pings an idle connection this often
+    keepalive_timeout_s: float = 20.0  # and drops it if the ping is not answered in time
+    keepalive_min_time_s: float = 10.0  # clients pinging more often get GOAWAY (too_many_pings)
+    keepalive_permit_without_calls: bool = True  # clients may ping with no call open
+    max_connection_age_s: float = 1800.0  # GOAWAY after this long, so clients rebalance (0: never)
+    max_connection_age_grace_s: float = 600.0  # calls in flight then have this long to finish
     grammar_timeout_s: float = 5.0  # compile budget of a grammar / JSON schema (in the grammar worker)
     grammar_max_mb: int = 512
     prefill_budget: int = 0  # prompt tokens per step while sequences decode (0: paced, see PrefillPacer)
@@ -117,6 +123,9 @@ class ServerConfig:
             raise ValueError("--draft-max, --draft-min, --prefill-budget must be >= 0, --spec-ngram-size-n >= 1")
         if self.watchdog_timeout_s < 0:
             raise ValueError("--watchdog-timeout must be >= 0")
+        if min(self.keepalive_time_s, self.keepalive_timeout_s, self.keepalive_min_time_s) <= 0 or min(
+            self.max_connection_age_s, self.max_connection_age_grace_s) < 0:
+            raise ValueError("--keepalive-* must be positive, --max-connection-age(-grace) >= 0")
         if self.max_queue < 0:
             raise ValueError("--max-queue must be >= 0")
         if self.max_input_tokens is not None and self.max_input_tokens < 1:

@@ -1,7 +1,11 @@
 """The grpc.aio server: LLMService plus the standard health and reflection services.
 
-Start-up: listen at once with health NOT_SERVING, load the model off the event
-loop, then SERVING. Shutdown on SIGTERM/SIGINT: health NOT_SERVING, new calls
+Health: `""` (liveness) is SERVING from the start until the process ends or its
+executor dies; `llmserve.v1.LLMService` (readiness) is SERVING only while the model is
+loaded, the server is not draining and the executor steps.
+
+Start-up: listen at once (ready: NOT_SERVING), load the model off the event
+loop, then ready. Shutdown on SIGTERM/SIGINT: not ready, new calls
 UNAVAILABLE, in-flight turns get `--shutdown-grace` seconds to finish, the rest
 end UNAVAILABLE, the executor is joined, the model freed, exit 0. Whatever is stuck,
 the process is gone `STOP_MARGIN_S` after the grace period (exit 1).
@@ -40,6 +44,7 @@ HEALTH_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 STOP_MARGIN_S = 5.0
+READY_STALL_S = 10.0  # no step this long with work waiting: not ready (at most half the watchdog's time)
 EXIT_EXECUTOR_FAILED = 70  # EX_SOFTWARE
 
 
@@ -49,11 +54,21 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-async def _watch(engine: Engine, config: ServerConfig, health_servicer: health.aio.HealthServicer) -> None:
-    """Exit the process when the executor is dead or stuck (see the module docstring)."""
+async def _watch(
+    engine: Engine, config: ServerConfig, health_servicer: health.aio.HealthServicer, draining: asyncio.Event
+) -> None:
+    """Readiness off while the executor makes no progress with work waiting; exit the
+    process when it is dead or stuck (see the module docstring)."""
+    ready = True
+    ready_stall_s = min(READY_STALL_S, config.watchdog_timeout_s / 2) if config.watchdog_timeout_s else READY_STALL_S
     while True:
         await asyncio.sleep(0.25)
         stalled = engine.stalled_for()
+        stuck = stalled is not None and stalled > ready_stall_s
+        if stuck == ready and not draining.is_set():  # readiness follows the executor's progress
+            ready = not stuck
+            await _set_health(health_servicer, _SERVING if ready else _NOT_SERVING, (SERVICE_NAME,))
+            log.warning("executor_stalled", seconds=stalled) if stuck else log.info("executor_stepping")
         if stalled is None or (config.watchdog_timeout_s and stalled > config.watchdog_timeout_s):
             await _set_health(health_servicer, _NOT_SERVING)
             reason = "the executor thread died" if stalled is None else f"no executor step for {stalled:.1f} s"
@@ -73,9 +88,31 @@ def _hard_deadline(seconds: float) -> None:
     timer.start()
 
 
-async def _set_health(servicer: health.aio.HealthServicer, status: int) -> None:
-    for name in ("", SERVICE_NAME):
+async def _set_health(servicer: health.aio.HealthServicer, status: int, names: tuple[str, ...] = ("", SERVICE_NAME)) -> None:
+    """`""` is liveness (the process and its executor live), SERVICE_NAME readiness (the
+    model is loaded, the server is not draining, and the executor steps)."""
+    for name in names:
         await servicer.set(name, status)
+
+
+def connection_options(config: ServerConfig) -> list[tuple[str, int]]:
+    """Keepalive (both ways) and connection age: dead peers are found, and long-lived
+    channels get a GOAWAY now and then so client-side round_robin and Envoy rebalance."""
+    ms = lambda seconds: int(seconds * 1000)  # noqa: E731
+    options = [
+        ("grpc.keepalive_time_ms", ms(config.keepalive_time_s)),
+        ("grpc.keepalive_timeout_ms", ms(config.keepalive_timeout_s)),
+        ("grpc.http2.min_ping_interval_without_data_ms", ms(config.keepalive_min_time_s)),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", ms(config.keepalive_min_time_s)),
+        ("grpc.keepalive_permit_without_calls", int(config.keepalive_permit_without_calls)),
+        ("grpc.http2.max_ping_strikes", 2),
+    ]
+    if config.max_connection_age_s > 0:
+        options += [
+            ("grpc.max_connection_age_ms", ms(config.max_connection_age_s)),
+            ("grpc.max_connection_age_grace_ms", ms(config.max_connection_age_grace_s)),
+        ]
+    return options
 
 
 def _build_server(config: ServerConfig, llm: LLMServicer, health_servicer: health.aio.HealthServicer) -> grpc.aio.Server:
@@ -87,6 +124,7 @@ def _build_server(config: ServerConfig, llm: LLMServicer, health_servicer: healt
         options=[
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", config.max_message_bytes),
+            *connection_options(config),
         ],
     )
     add_servicer(llm, server)
@@ -108,7 +146,8 @@ async def serve(config: ServerConfig) -> None:
     llm = LLMServicer(metrics, config.max_queue, config.max_input_tokens)
     health_servicer = health.aio.HealthServicer()
     server = _build_server(config, llm, health_servicer)
-    await _set_health(health_servicer, _NOT_SERVING)
+    await _set_health(health_servicer, _SERVING, ("",))  # alive while the model loads
+    await _set_health(health_servicer, _NOT_SERVING, (SERVICE_NAME,))
     await server.start()
     if config.metrics_port is not None:
         metrics.serve(config.metrics_host, config.metrics_port)
@@ -137,16 +176,18 @@ async def serve(config: ServerConfig) -> None:
         raise SystemExit(f"llmserve: {exc}") from None
     engine.start()
     metrics.describe_model(engine.meta, config.n_ctx, config.n_parallel, engine.version)
-    watchdog = asyncio.create_task(_watch(engine, config, health_servicer))
+    draining = asyncio.Event()
+    watchdog = asyncio.create_task(_watch(engine, config, health_servicer, draining))
     if not stop.is_set():
         llm.engine = engine
-        await _set_health(health_servicer, _SERVING)
+        await _set_health(health_servicer, _SERVING, (SERVICE_NAME,))
         log.info("serving", model=engine.meta.name)
         await stop.wait()
 
     _hard_deadline(config.shutdown_grace_s + STOP_MARGIN_S)
     log.info("draining", grace_s=config.shutdown_grace_s)
-    await _set_health(health_servicer, _NOT_SERVING)
+    draining.set()
+    await _set_health(health_servicer, _NOT_SERVING, (SERVICE_NAME,))  # not ready; still alive
     llm.begin_drain()
     finished = await llm.wait_idle(config.shutdown_grace_s)
     if not finished:
