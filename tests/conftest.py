@@ -41,13 +41,15 @@ def start_server(
     metrics: bool = False,
     env: dict[str, str] | None = None,
     channel_factory=grpc.insecure_channel,  # type: ignore[no-untyped-def]
+    port: int | None = None,
+    metrics_port: int | None = None,
 ) -> RunningServer:
     """Start `llmserve serve` as a real process and wait until it is ready (health of
     llmserve.v1.LLMService SERVING: the model is loaded; "" is liveness, at once)."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    port = free_port()
-    metrics_port = free_port() if metrics else None
+    port = port or free_port()
+    metrics_port = metrics_port or (free_port() if metrics else None)
     if metrics_port is not None:
         args = [*args, "--metrics-port", str(metrics_port)]
     log_file = log_path.open("wb")

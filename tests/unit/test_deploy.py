@@ -47,6 +47,25 @@ def test_envoy_balances_grpc_with_active_health_checks() -> None:
     assert endpoint == {"address": "llmserve", "port_value": 50051}
 
 
+def test_rendered_envoy_configs_match_the_template() -> None:
+    from tools import envoy_config
+
+    assert envoy_config.main(["--check"]) == 0, "run python -m tools.envoy_config"
+    envoy = yaml.safe_load((ROOT / "deploy" / "envoy.yaml").read_text())
+    assert envoy["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"  # admin on loopback only
+    clusters = {c["name"]: c for c in envoy["static_resources"]["clusters"]}
+    assert clusters["llmserve"]["lb_policy"] == "LEAST_REQUEST" and clusters["llmserve_affinity"]["lb_policy"] == "MAGLEV"
+    route = envoy["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]
+    retry = route["virtual_hosts"][0]["retry_policy"]
+    assert {"unavailable", "resource-exhausted"} <= set(retry["retry_on"].split(","))
+    assert retry["rate_limited_retry_back_off"]["reset_headers"][0]["name"] == "retry-after"
+
+
+def test_compose_does_not_publish_envoy_admin() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert compose["services"]["envoy"]["ports"] == ["8080:8080"]
+
+
 def test_prometheus_scrapes_every_replica() -> None:
     prometheus = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
     sd = prometheus["scrape_configs"][0]["dns_sd_configs"][0]

