@@ -13,10 +13,16 @@ A session id is saved at most once at a time and never read while a save of it i
 on its way: `begin` (when a stream opens the id) counts a save to come, `settle`
 (the executor had nothing to save) or the written file ends it, and `load` waits
 for it. So a stream that reopens an id at once gets the state the last one left.
+
+Servers may share the directory (replicas on one volume): `load` takes an flock on
+`locks/<id>.lock` and holds it until the stream's save settles, so another server that
+opens the id meanwhile gets FAILED_PRECONDITION with a retry hint instead of a stale
+state, and two servers never write one session at once.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -70,7 +76,39 @@ class SessionStore:
         self._lock = threading.Lock()
         self._saves = threading.Condition()
         self._num_saving: dict[str, int] = {}  # session id -> saves to come
+        self._claims: dict[str, tuple[int, int]] = {}  # session id -> (lock file fd, claims)
+        (directory / "locks").mkdir(exist_ok=True)
         self._update_bytes()
+
+    def _claim(self, session_id: str) -> None:
+        """Hold the id's lock file (flock) until its stream's save settles, so servers that
+        share the directory never use or write one session at once."""
+        with self._lock:
+            if session_id in self._claims:  # this server holds it already (a reopen)
+                fd, count = self._claims[session_id]
+                self._claims[session_id] = (fd, count + 1)
+                return
+            fd = os.open(self.directory / "locks" / self.path_for(session_id).with_suffix(".lock").name,
+                         os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise PreconditionFailed(
+                    f"session {session_id!r} is open on another server that shares --session-dir; retry",
+                    field="config.session_id", retry_after_s=1.0,
+                ) from None
+            self._claims[session_id] = (fd, 1)
+
+    def _release(self, session_id: str) -> None:
+        with self._lock:
+            fd, count = self._claims.get(session_id, (-1, 0))
+            if count > 1:
+                self._claims[session_id] = (fd, count - 1)
+            elif count == 1:
+                del self._claims[session_id]
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
 
     def begin(self, session_id: str) -> None:
         """A stream holds the id: a save of it will come (or `settle`)."""
@@ -86,6 +124,7 @@ class SessionStore:
             else:
                 self._num_saving.pop(session_id, None)
             self._saves.notify_all()
+        self._release(session_id)
 
     def path_for(self, session_id: str) -> Path:
         return self.directory / (hashlib.sha256(session_id.encode()).hexdigest()[:40] + SUFFIX)
@@ -94,7 +133,16 @@ class SessionStore:
 
     def load(self, session_id: str, wait_s: float = 10.0) -> SavedSession | None:
         """The saved session, or None (missing, or discarded because it cannot be trusted).
-        Waits up to `wait_s` for a save of the id still on its way, else PreconditionFailed."""
+        Waits up to `wait_s` for a save of the id still on its way, else PreconditionFailed.
+        Claims the id (see `_claim`) until the stream that opens it settles."""
+        self._claim(session_id)
+        try:
+            return self._load(session_id, wait_s)
+        except BaseException:
+            self._release(session_id)
+            raise
+
+    def _load(self, session_id: str, wait_s: float) -> SavedSession | None:
         with self._saves:
             if not self._saves.wait_for(lambda: session_id not in self._num_saving, wait_s):
                 raise PreconditionFailed(
