@@ -31,6 +31,7 @@ from ..metrics import Metrics
 from .handlers import add_servicer
 from .security import ApiKeyInterceptor, server_credentials
 from .servicer import LLMServicer
+from .tracing import Tracing, TracingInterceptor
 
 log = structlog.get_logger("llmserve.server")
 
@@ -77,8 +78,13 @@ async def _set_health(servicer: health.aio.HealthServicer, status: int) -> None:
         await servicer.set(name, status)
 
 
-def _build_server(config: ServerConfig, llm: LLMServicer, health_servicer: health.aio.HealthServicer) -> grpc.aio.Server:
-    interceptors = [ApiKeyInterceptor(config.api_key)] if config.api_key else []
+def _build_server(
+    config: ServerConfig, llm: LLMServicer, health_servicer: health.aio.HealthServicer, tracing: Tracing | None
+) -> grpc.aio.Server:
+    # Tracing first (outermost), so that calls the API key refuses are traced too.
+    interceptors: list[grpc.aio.ServerInterceptor] = [TracingInterceptor(tracing)] if tracing else []
+    if config.api_key:
+        interceptors.append(ApiKeyInterceptor(config.api_key))
     server = grpc.aio.server(
         interceptors=interceptors,
         options=[
@@ -104,7 +110,8 @@ async def serve(config: ServerConfig) -> None:
     metrics = Metrics()
     llm = LLMServicer(metrics, config.max_queue, config.max_input_tokens)
     health_servicer = health.aio.HealthServicer()
-    server = _build_server(config, llm, health_servicer)
+    tracing = Tracing(config.otlp_traces_endpoint) if config.otlp_traces_endpoint else None
+    server = _build_server(config, llm, health_servicer, tracing)
     await _set_health(health_servicer, _NOT_SERVING)
     await server.start()
     if config.metrics_port is not None:
@@ -117,6 +124,7 @@ async def serve(config: ServerConfig) -> None:
         mtls=config.tls_client_ca is not None,
         api_key=config.api_key is not None,
         metrics_port=config.metrics_port,
+        tracing=config.otlp_traces_endpoint or "off",
     )
 
     stop = asyncio.Event()
@@ -134,6 +142,8 @@ async def serve(config: ServerConfig) -> None:
         raise SystemExit(f"llmserve: {exc}") from None
     engine.start()
     watchdog = asyncio.create_task(_watch(engine, config, health_servicer))
+    if tracing is not None:
+        tracing.start(engine.meta, engine.embedding_model)
     if not stop.is_set():
         llm.engine = engine
         await _set_health(health_servicer, _SERVING)
@@ -152,4 +162,6 @@ async def serve(config: ServerConfig) -> None:
     await llm.wait_idle(5.0)
     await server.stop(1.0)
     await asyncio.to_thread(engine.close)
+    if tracing is not None:
+        await asyncio.to_thread(tracing.shutdown)  # exports the spans still batched
     log.info("stopped")
