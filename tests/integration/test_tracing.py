@@ -28,6 +28,7 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
 CLOCK_SLACK_NS = 5_000_000  # spans from monotonic stamps vs. the SDK's wall clock
+API_KEY = "tracing-test-key"
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,8 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningSe
     collector, grpc_server, port = _start_collector()
     log_path = tmp_path_factory.mktemp("traced") / "server.log"
     # A short batch delay (the SDK reads OTEL_BSP_SCHEDULE_DELAY) so that spans come at once.
-    running = start_server([*ARGS, "--otlp-traces-endpoint", f"http://127.0.0.1:{port}"], log_path,
-                           env={"OTEL_BSP_SCHEDULE_DELAY": "100"})
+    flags = ["--otlp-traces-endpoint", f"http://127.0.0.1:{port}", "--api-key", API_KEY]
+    running = start_server([*ARGS, *flags], log_path, env={"OTEL_BSP_SCHEDULE_DELAY": "100"})
     yield running, collector
     assert stop_server(running) == 0
     grpc_server.stop(0)
@@ -123,7 +124,7 @@ def _by_name(spans: list[Span], name: str) -> list[Span]:
 
 def test_generate_and_embed_spans_join_the_callers_trace(traced) -> None:  # type: ignore[no-untyped-def]
     server, collector = traced
-    with Client(server.address, timeout=60) as client:
+    with Client(server.address, timeout=60, api_key=API_KEY) as client:
         generate = client.with_metadata(("traceparent", TRACEPARENT), ("x-request-id", "traced-generate"))
         with generate.session(max_tokens=4, temperature=0, ignore_eos=True) as session:
             session.ask("The capital of France is")
@@ -177,18 +178,31 @@ def test_generate_and_embed_spans_join_the_callers_trace(traced) -> None:  # typ
     assert listening["tracing"].startswith("http://127.0.0.1:")
 
 
-def test_a_call_without_traceparent_starts_its_own_trace(traced) -> None:  # type: ignore[no-untyped-def]
-    server, collector = traced
-    with Client(server.address, timeout=60) as client:
-        client.with_metadata(("x-request-id", "untraced-caller")).tokenize("hello")
+def _wait_for_span(collector: Collector, name: str) -> Span:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        found = [s for s in collector.spans if s.name == "llmserve.v1.LLMService/Tokenize"]
+        found = [s for s in collector.spans if s.name == name]
         if found:
-            break
+            (span,) = found
+            return span
         time.sleep(0.1)
-    (span,) = found
+    raise AssertionError(f"no {name} span")
+
+
+def test_a_call_without_traceparent_starts_its_own_trace(traced) -> None:  # type: ignore[no-untyped-def]
+    server, collector = traced
+    with Client(server.address, timeout=60, api_key=API_KEY) as client:
+        client.tokenize("hello")
+    span = _wait_for_span(collector, "llmserve.v1.LLMService/Tokenize")
     assert span.parent_id == "" and span.trace_id != TRACE_ID and span.attributes["rpc.grpc.status_code"] == 0
+
+
+def test_a_call_the_api_key_refuses_is_traced(traced) -> None:  # type: ignore[no-untyped-def]
+    server, collector = traced
+    with Client(server.address, timeout=60, api_key="wrong") as client, pytest.raises(Exception, match="API key"):
+        client.model_info()
+    span = _wait_for_span(collector, "llmserve.v1.LLMService/GetModelInfo")
+    assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.UNAUTHENTICATED.value[0]
 
 
 def test_off_by_default_exports_nothing(tmp_path: Path) -> None:

@@ -51,9 +51,9 @@ class _RpcTrace:
         self.embed_batches: dict[tuple[float, float], list[int]] = {}  # times -> [inputs, tokens, step size]
 
 
-# Set inside the traced handler, which runs in the call's own asyncio task: every
-# call has its own copy, so it is never reset (grpc.aio may close a handler's
-# generator from another context, where resetting would fail).
+# Set inside the traced handler, which runs in the call's own asyncio task (as the
+# request_id structlog binds does): each call has its own copy, gone with the task, so
+# it is never reset (a reset token fails when a generator is closed from elsewhere).
 _CURRENT: ContextVar[_RpcTrace | None] = ContextVar("llmserve_rpc_trace", default=None)
 
 
