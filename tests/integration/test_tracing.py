@@ -99,9 +99,10 @@ def _start_collector() -> tuple[Collector, grpc.Server, int]:
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Collector]]:
     collector, grpc_server, port = _start_collector()
-    log_path = tmp_path_factory.mktemp("traced") / "server.log"
+    folder = tmp_path_factory.mktemp("traced")
+    log_path = folder / "server.log"
     # A short batch delay (the SDK reads OTEL_BSP_SCHEDULE_DELAY) so that spans come at once.
-    flags = ["--otlp-traces-endpoint", f"http://127.0.0.1:{port}", "--api-key", API_KEY]
+    flags = ["--otlp-traces-endpoint", f"http://127.0.0.1:{port}", "--api-key", API_KEY, "--session-dir", str(folder)]
     running = start_server([*ARGS, *flags], log_path, env={"OTEL_BSP_SCHEDULE_DELAY": "100"})
     yield running, collector
     assert stop_server(running) == 0
@@ -126,7 +127,7 @@ def test_generate_and_embed_spans_join_the_callers_trace(traced) -> None:  # typ
     server, collector = traced
     with Client(server.address, timeout=60, api_key=API_KEY) as client:
         generate = client.with_metadata(("traceparent", TRACEPARENT), ("x-request-id", "traced-generate"))
-        with generate.session(max_tokens=4, temperature=0, ignore_eos=True) as session:
+        with generate.session(max_tokens=4, temperature=0, ignore_eos=True, session_id="traced-session") as session:
             session.ask("The capital of France is")
             second = session.ask(" and the capital of Italy is")
         assert second.turn_end.usage.cached_tokens > 0
@@ -151,6 +152,7 @@ def test_generate_and_embed_spans_join_the_callers_trace(traced) -> None:  # typ
         assert turn.attributes["gen_ai.response.finish_reasons"] == ("length",)
         assert turn.attributes["gen_ai.usage.output_tokens"] == 4
         assert turn.attributes["gen_ai.request.choice.count"] == 1
+        assert turn.attributes["llmserve.session_id"] == "traced-session"
         children = {s.name: s for s in spans if s.parent_id == turn.span_id}
         assert set(children) == {"generate.queue", "generate.prefill", "generate.decode"}
         queue, prefill, decode = children["generate.queue"], children["generate.prefill"], children["generate.decode"]

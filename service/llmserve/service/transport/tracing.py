@@ -195,7 +195,7 @@ def _to_ns() -> Callable[[float], int]:
     return lambda t: int(t * 1e9) + offset
 
 
-def trace_turn(event: TurnEndEvent, params: SessionParams | None) -> None:
+def trace_turn(event: TurnEndEvent, params: SessionParams) -> None:
     """A turn ended: its span and its queue, prefill and decode spans (no-op untraced)."""
     rpc = _CURRENT.get()
     if rpc is None:
@@ -208,11 +208,11 @@ def trace_turn(event: TurnEndEvent, params: SessionParams | None) -> None:
         "gen_ai.usage.cache_read.input_tokens": event.cached_tokens,
         "gen_ai.usage.output_tokens": event.completion_tokens,
         "gen_ai.response.finish_reasons": (event.finish_reason.name.lower(),),
+        "gen_ai.request.choice.count": params.num_samples,
+        "llmserve.request_id": params.request_id,
     }
-    if params is not None:
-        attributes.update({"llmserve.request_id": params.request_id, "gen_ai.request.choice.count": params.num_samples})
-        if params.session_id:
-            attributes["llmserve.session_id"] = params.session_id
+    if params.session_id:
+        attributes["llmserve.session_id"] = params.session_id
     if event.final:
         rpc.num_turns += 1
     turn = tracer.start_span("generate.turn", rpc.context, start_time=ns(event.t_queued), attributes=attributes)

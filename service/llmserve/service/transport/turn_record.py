@@ -12,7 +12,7 @@ from .tracing import trace_turn
 log = structlog.get_logger("llmserve.generate")
 
 
-def record_turn(metrics: Metrics, event: TurnEndEvent, params: SessionParams | None) -> None:
+def record_turn(metrics: Metrics, event: TurnEndEvent, params: SessionParams) -> None:
     trace_turn(event, params)
     m = metrics
     m.turns.labels(event.finish_reason.name).inc()
