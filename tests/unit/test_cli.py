@@ -12,7 +12,7 @@ FLAGS = [
     "--model", "--ctx-size", "--parallel", "--batch-size", "--ubatch-size", "--threads", "--host", "--port",
     "--embeddings", "--embedding-model", "--max-queue", "--max-input-tokens", "--max-message-bytes", "--shutdown-grace",
     "--metrics-port", "--metrics-host", "--tls-cert", "--tls-key", "--tls-client-ca", "--api-key",
-    "--log-format", "--verbose",
+    "--log-format", "--verbose", "--otlp-traces-endpoint",
 ]
 
 
@@ -53,6 +53,17 @@ def test_environment_variables_and_flags_win(monkeypatch: pytest.MonkeyPatch) ->
     config = cli.build_config(cli.parse_args(["serve"]))
     assert (config.n_ctx, config.embeddings, config.api_key, config.max_queue) == (2048, True, "from-env", 7)
     assert cli.build_config(cli.parse_args(["serve", "-c", "1024"])).n_ctx == 1024
+
+
+def test_tracing_is_off_unless_an_endpoint_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LLMSERVE_OTLP_TRACES_ENDPOINT", raising=False)
+    assert cli.build_config(cli.parse_args(["serve"])).otlp_traces_endpoint is None
+    monkeypatch.setenv("LLMSERVE_OTLP_TRACES_ENDPOINT", "")
+    assert cli.build_config(cli.parse_args(["serve"])).otlp_traces_endpoint is None
+    monkeypatch.setenv("LLMSERVE_OTLP_TRACES_ENDPOINT", "http://collector:4317")
+    assert cli.build_config(cli.parse_args(["serve"])).otlp_traces_endpoint == "http://collector:4317"
+    flag = ["serve", "--otlp-traces-endpoint", "https://other:4317"]
+    assert cli.build_config(cli.parse_args(flag)).otlp_traces_endpoint == "https://other:4317"
 
 
 def test_inconsistent_flags_are_refused() -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -37,6 +39,14 @@ class AsyncClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def with_metadata(self, *pairs: tuple[str, str]) -> AsyncClient:
+        """This client on the same channel, sending `pairs` as well on every call: e.g.
+        `("traceparent", ...)` to make the server's spans children of the caller's span.
+        Close the original client, not this view."""
+        view = copy.copy(self)
+        view.options = replace(self.options, extra_metadata=(*self.options.extra_metadata, *pairs))
+        return view
 
     async def close(self) -> None:
         await self.channel.close()

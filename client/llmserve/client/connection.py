@@ -16,7 +16,8 @@ class ConnectionOptions:
     tls: use TLS (with the system roots, or `root_certificates`); `client_cert` and
     `client_key` (PEM files) for mTLS; `api_key` is sent as `authorization: Bearer`
     on every call; `timeout` is the default deadline of every call in seconds;
-    `wait_for_ready` makes calls wait for the channel instead of failing fast.
+    `wait_for_ready` makes calls wait for the channel instead of failing fast;
+    `extra_metadata`: more (key, value) pairs sent on every call, e.g. a W3C `traceparent`.
     """
 
     tls: bool = False
@@ -27,6 +28,7 @@ class ConnectionOptions:
     timeout: float | None = None
     wait_for_ready: bool = False
     options: Sequence[tuple[str, object]] = ()
+    extra_metadata: Sequence[tuple[str, str]] = ()
 
     def credentials(self) -> grpc.ChannelCredentials | None:
         if not (self.tls or self.root_certificates or self.client_cert):
@@ -35,7 +37,8 @@ class ConnectionOptions:
         return grpc.ssl_channel_credentials(read(self.root_certificates), read(self.client_key), read(self.client_cert))
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {self.api_key}"),) if self.api_key else ()
+        auth = (("authorization", f"Bearer {self.api_key}"),) if self.api_key else ()
+        return (*auth, *self.extra_metadata)
 
     def call_kwargs(self, timeout: float | None = None) -> dict[str, object]:
         return {

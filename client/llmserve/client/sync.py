@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import queue
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -39,6 +41,14 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def with_metadata(self, *pairs: tuple[str, str]) -> Client:
+        """This client on the same channel, sending `pairs` as well on every call: e.g.
+        `("traceparent", ...)` to make the server's spans children of the caller's span.
+        Close the original client, not this view."""
+        view = copy.copy(self)
+        view.options = replace(self.options, extra_metadata=(*self.options.extra_metadata, *pairs))
+        return view
 
     def close(self) -> None:
         self.channel.close()

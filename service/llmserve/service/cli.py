@@ -102,6 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add("--grammar-max-mb", type=int, default=d.grammar_max_mb, help="memory a grammar or schema may take to compile")
     f.add("--metrics-port", type=int, help="serve Prometheus metrics on this port (off when unset)")
     f.add("--metrics-host", default=d.metrics_host, help="address for the metrics endpoint")
+    f.add("--otlp-traces-endpoint", help="export OpenTelemetry traces over OTLP/gRPC to this collector, "
+          "e.g. http://localhost:4317 (https:// for TLS; off when unset)")
     f.add("--tls-cert", type=Path, help="server certificate (PEM); enables TLS with --tls-key")
     f.add("--tls-key", type=Path, help="server private key (PEM)")
     f.add("--tls-client-ca", type=Path, help="CA (PEM) for client certificates: requires mTLS")
@@ -176,6 +178,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         spec_max_rows=args.spec_max_rows,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
+        otlp_traces_endpoint=args.otlp_traces_endpoint or None,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,

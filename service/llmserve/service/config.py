@@ -80,6 +80,7 @@ class ServerConfig:
     spec_max_rows: int = 16  # draft rows per step, all sequences together (less one per decoding sequence)
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
+    otlp_traces_endpoint: str | None = None  # OpenTelemetry traces over OTLP/gRPC; None: tracing off
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None

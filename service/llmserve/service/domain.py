@@ -258,6 +258,13 @@ class TurnEndEvent:
     final: bool = True  # the last turn end of this turn (all samples done)
     draft_tokens: int = 0  # speculative draft tokens verified
     accepted_draft_tokens: int = 0
+    # When the phases ran (time.monotonic() seconds), for trace spans: waiting for a slot
+    # [t_queued, t_slot], prefill [t_ready, t_first_token], decode [t_first_token, t_end].
+    t_queued: float = 0.0
+    t_slot: float = 0.0
+    t_ready: float = 0.0
+    t_first_token: float = 0.0
+    t_end: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -284,3 +291,7 @@ class EmbedResult:
     vector: np.ndarray
     num_tokens: int
     truncated: bool
+    # The executor step that computed it (time.monotonic() seconds; inputs of all calls).
+    t_batch_start: float = 0.0
+    t_batch_end: float = 0.0
+    batch_size: int = 0

@@ -233,6 +233,7 @@ class Executor:
 
     def _run_embeddings(self, count: int) -> None:
         items = [self._embeds.popleft() for _ in range(count)]
+        t_start = time.monotonic()
         try:
             vectors = self.runner.embed([item.tokens for item, _ in items])
         except Exception as exc:  # noqa: BLE001 - those inputs fail, the loop goes on
@@ -240,12 +241,13 @@ class Executor:
             for _, sink in items:
                 sink.put(SessionFailed("INTERNAL", str(exc)))
             return
+        t_end = time.monotonic()
         for (item, sink), vector in zip(items, vectors):
             if item.normalize:
                 norm = float(np.linalg.norm(vector))
                 if norm > 0.0:
                     vector /= norm
-            sink.put(EmbedResult(item.index, vector, len(item.tokens), item.truncated))
+            sink.put(EmbedResult(item.index, vector, len(item.tokens), item.truncated, t_start, t_end, len(items)))
         self.metrics.embeddings.inc(len(items))
         self.metrics.embedding_tokens.inc(sum(len(item.tokens) for item, _ in items))
 

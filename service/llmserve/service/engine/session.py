@@ -59,6 +59,7 @@ class Session:
         self.t_last_token = 0.0
         self.max_context = max_tokens  # KV cells this session may hold (per-slot limit)
         self.t_open = time.monotonic()
+        self.t_slot = 0.0  # when the slot was attached
         self.queue_ms = 0.0
         self.slot: Slot | None = None
         self.sampler: TokenSampler | None = None
@@ -85,7 +86,7 @@ class Session:
         child.sampler = make_sampler(sampling, params.stopping.ignore_eos)
         child.sampler.accept(slot.tokens)
         child.turn = self.turn.fork()
-        child.queue_ms = self.queue_ms
+        child.queue_ms, child.t_slot = self.queue_ms, self.t_slot
         self.children.append(child)
         self.samples_open += 1
         return child
@@ -122,7 +123,8 @@ class Session:
     def attach(self, slot: Slot, reusable: Callable[[int, int], bool]) -> None:
         """Got a slot: confirm the cached prefix of the pending input if it is worth it."""
         self.slot = slot
-        self.queue_ms = (time.monotonic() - self.t_open) * 1000.0
+        self.t_slot = time.monotonic()
+        self.queue_ms = (self.t_slot - self.t_open) * 1000.0
         shared = common_prefix_length(slot.tokens, self.pending)
         # Prompt logprobs need every prompt token evaluated: no prefix reuse then.
         if self.params.output.prompt_logprobs or not reusable(shared, len(self.pending)):
@@ -138,7 +140,8 @@ class Session:
         """Got a slot for a saved session: holding its KV if `loaded`, else empty, and the
         saved history is prefilled again."""
         self.slot = slot
-        self.queue_ms = (time.monotonic() - self.t_open) * 1000.0
+        self.t_slot = time.monotonic()
+        self.queue_ms = (self.t_slot - self.t_open) * 1000.0
         if loaded:
             slot.num_confirmed = len(slot.tokens)
             self.pending[:0] = saved.pending
@@ -249,6 +252,11 @@ class Session:
         now = time.monotonic()
         first = turn.t_first_token if turn.t_first_token is not None else now
         decode_ms = (now - first) * 1000.0
+        if self.slot is None:  # ended while waiting for a slot: no prefill, no decode
+            t_queued, t_slot, t_ready = self.t_open, now, now
+        else:  # the turn that got the slot waited queue_ms; later turns hold it
+            t_slot = self.t_slot if self.queue_ms else turn.t_ready
+            t_queued, t_ready = t_slot - self.queue_ms / 1000.0, turn.t_ready
         self.sink.put(
             TurnEndEvent(
                 finish_reason=reason,
@@ -267,6 +275,11 @@ class Session:
                 draft_tokens=turn.num_drafted,
                 accepted_draft_tokens=turn.num_accepted,
                 final=self.group.samples_open == 1,
+                t_queued=t_queued,
+                t_slot=t_slot,
+                t_ready=t_ready,
+                t_first_token=first,
+                t_end=now,
             )
         )
         self.group.samples_open -= 1

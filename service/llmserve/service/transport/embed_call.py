@@ -22,6 +22,7 @@ from ..engine.engine import Engine
 from .errors import FailedPrecondition, InvalidArgument, check_decoded, error_from_status_name
 from .inputs import input_tokens
 from .loop_sink import LoopSink
+from .tracing import note_embed
 from .validation import MAX_EMBED_INPUTS_PER_MESSAGE
 
 WINDOW = 256
@@ -55,6 +56,7 @@ class EmbedCall:
             while total is None or next_index < total:
                 event = await sink.get()
                 if isinstance(event, EmbedResult):
+                    note_embed(event)
                     ready[event.index] = event
                     while next_index in ready:
                         yield ready.pop(next_index)

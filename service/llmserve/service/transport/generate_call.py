@@ -139,7 +139,7 @@ class GenerateCall:
                         state.reply.clear()
                     if event.final:
                         await self._run_deferred_chat(session)
-                    record_turn(self.metrics, event)
+                    record_turn(self.metrics, event, params)
                     yield pb.GenerateResponse(request_id=params.request_id, turn_end=turn_end_proto(event))
                     if event.finish_reason == FinishReason.DEADLINE:
                         raise DeadlineExceeded("the call's deadline expired")

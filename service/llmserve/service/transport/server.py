@@ -36,6 +36,7 @@ from .reflection import enable_reflection
 from .rpc_metrics import RpcMetricsInterceptor
 from .security import ApiKeyInterceptor, server_credentials
 from .servicer import LLMServicer
+from .tracing import Tracing, TracingInterceptor
 
 log = structlog.get_logger("llmserve.server")
 
@@ -115,8 +116,13 @@ def connection_options(config: ServerConfig) -> list[tuple[str, int]]:
     return options
 
 
-def _build_server(config: ServerConfig, llm: LLMServicer, health_servicer: health.aio.HealthServicer) -> grpc.aio.Server:
-    interceptors: list[grpc.aio.ServerInterceptor] = [RpcMetricsInterceptor(llm.metrics)]
+def _build_server(
+    config: ServerConfig, llm: LLMServicer, health_servicer: health.aio.HealthServicer, tracing: Tracing | None
+) -> grpc.aio.Server:
+    # Tracing first (outermost), then metrics, so that calls the API key refuses are
+    # traced and counted too.
+    interceptors: list[grpc.aio.ServerInterceptor] = [TracingInterceptor(tracing)] if tracing else []
+    interceptors.append(RpcMetricsInterceptor(llm.metrics))
     if config.api_key:
         interceptors.append(ApiKeyInterceptor(config.api_key))
     server = grpc.aio.server(
@@ -145,7 +151,8 @@ async def serve(config: ServerConfig) -> None:
     metrics = Metrics()
     llm = LLMServicer(metrics, config.max_queue, config.max_input_tokens)
     health_servicer = health.aio.HealthServicer()
-    server = _build_server(config, llm, health_servicer)
+    tracing = Tracing(config.otlp_traces_endpoint) if config.otlp_traces_endpoint else None
+    server = _build_server(config, llm, health_servicer, tracing)
     await _set_health(health_servicer, _SERVING, ("",))  # alive while the model loads
     await _set_health(health_servicer, _NOT_SERVING, (SERVICE_NAME,))
     await server.start()
@@ -159,6 +166,7 @@ async def serve(config: ServerConfig) -> None:
         mtls=config.tls_client_ca is not None,
         api_key=config.api_key is not None,
         metrics_port=config.metrics_port,
+        tracing=config.otlp_traces_endpoint or "off",
     )
 
     stop = asyncio.Event()
@@ -178,6 +186,8 @@ async def serve(config: ServerConfig) -> None:
     metrics.describe_model(engine.meta, config.n_ctx, config.n_parallel, engine.version)
     draining = asyncio.Event()
     watchdog = asyncio.create_task(_watch(engine, config, health_servicer, draining))
+    if tracing is not None:
+        tracing.start(engine.meta, engine.embedding_model)
     if not stop.is_set():
         llm.engine = engine
         await _set_health(health_servicer, _SERVING, (SERVICE_NAME,))
@@ -197,4 +207,6 @@ async def serve(config: ServerConfig) -> None:
     await llm.wait_idle(5.0)
     await server.stop(1.0)
     await asyncio.to_thread(engine.close)
+    if tracing is not None:
+        await asyncio.to_thread(tracing.shutdown)  # exports the spans still batched
     log.info("stopped")

@@ -1,17 +1,19 @@
-"""A finished turn, counted in the metrics and logged as one line."""
+"""A finished turn, counted in the metrics, logged as one line and traced (when on)."""
 
 from __future__ import annotations
 
 import structlog
 
-from ..domain import FinishReason, TurnEndEvent
+from ..domain import FinishReason, SessionParams, TurnEndEvent
 from ..metrics import Metrics
 from .protos import tokens_per_second
+from .tracing import trace_turn
 
 log = structlog.get_logger("llmserve.generate")
 
 
-def record_turn(metrics: Metrics, event: TurnEndEvent) -> None:
+def record_turn(metrics: Metrics, event: TurnEndEvent, params: SessionParams) -> None:
+    trace_turn(event, params)
     m = metrics
     m.turns.labels(event.finish_reason.name).inc()
     m.prompt_tokens.inc(event.prompt_tokens)
