@@ -1,0 +1,55 @@
+"""What every SDK channel is opened with: llmserve's published gRPC service config
+(`service_config.json`: retries and wait-for-ready) and keepalive settings that stay
+within the server's ping enforcement. Other languages load the same JSON (README,
+"Retries and keepalive").
+
+Retries: a call that ends UNAVAILABLE (the server is loading, draining or gone; with
+several addresses the next attempt may reach another one) or RESOURCE_EXHAUSTED (the
+waiting queue is full) is tried again, 5 attempts in all, after a random backoff of up
+to 0.2 s, 0.4 s, 0.8 s, 1.6 s (at most 2 s); a server's `grpc-retry-pushback-ms` trailer
+replaces the backoff. Retries pause for a channel once more than half of its recent
+attempts failed (retryThrottling), so an overloaded server is not hit five times
+harder. gRPC retries a call only until the first response arrives (or more than
+256 KiB of requests were sent): the unary calls; Embed; Generate before its first
+response, i.e. a session that was refused, never a turn that has streamed tokens.
+
+waitForReady: while the server is down or restarting a call waits for the channel to
+connect, until its deadline, instead of failing at once. (A call without a deadline
+waits for ever: give the client a `timeout`.)
+
+Keepalive: the server leaves gRPC's ping enforcement at its defaults: a ping at most
+every 5 minutes while calls are open (`grpc.http2.min_ping_interval_without_data_ms`),
+none on a connection without calls (`grpc.keepalive_permit_without_calls` 0), and a
+client that pings more often is sent GOAWAY (too_many_pings). The client therefore
+pings every 5 minutes, only during calls, also on a stream that is quiet for a long
+time (a session waiting for a slot or for its next turn), and drops a connection whose
+ping is not answered within 20 s.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+SERVICE_CONFIG_JSON: str = resources.files(__package__).joinpath("service_config.json").read_text(encoding="utf-8")
+SERVICE_CONFIG: dict[str, Any] = json.loads(SERVICE_CONFIG_JSON)
+
+SERVER_MIN_PING_INTERVAL_MS = 300_000  # gRPC's default; transport/server.py does not change it
+SERVER_PERMITS_PINGS_WITHOUT_CALLS = 0  # likewise
+
+KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.keepalive_time_ms", SERVER_MIN_PING_INTERVAL_MS),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", SERVER_PERMITS_PINGS_WITHOUT_CALLS),
+    ("grpc.http2.max_pings_without_data", 0),  # a long-quiet stream keeps being checked
+)
+
+
+def default_channel_options(*, retries: bool = True) -> list[tuple[str, Any]]:
+    """The service config and keepalive options; `retries=False` keeps wait-for-ready only."""
+    return [
+        ("grpc.service_config", SERVICE_CONFIG_JSON),
+        ("grpc.enable_retries", 1 if retries else 0),
+        *KEEPALIVE_OPTIONS,
+    ]
