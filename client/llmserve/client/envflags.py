@@ -59,8 +59,9 @@ def from_env(env: str, convert: Callable[[str], Any] | None, default: Any) -> De
         try:
             return convert(raw)
         except (TypeError, ValueError) as exc:
-            kind = "boolean" if convert is parse_bool else getattr(convert, "__name__", "value")
-            raise EnvError(f"{env}={raw!r} is not a valid {kind}: {exc}") from None
+            if convert is parse_bool:
+                raise EnvError(f"{env}={raw!r} is not a valid boolean: {exc}") from None
+            raise EnvError(f"{env}={raw!r} is not a valid {getattr(convert, '__name__', 'value')}") from None
 
     return Deferred(compute, raw if raw is not None else default)
 
