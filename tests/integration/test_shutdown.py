@@ -57,7 +57,8 @@ def test_sigterm_drains_then_exits_zero(tmp_path) -> None:  # type: ignore[no-un
         signalled = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
         assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
-        with pytest.raises(grpc.RpcError) as refused, Client(server.address, timeout=5) as client:
+        # retries=False: the server's own answer, not the SDK's retry policy
+        with pytest.raises(grpc.RpcError) as refused, Client(server.address, timeout=5, retries=False) as client:
             client.generate("too late", max_tokens=2)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         with pytest.raises(grpc.RpcError) as idle_end:

@@ -6,10 +6,10 @@ within the server's ping enforcement. Other languages load the same JSON (README
 Retries: a call that ends UNAVAILABLE (the server is loading, draining or gone; with
 several addresses the next attempt may reach another one) or RESOURCE_EXHAUSTED (the
 waiting queue is full) is tried again, 5 attempts in all, after a random backoff of up
-to 0.2 s, 0.4 s, 0.8 s, 1.6 s (at most 2 s); a server's `grpc-retry-pushback-ms` trailer
-replaces the backoff. Retries pause for a channel once more than half of its recent
-attempts failed (retryThrottling), so an overloaded server is not hit five times
-harder. gRPC retries a call only until the first response arrives (or more than
+to 0.5 s, 1 s, 2 s, 4 s (a model loads in seconds); a server's `grpc-retry-pushback-ms`
+trailer replaces the backoff. Retries pause for a channel once more than half of its
+recent attempts failed (retryThrottling), so an overloaded server is not hit five
+times harder. gRPC retries a call only until the first response arrives (or more than
 256 KiB of requests were sent): the unary calls; Embed; Generate before its first
 response, i.e. a session that was refused, never a turn that has streamed tokens.
 
