@@ -7,11 +7,12 @@ Retries: a call that ends UNAVAILABLE (the server is loading, draining or gone; 
 several addresses the next attempt may reach another one) or RESOURCE_EXHAUSTED (the
 waiting queue is full) is tried again, 5 attempts in all, after a random backoff of up
 to 0.5 s, 1 s, 2 s, 4 s (a model loads in seconds); a server's `grpc-retry-pushback-ms`
-trailer replaces the backoff. Retries pause for a channel once more than half of its
-recent attempts failed (retryThrottling), so an overloaded server is not hit five
-times harder. gRPC retries a call only until the first response arrives (or more than
-256 KiB of requests were sent): the unary calls; Embed; Generate before its first
-response, i.e. a session that was refused, never a turn that has streamed tokens.
+trailer replaces the backoff. retryThrottling keeps a token bucket of 10 (a failed
+attempt takes one, a success gives back 0.1) and retries nothing while half or less is
+left, so an overloaded server is not hit five times harder. gRPC retries a call only
+until the first response arrives (or more than 256 KiB of requests were sent): the
+unary calls; Embed; Generate before its first response, i.e. a session that was
+refused, never a turn that has streamed tokens.
 
 waitForReady: while the server is down or restarting a call waits for the channel to
 connect, until its deadline, instead of failing at once. (A call without a deadline

@@ -1,9 +1,11 @@
-"""`llmserve` command line.
+"""`llmserve` command line: `serve`, the client commands (llmserve.client.commands),
+`bench`, `--version`.
 
 Flags follow llama-server's names where the concept is the same. Every `serve`
 flag can also come from an environment variable named after its long form:
 `--ctx-size` ← `LLMSERVE_CTX_SIZE`, `--embeddings` ← `LLMSERVE_EMBEDDINGS=1`
-(flags win over the environment).
+(flags win over the environment). Variables are converted after parsing, for the
+command that runs only; a bad one is a one-line error naming it, exit status 2.
 """
 
 from __future__ import annotations
