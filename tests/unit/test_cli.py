@@ -93,3 +93,11 @@ def test_environment_values_are_checked_only_for_the_command_that_runs(monkeypat
     help_text = subprocess.run([sys.executable, "-m", "llmserve.service", "serve", "--help"],
                                capture_output=True, text=True, check=True).stdout
     assert "(default: big)" in " ".join(help_text.split())  # --help still works, and shows the value
+
+
+def test_an_address_list_on_the_command_line() -> None:
+    from llmserve.client.commands import _targets
+
+    assert _targets("localhost:1,localhost:2") == ["localhost:1", "localhost:2"]
+    assert _targets("ipv4:127.0.0.1:1,127.0.0.1:2") == "ipv4:127.0.0.1:1,127.0.0.1:2"  # a gRPC target as it is
+    assert _targets("dns:///llm.example:50051") == "dns:///llm.example:50051"
