@@ -60,6 +60,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
 USER 10001:10001
 WORKDIR /home/llmserve
 EXPOSE 50051 9090
+# `llmserve health` reads the server's own variables: 127.0.0.1:$LLMSERVE_PORT, TLS when
+# LLMSERVE_TLS_CERT is set. With TLS, also set LLMSERVE_TLS_CA (the CA of the server's
+# certificate), LLMSERVE_TLS_SERVER_NAME if that certificate does not name 127.0.0.1, and
+# under mTLS LLMSERVE_TLS_CLIENT_CERT / LLMSERVE_TLS_CLIENT_KEY.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["llmserve", "health", "--address", "127.0.0.1:50051"]
+    CMD ["llmserve", "health"]
 ENTRYPOINT ["llmserve", "serve"]

@@ -35,7 +35,9 @@ def _wait_waiting(client: Client, n: int) -> None:
 
 
 def test_queue_full_is_resource_exhausted_fast_with_retry_info(one_slot_server: RunningServer) -> None:
-    with grpc.insecure_channel(one_slot_server.address) as channel, Client(one_slot_server.address, timeout=10) as client:
+    # retries=False: this measures the server's answer, not the SDK's retry policy (test_sdk_retries.py)
+    with grpc.insecure_channel(one_slot_server.address) as channel, \
+            Client(one_slot_server.address, timeout=10, retries=False) as client:
         holder = SessionStream(channel, **LONG)
         holder.send("Talk for a long time:")
         holder.next_response()

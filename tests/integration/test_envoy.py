@@ -115,6 +115,12 @@ def test_an_affinity_key_keeps_a_tenant_on_one_replica(cluster: Cluster) -> None
         before_home = cluster.replicas[home].generate_calls()
         list(_stream(channel, "Tenant A again", ((AFFINITY, "tenant-a"),), max_tokens=1))
         assert cluster.replicas[home].generate_calls() == before_home + 1
+    before_home = cluster.replicas[home].generate_calls()
+    with Client(cluster.address, timeout=120, affinity_key="tenant-a") as client:  # the SDK sends the header
+        client.generate("From the SDK", max_tokens=1)
+        with client.session(max_tokens=1) as session:
+            session.ask("A session too")
+    assert cluster.replicas[home].generate_calls() == before_home + 2
 
 
 def test_resource_exhausted_is_retried_on_another_replica(cluster: Cluster) -> None:

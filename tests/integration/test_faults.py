@@ -63,7 +63,8 @@ def test_sigterm_under_load_ends_every_call(tmp_path: Path) -> None:
 
     def short(i: int) -> str:
         try:
-            with Client(server.address, timeout=60) as client:
+            # Without the SDK's retries and wait-for-ready: what the server answers each call.
+            with Client(server.address, timeout=60, retries=False, wait_for_ready=False) as client:
                 client.generate(f"Short request {i}:", max_tokens=8)
             return "OK"
         except grpc.RpcError as err:

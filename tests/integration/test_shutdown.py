@@ -60,7 +60,8 @@ def test_sigterm_drains_then_exits_zero(tmp_path) -> None:  # type: ignore[no-un
         assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING  # not ready: draining
         liveness = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
         assert liveness.status == health_pb2.HealthCheckResponse.SERVING  # but alive: no restart
-        with pytest.raises(grpc.RpcError) as refused, Client(server.address, timeout=5) as client:
+        # retries=False: the server's own answer, not the SDK's retry policy
+        with pytest.raises(grpc.RpcError) as refused, Client(server.address, timeout=5, retries=False) as client:
             client.generate("too late", max_tokens=2)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         with pytest.raises(grpc.RpcError) as idle_end:

@@ -42,13 +42,17 @@ def subcommands() -> set[str]:
 
 
 def flag_env_names() -> set[str]:
-    """The variables `llmserve serve` reads: cli._Flags appends "[env NAME]" to each
-    flag's help, for the name it looks up."""
+    """The variables `llmserve` reads for a flag of any subcommand (`serve`, and the
+    client commands such as `health` that the image's HEALTHCHECK runs): their help
+    names each one as "[env NAME]" (or "env NAME" in a sentence)."""
+    from llmserve.service import cli
+
+    parser = cli._parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     names = set()
-    for action in serve_parser()._actions:
-        match = re.search(r"\[env (LLMSERVE_[A-Z0-9_]+)\]", action.help or "")
-        if match:
-            names.add(match.group(1))
+    for command in sub.choices.values():
+        for action in command._actions:
+            names.update(re.findall(r"\benv (LLMSERVE_[A-Z0-9_]+)", action.help or ""))
     return names
 
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from llmserve.client.envflags import EnvError
 from llmserve.service import cli
 
 FLAGS = [
@@ -71,3 +72,43 @@ def test_inconsistent_flags_are_refused() -> None:
         cli.build_config(cli.parse_args(["serve", "--tls-cert", "a.pem"]))
     with pytest.raises(ValueError, match="per slot"):
         cli.build_config(cli.parse_args(["serve", "-c", "32", "-np", "4"]))
+
+
+def test_client_commands_take_tls_settings_from_the_servers_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("LLMSERVE_TLS", "LLMSERVE_TLS_CERT", "LLMSERVE_ADDRESS", "LLMSERVE_HOST", "LLMSERVE_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    args = cli.parse_args(["health"])
+    assert (args.tls, args.address) == (False, "127.0.0.1:50051")
+    monkeypatch.setenv("LLMSERVE_TLS_CERT", "/certs/server.crt")  # the server here speaks TLS
+    monkeypatch.setenv("LLMSERVE_HOST", "::")
+    monkeypatch.setenv("LLMSERVE_PORT", "6000")
+    args = cli.parse_args(["health"])
+    assert (args.tls, args.address) == (True, "127.0.0.1:6000")
+    monkeypatch.setenv("LLMSERVE_TLS", "off")
+    assert cli.parse_args(["info"]).tls is False
+    assert cli.parse_args(["info", "--tls"]).tls is True
+    monkeypatch.setenv("LLMSERVE_HOST", "10.0.0.7")
+    monkeypatch.setenv("LLMSERVE_ADDRESS", "llm.example:443")
+    assert cli.parse_args(["tokenize", "x"]).address == "llm.example:443"
+    monkeypatch.delenv("LLMSERVE_ADDRESS")
+    assert cli.parse_args(["tokenize", "x"]).address == "10.0.0.7:6000"
+
+
+def test_environment_values_are_checked_only_for_the_command_that_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMSERVE_CTX_SIZE", "big")
+    monkeypatch.setenv("LLMSERVE_ADDRESS", "127.0.0.1:1")
+    assert cli.parse_args(["info"]).address == "127.0.0.1:1"  # serve's variable is not read
+    with pytest.raises(EnvError, match="LLMSERVE_CTX_SIZE='big' is not a valid int"):
+        cli.parse_args(["serve"])
+    assert cli.parse_args(["serve", "-c", "1024"]).ctx_size == 1024  # the flag wins
+    help_text = subprocess.run([sys.executable, "-m", "llmserve.service", "serve", "--help"],
+                               capture_output=True, text=True, check=True).stdout
+    assert "(default: big)" in " ".join(help_text.split())  # --help still works, and shows the value
+
+
+def test_an_address_list_on_the_command_line() -> None:
+    from llmserve.client.commands import _targets
+
+    assert _targets("localhost:1,localhost:2") == ["localhost:1", "localhost:2"]
+    assert _targets("ipv4:127.0.0.1:1,127.0.0.1:2") == "ipv4:127.0.0.1:1,127.0.0.1:2"  # a gRPC target as it is
+    assert _targets("dns:///llm.example:50051") == "dns:///llm.example:50051"

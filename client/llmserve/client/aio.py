@@ -12,27 +12,23 @@ import grpc
 from llmserve.v1 import llmserve_pb2 as pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from .connection import ConnectionOptions, channel_target
+from .connection import ConnectionOptions, Target, open_channel
 from .errors import from_rpc_error
-from .requests import GenerateResult, Prompt, collect, embed_requests, from_chunks, make_input, session_config
+from .requests import Prompt, embed_requests, make_input, session_config
+from .results import GenerateResult, collect
+from .turns import CANCEL_GRACE_S, TurnTracker
 
 _END = object()
 
 
 class AsyncClient:
-    """Like `Client`, with coroutines and async iterators."""
+    """Like `Client`, with coroutines and async iterators; every call takes `timeout=`."""
 
-    def __init__(
-        self, target: str | Sequence[str] = "127.0.0.1:50051", *, timeout: float | None = None, **options: Any
-    ) -> None:
+    def __init__(self, target: Target = "127.0.0.1:50051", *, timeout: float | None = None, **options: Any) -> None:
         self.options = ConnectionOptions(timeout=timeout, **options)
-        creds = self.options.credentials()
-        target, channel_options = channel_target(target, self.options)
-        self.channel = (
-            grpc.aio.secure_channel(target, creds, channel_options)
-            if creds else grpc.aio.insecure_channel(target, channel_options)
-        )
+        self.channel = open_channel(target, self.options, aio=True)
         self.stub = pb_grpc.LLMServiceStub(self.channel)
+        self.timeout = timeout
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -51,57 +47,59 @@ class AsyncClient:
     async def close(self) -> None:
         await self.channel.close()
 
-    async def stream(self, prompt: Prompt, **config: Any) -> AsyncIterator[pb.GenerateResponse]:
+    async def stream(self, prompt: Prompt, *, timeout: float | None = None,
+                     **config: Any) -> AsyncIterator[pb.GenerateResponse]:
         request = pb.GenerateRequest(config=session_config(**config), input=make_input(prompt), end_of_turn=True)
         try:
-            async for response in self.stub.Generate(iter([request]), **self.options.call_kwargs()):
+            async for response in self.stub.Generate(iter([request]), **self.options.call_kwargs(timeout, request.config.session_id)):
                 yield response
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 
-    async def generate(self, prompt: Prompt, **config: Any) -> GenerateResult:
-        return collect([response async for response in self.stream(prompt, **config)])
+    async def generate(self, prompt: Prompt, *, timeout: float | None = None, **config: Any) -> GenerateResult:
+        return collect([response async for response in self.stream(prompt, timeout=timeout, **config)])
 
-    def session(self, **config: Any) -> AsyncSession:
-        return AsyncSession(self, session_config(**config))
+    def session(self, *, timeout: float | None = None, **config: Any) -> AsyncSession:
+        """See `Client.session`; also an async context manager."""
+        return AsyncSession(self, session_config(**config), timeout)
 
     async def embed(self, inputs: Iterable[Prompt], *, normalize: bool = True, truncate: bool = False,
-                    batch_size: int = 32) -> AsyncIterator[list[float]]:
+                    batch_size: int = 32, timeout: float | None = None) -> AsyncIterator[list[float]]:
         requests = embed_requests(inputs, normalize=normalize, truncate=truncate, batch_size=batch_size)
         try:
-            async for response in self.stub.Embed(requests, **self.options.call_kwargs()):
+            async for response in self.stub.Embed(requests, **self.options.call_kwargs(timeout)):
                 yield list(response.embedding)
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 
-    async def _unary(self, method: Any, request: Any) -> Any:
+    async def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
         try:
-            return await method(request, **self.options.call_kwargs())
+            return await method(request, **self.options.call_kwargs(timeout))
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 
-    async def tokenize(
-        self, text: str, *, add_special: bool = True, parse_special: bool = True, embedding_model: bool = False
-    ) -> list[int]:
+    async def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True,
+                       embedding_model: bool = False, timeout: float | None = None) -> list[int]:
         """Token ids; `embedding_model=True`: with the vocabulary Embed uses (ids for Embed's token inputs)."""
         request = pb.TokenizeRequest(
             text=text, add_special=add_special, parse_special=parse_special, embedding_model=embedding_model
         )
-        return list((await self._unary(self.stub.Tokenize, request)).ids)
+        return list((await self._unary(self.stub.Tokenize, request, timeout)).ids)
 
-    async def detokenize(self, ids: Sequence[int], *, render_special: bool = False, embedding_model: bool = False) -> str:
-        reply = await self._unary(self.stub.Detokenize, pb.DetokenizeRequest(ids=list(ids), render_special=render_special, embedding_model=embedding_model))
-        return reply.text  # type: ignore[no-any-return]
+    async def detokenize(self, ids: Sequence[int], *, render_special: bool = False, embedding_model: bool = False,
+                         timeout: float | None = None) -> str:
+        request = pb.DetokenizeRequest(ids=list(ids), render_special=render_special, embedding_model=embedding_model)
+        return (await self._unary(self.stub.Detokenize, request, timeout)).text  # type: ignore[no-any-return]
 
-    async def model_info(self) -> pb.ModelInfo:
-        return await self._unary(self.stub.GetModelInfo, pb.GetModelInfoRequest())
+    async def model_info(self, *, timeout: float | None = None) -> pb.ModelInfo:
+        return await self._unary(self.stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
 
-    async def health(self, service: str = "") -> bool:
+    async def health(self, service: str = "", *, timeout: float | None = None) -> bool:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         try:
             reply = await health_pb2_grpc.HealthStub(self.channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=self.options.timeout or 5
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout or self.options.timeout or 5.0
             )
         except grpc.RpcError:
             return False
@@ -109,40 +107,64 @@ class AsyncClient:
 
 
 class AsyncSession:
-    """Turns on one stream (see `Session`)."""
+    """Turns on one stream (see `Session`); `async with` closes it, or cancels the
+    stream when the block raised."""
 
-    def __init__(self, client: AsyncClient, config: pb.SessionConfig) -> None:
+    def __init__(self, client: AsyncClient, config: pb.SessionConfig, timeout: float | None = None) -> None:
         self._requests: asyncio.Queue[object] = asyncio.Queue()
         self._requests.put_nowait(pb.GenerateRequest(config=config))
-        self._call = client.stub.Generate(self._pending(), **client.options.call_kwargs())
+        self._call = client.stub.Generate(self._pending(), **client.options.call_kwargs(timeout, config.session_id))
+        self._samples = config.n if config.HasField("n") else 1
         self.turn_end: pb.TurnEnd | None = None
+        self.turn_ends: tuple[pb.TurnEnd, ...] = ()
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None:  # do not wait for a turn nobody will read
+            self._call.cancel()
+            return
+        await self.close()
 
     async def _pending(self) -> AsyncIterator[pb.GenerateRequest]:
         while (item := await self._requests.get()) is not _END:
             yield item  # type: ignore[misc]
 
-    async def send(self, prompt: Prompt) -> AsyncIterator[pb.TokenChunk]:
+    async def responses(self, prompt: Prompt, *, timeout: float | None = None) -> AsyncIterator[pb.GenerateResponse]:
+        """See `Session.responses`."""
         await self._requests.put(pb.GenerateRequest(input=make_input(prompt), end_of_turn=True))
+        tracker = TurnTracker(self._samples, timeout)
+        loop = asyncio.get_running_loop()
+        handles = [loop.call_later(timeout, tracker.expire, self._cancel_now),
+                   loop.call_later(timeout + CANCEL_GRACE_S, self._call.cancel)] if timeout else []
         try:
-            while True:
-                response = await self._call.read()
-                if response is grpc.aio.EOF:
-                    return
-                if response.HasField("chunk"):
-                    yield response.chunk
-                elif response.HasField("turn_end"):
-                    self.turn_end = response.turn_end
-                    if response.turn_end.index == 0:
-                        return
+            while (response := await self._call.read()) is not grpc.aio.EOF:
+                yield response
+                if tracker.ended(response):
+                    break
         except grpc.RpcError as err:
-            raise from_rpc_error(err) from None
+            raise tracker.error(err) from None
+        finally:
+            for handle in handles:
+                handle.cancel()
+            self.turn_end, self.turn_ends = tracker.turn_end or self.turn_end, tuple(tracker.ends)
+        if tracker.timed_out():
+            raise tracker.error(None)
 
-    async def ask(self, prompt: Prompt) -> GenerateResult:
-        chunks = [c async for c in self.send(prompt)]
-        return from_chunks(chunks, self.turn_end)
+    async def send(self, prompt: Prompt, *, timeout: float | None = None) -> AsyncIterator[pb.TokenChunk]:
+        async for response in self.responses(prompt, timeout=timeout):
+            if response.HasField("chunk"):
+                yield response.chunk
+
+    async def ask(self, prompt: Prompt, *, timeout: float | None = None) -> GenerateResult:
+        return collect([response async for response in self.responses(prompt, timeout=timeout)])
+
+    def _cancel_now(self) -> None:
+        self._requests.put_nowait(pb.GenerateRequest(cancel=True))
 
     async def cancel(self) -> None:
-        await self._requests.put(pb.GenerateRequest(cancel=True))
+        self._cancel_now()
 
     async def close(self) -> None:
         await self._requests.put(_END)

@@ -2,7 +2,9 @@
 
 Every error the client raises is an `LLMServeError`, which is also a `grpc.RpcError`
 (so `code()`, `details()` and `trailing_metadata()` work as usual); the subclass
-names the status, and `field` / `retry_after_s` come from BadRequest / RetryInfo.
+names the status. The rich status (`grpc-status-details-bin`) is read with
+grpcio-status's `rpc_status.from_call`: `status` is the google.rpc.Status, `field` /
+`field_violations` come from its BadRequest, `retry_after_s` from its RetryInfo.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 
 class LLMServeError(grpc.RpcError):
@@ -19,20 +22,22 @@ class LLMServeError(grpc.RpcError):
         self._code = code
         self._message = message
         self._metadata = tuple(metadata or ())
-        self.field: str | None = None
+        self.status: status_pb2.Status | None = None
+        self.field_violations: tuple[tuple[str, str], ...] = ()  # (field, description), BadRequest's order
+        self.field: str | None = None  # the first violation's field
         self.retry_after_s: float | None = None
-        for key, value in self._metadata:
-            if key == "grpc-status-details-bin":
-                self._read_details(value)
-
-    def _read_details(self, blob: bytes) -> None:
-        status = status_pb2.Status.FromString(blob)
-        for detail in status.details:
+        try:
+            self.status = rpc_status.from_call(self)  # type: ignore[arg-type]
+        except ValueError:  # details that contradict the status line: ignored, as gRPC would
+            self.status = None
+        for detail in self.status.details if self.status is not None else ():
             bad, retry = error_details_pb2.BadRequest(), error_details_pb2.RetryInfo()
-            if detail.Unpack(bad) and bad.field_violations:
-                self.field = bad.field_violations[0].field
+            if detail.Unpack(bad):
+                self.field_violations += tuple((v.field, v.description) for v in bad.field_violations)
             elif detail.Unpack(retry):
                 self.retry_after_s = retry.retry_delay.ToMilliseconds() / 1000.0
+        if self.field_violations:
+            self.field = self.field_violations[0][0]
 
     def code(self) -> grpc.StatusCode:
         return self._code
@@ -74,3 +79,8 @@ def from_rpc_error(err: grpc.RpcError) -> LLMServeError:
     code = err.code()  # type: ignore[attr-defined]
     metadata = err.trailing_metadata() if hasattr(err, "trailing_metadata") else ()  # type: ignore[attr-defined]
     return _BY_CODE.get(code, LLMServeError)(code, err.details() or "", metadata)  # type: ignore[attr-defined]
+
+
+def error(code: grpc.StatusCode, message: str) -> LLMServeError:
+    """A typed error made on the client's side (no server status behind it)."""
+    return _BY_CODE.get(code, LLMServeError)(code, message)

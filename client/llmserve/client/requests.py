@@ -2,38 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Union
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Union
 
 from llmserve.v1 import llmserve_pb2 as pb
 
 Prompt = Union[str, Sequence[int], Sequence[Mapping[str, str]], pb.Input]
-
-
-@dataclass(frozen=True)
-class GenerateResult:
-    text: str
-    token_ids: tuple[int, ...]
-    turn_end: pb.TurnEnd
-
-
-def collect(responses: Iterable[pb.GenerateResponse]) -> GenerateResult:
-    """One turn's responses (chunks, then the turn end) as a GenerateResult."""
-    chunks: list[pb.TokenChunk] = []
-    turn_end = pb.TurnEnd()
-    for response in responses:
-        if response.HasField("chunk"):
-            chunks.append(response.chunk)
-        elif response.HasField("turn_end"):
-            turn_end = response.turn_end
-    return from_chunks(chunks, turn_end)
-
-
-def from_chunks(chunks: Iterable[pb.TokenChunk], turn_end: pb.TurnEnd | None) -> GenerateResult:
-    chunks = list(chunks)
-    ids = tuple(t for c in chunks for t in c.token_ids)
-    return GenerateResult("".join(c.text for c in chunks), ids, turn_end or pb.TurnEnd())
 
 
 def make_input(prompt: Prompt) -> pb.Input:
@@ -52,24 +27,77 @@ def make_input(prompt: Prompt) -> pb.Input:
 def session_config(
     *,
     request_id: str = "",
-    max_tokens: int | None = None,
-    stop: Sequence[str] = (),
-    ignore_eos: bool = False,
-    priority: int = 0,
     session_id: str = "",
-    **sampling: float | int,
+    priority: int = 0,
+    add_bos: bool | None = None,
+    n: int | None = None,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    stop: Sequence[str] = (),
+    stop_token_ids: Sequence[int] = (),
+    ignore_eos: bool = False,
+    logprobs: bool = False,
+    top_logprobs: int | None = None,
+    prompt_logprobs: bool = False,
+    include_special: bool = False,
+    grammar: str | None = None,
+    json_schema: str | Mapping[str, Any] | None = None,
+    **sampling: Any,
 ) -> pb.SessionConfig:
-    """A SessionConfig; `sampling` takes SamplingParams field names (temperature=0, seed=1, ...)."""
-    stopping = pb.StoppingCriteria(stop=list(stop), ignore_eos=ignore_eos)
-    if max_tokens is not None:
-        stopping.max_tokens = max_tokens
-    return pb.SessionConfig(
+    """A SessionConfig from keyword arguments; every field of the message has one.
+
+    Session: `request_id`, `session_id`, `priority`, `add_bos`, `n` (samples per turn).
+    Stopping: `max_tokens`, `min_tokens`, `stop` (strings), `stop_token_ids`, `ignore_eos`.
+    Output: `logprobs=True` returns each sampled token's logprob (`top_logprobs=k`: and
+    the k most likely alternatives), `prompt_logprobs`, `include_special`.
+    Constraint: `grammar` (GBNF) or `json_schema` (a JSON string or a dict).
+    Everything else is a SamplingParams field: temperature=0, seed=1, top_k=..., with
+    `logit_bias` a {token id: bias} dict and `dry_sequence_breakers` a list of strings.
+    None leaves a field unset (the server's default).
+    """
+    if grammar is not None and json_schema is not None:
+        raise ValueError("give grammar or json_schema, not both")
+    if logprobs and top_logprobs is None:
+        top_logprobs = 0
+    config = pb.SessionConfig(
         request_id=request_id,
-        priority=priority,
         session_id=session_id,
-        sampling=pb.SamplingParams(**{k: v for k, v in sampling.items() if v is not None}),
-        stopping=stopping,
+        priority=priority,
+        sampling=sampling_params(**sampling),
+        stopping=pb.StoppingCriteria(stop=list(stop), stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos),
+        output=pb.OutputOptions(prompt_logprobs=prompt_logprobs, include_special=include_special),
     )
+    for message, name, value in (
+        (config, "add_bos", add_bos), (config, "n", n), (config.stopping, "max_tokens", max_tokens),
+        (config.stopping, "min_tokens", min_tokens), (config.output, "top_logprobs", top_logprobs),
+        (config.constraint, "grammar", grammar),
+    ):
+        if value is not None:
+            setattr(message, name, value)
+    if json_schema is not None:
+        config.constraint.json_schema = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
+    return config
+
+
+_SAMPLING_FIELDS = frozenset(pb.SamplingParams.DESCRIPTOR.fields_by_name)
+
+
+def sampling_params(**fields: Any) -> pb.SamplingParams:
+    """SamplingParams from its field names; None leaves a field unset."""
+    unknown = sorted(set(fields) - _SAMPLING_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown session_config argument(s) {unknown}: neither a SessionConfig nor a SamplingParams field")
+    params = pb.SamplingParams()
+    for name, value in fields.items():
+        if value is None:
+            continue
+        if name == "logit_bias":
+            params.logit_bias.update({int(k): float(v) for k, v in value.items()})
+        elif name == "dry_sequence_breakers":
+            params.dry_sequence_breakers.values.extend(value)
+        else:
+            setattr(params, name, value)
+    return params
 
 
 def embed_requests(inputs, *, normalize: bool, truncate: bool, batch_size: int):  # type: ignore[no-untyped-def]

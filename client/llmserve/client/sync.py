@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import queue
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -12,27 +13,28 @@ import grpc
 from llmserve.v1 import llmserve_pb2 as pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from .connection import ConnectionOptions, channel_target
+from .connection import ConnectionOptions, Target, open_channel
 from .errors import from_rpc_error
-from .requests import GenerateResult, Prompt, collect, embed_requests, from_chunks, make_input, session_config
+from .requests import Prompt, embed_requests, make_input, session_config
+from .results import GenerateResult, collect
+from .turns import CANCEL_GRACE_S, TurnTracker
 
 _END = object()
 
 
 class Client:
-    """One channel to a server. Every failed call raises an `LLMServeError` subclass."""
+    """One channel to a server. Every failed call raises an `LLMServeError` subclass.
+    Every call takes `timeout=` (seconds), its deadline in place of the client's."""
 
-    def __init__(
-        self, target: str | Sequence[str] = "127.0.0.1:50051", *, timeout: float | None = None, **options: Any
-    ) -> None:
-        """`target`: one address, a DNS name ("dns:///name:port"), or several addresses,
-        spread with gRPC's round_robin policy (no proxy needed)."""
+    def __init__(self, target: Target = "127.0.0.1:50051", *, timeout: float | None = None, **options: Any) -> None:
+        """`target`: one address ("host:port"), any gRPC target ("dns:///name:port",
+        balanced with round_robin), or a list of host:port addresses (host names are
+        resolved once; round_robin over all of them). `timeout`: the default deadline
+        of each call in seconds. `options`: the `ConnectionOptions` fields (tls,
+        root_certificates, client_cert, client_key, server_name, api_key,
+        wait_for_ready, retries, options, extra_metadata, affinity_key)."""
         self.options = ConnectionOptions(timeout=timeout, **options)
-        creds = self.options.credentials()
-        target, channel_options = channel_target(target, self.options)
-        self.channel = (
-            grpc.secure_channel(target, creds, channel_options) if creds else grpc.insecure_channel(target, channel_options)
-        )
+        self.channel = open_channel(target, self.options)
         self.stub = pb_grpc.LLMServiceStub(self.channel)
         self.timeout = timeout
 
@@ -55,98 +57,129 @@ class Client:
 
     # ---------------------------------------------------------------- generate
 
-    def stream(self, prompt: Prompt, **config: Any) -> Iterator[pb.GenerateResponse]:
-        """One-turn Generate: yields every response (chunks, then the turn end)."""
+    def stream(self, prompt: Prompt, *, timeout: float | None = None, **config: Any) -> Iterator[pb.GenerateResponse]:
+        """One-turn Generate: yields every response (chunks, then the turn end; with
+        n > 1 each sample's, told apart by `index`). `config`: see `session_config`."""
         request = pb.GenerateRequest(config=session_config(**config), input=make_input(prompt), end_of_turn=True)
         try:
-            yield from self.stub.Generate(iter([request]), **self.options.call_kwargs())
+            yield from self.stub.Generate(iter([request]), **self.options.call_kwargs(timeout, request.config.session_id))
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 
-    def generate(self, prompt: Prompt, **config: Any) -> GenerateResult:
-        return collect(self.stream(prompt, **config))
+    def generate(self, prompt: Prompt, *, timeout: float | None = None, **config: Any) -> GenerateResult:
+        return collect(self.stream(prompt, timeout=timeout, **config))
 
-    def session(self, **config: Any) -> Session:
-        """A multi-turn session on one Generate stream (the KV stays on the server's slot)."""
-        return Session(self, session_config(**config))
+    def session(self, *, timeout: float | None = None, **config: Any) -> Session:
+        """A multi-turn session on one Generate stream (the KV stays on the server's slot).
+        `timeout` is the deadline of the whole stream; each turn may have its own
+        (`Session.send(..., timeout=)`). `config`: see `session_config`."""
+        return Session(self, session_config(**config), timeout)
 
     # ------------------------------------------------------------------ other
 
     def embed(self, inputs: Iterable[Prompt], *, normalize: bool = True, truncate: bool = False,
-              batch_size: int = 32) -> Iterator[list[float]]:
+              batch_size: int = 32, timeout: float | None = None) -> Iterator[list[float]]:
         """Stream any number of inputs (read lazily); yields one vector per input, in order."""
         requests = embed_requests(inputs, normalize=normalize, truncate=truncate, batch_size=batch_size)
         try:
-            for response in self.stub.Embed(requests, **self.options.call_kwargs()):
+            for response in self.stub.Embed(requests, **self.options.call_kwargs(timeout)):
                 yield list(response.embedding)
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 
-    def _unary(self, method: Any, request: Any) -> Any:
+    def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
         try:
-            return method(request, **self.options.call_kwargs())
+            return method(request, **self.options.call_kwargs(timeout))
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 
-    def tokenize(
-        self, text: str, *, add_special: bool = True, parse_special: bool = True, embedding_model: bool = False
-    ) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True,
+                 embedding_model: bool = False, timeout: float | None = None) -> list[int]:
         """Token ids; `embedding_model=True`: with the vocabulary Embed uses (ids for Embed's token inputs)."""
         request = pb.TokenizeRequest(
             text=text, add_special=add_special, parse_special=parse_special, embedding_model=embedding_model
         )
-        return list(self._unary(self.stub.Tokenize, request).ids)
+        return list(self._unary(self.stub.Tokenize, request, timeout).ids)
 
-    def detokenize(self, ids: Sequence[int], *, render_special: bool = False, embedding_model: bool = False) -> str:
-        return self._unary(self.stub.Detokenize, pb.DetokenizeRequest(ids=list(ids), render_special=render_special, embedding_model=embedding_model)).text  # type: ignore[no-any-return]
+    def detokenize(self, ids: Sequence[int], *, render_special: bool = False, embedding_model: bool = False,
+                   timeout: float | None = None) -> str:
+        request = pb.DetokenizeRequest(ids=list(ids), render_special=render_special, embedding_model=embedding_model)
+        return self._unary(self.stub.Detokenize, request, timeout).text  # type: ignore[no-any-return]
 
-    def model_info(self) -> pb.ModelInfo:
-        return self._unary(self.stub.GetModelInfo, pb.GetModelInfoRequest())
+    def model_info(self, *, timeout: float | None = None) -> pb.ModelInfo:
+        return self._unary(self.stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
 
-    def health(self, service: str = "") -> bool:
-        """True when the server reports SERVING (grpc.health.v1; needs no API key)."""
+    def health(self, service: str = "", *, timeout: float | None = None) -> bool:
+        """True when the server reports SERVING (grpc.health.v1; needs no API key; fails
+        fast rather than waiting for the server: no wait-for-ready, no retries)."""
+        return self.health_status(service, timeout=timeout) == "SERVING"
+
+    def health_status(self, service: str = "", *, timeout: float | None = None) -> str:
+        """The serving status's name (SERVING, NOT_SERVING, ...), or the failed call's code's."""
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+        request = health_pb2.HealthCheckRequest(service=service)
         try:
             reply = health_pb2_grpc.HealthStub(self.channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=self.options.timeout or 5
+                request, timeout=timeout or self.options.timeout or 5.0
             )
-        except grpc.RpcError:
-            return False
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+        except grpc.RpcError as err:
+            return err.code().name  # type: ignore[attr-defined,no-any-return]
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
 class Session:
     """Turns on one stream: `send()` a turn's input and iterate its chunks; `turn_end`
-    holds the last turn's end. `cancel()` stops the running turn; `close()` ends the session."""
+    holds the last turn's end (sample 0's; `turn_ends` has every sample's). `cancel()`
+    stops the running turn; `close()` ends the session. A `with` block closes it, or
+    cancels the stream when the block raised."""
 
-    def __init__(self, client: Client, config: pb.SessionConfig) -> None:
+    def __init__(self, client: Client, config: pb.SessionConfig, timeout: float | None = None) -> None:
         self._requests: queue.Queue[object] = queue.Queue()
         self._requests.put(pb.GenerateRequest(config=config))
-        self._call = client.stub.Generate(self._pending(), **client.options.call_kwargs())
+        self._call = client.stub.Generate(self._pending(), **client.options.call_kwargs(timeout, config.session_id))
         self._responses = iter(self._call)
+        self._samples = config.n if config.HasField("n") else 1
         self.turn_end: pb.TurnEnd | None = None
+        self.turn_ends: tuple[pb.TurnEnd, ...] = ()
 
     def _pending(self) -> Iterator[pb.GenerateRequest]:
         while (item := self._requests.get()) is not _END:
             yield item  # type: ignore[misc]
 
-    def send(self, prompt: Prompt) -> Iterator[pb.TokenChunk]:
+    def responses(self, prompt: Prompt, *, timeout: float | None = None) -> Iterator[pb.GenerateResponse]:
+        """Send one turn's input; yield its responses up to the last sample's turn end.
+        `timeout`: the turn's time limit in seconds. Past it the turn is cancelled in
+        band and DeadlineExceeded raised once it has ended; the session goes on."""
         self._requests.put(pb.GenerateRequest(input=make_input(prompt), end_of_turn=True))
+        tracker = TurnTracker(self._samples, timeout)
+        timers = [threading.Timer(timeout, tracker.expire, [self.cancel]),
+                  threading.Timer(timeout + CANCEL_GRACE_S, self._call.cancel)] if timeout else []
+        for timer in timers:
+            timer.daemon = True
+            timer.start()
         try:
             for response in self._responses:
-                if response.HasField("chunk"):
-                    yield response.chunk
-                elif response.HasField("turn_end"):
-                    self.turn_end = response.turn_end
-                    if response.turn_end.index == 0:
-                        return
+                yield response
+                if tracker.ended(response):
+                    break
         except grpc.RpcError as err:
-            raise from_rpc_error(err) from None
+            raise tracker.error(err) from None
+        finally:
+            for timer in timers:
+                timer.cancel()
+            self.turn_end, self.turn_ends = tracker.turn_end or self.turn_end, tuple(tracker.ends)
+        if tracker.timed_out():
+            raise tracker.error(None)
 
-    def ask(self, prompt: Prompt) -> GenerateResult:
-        chunks = list(self.send(prompt))
-        return from_chunks(chunks, self.turn_end)
+    def send(self, prompt: Prompt, *, timeout: float | None = None) -> Iterator[pb.TokenChunk]:
+        """Send one turn's input; yield its chunks (every sample's when n > 1)."""
+        for response in self.responses(prompt, timeout=timeout):
+            if response.HasField("chunk"):
+                yield response.chunk
+
+    def ask(self, prompt: Prompt, *, timeout: float | None = None) -> GenerateResult:
+        return collect(self.responses(prompt, timeout=timeout))
 
     def cancel(self) -> None:
         self._requests.put(pb.GenerateRequest(cancel=True))
@@ -162,5 +195,9 @@ class Session:
     def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None:  # do not wait for a turn nobody will read
+            self._call.cancel()
+            self._requests.put(_END)
+            return
         self.close()

