@@ -69,6 +69,22 @@ class Client:
     def generate(self, prompt: Prompt, *, timeout: float | None = None, **config: Any) -> GenerateResult:
         return collect(self.stream(prompt, timeout=timeout, **config))
 
+    def stream_once(self, prompt: Prompt, *, timeout: float | None = None, **config: Any) -> Iterator[pb.GenerateOnceResponse]:
+        """`stream` over the one-shot server-streaming GenerateOnce RPC (no bidi stream)."""
+        request = pb.GenerateOnceRequest(config=session_config(**config), input=make_input(prompt))
+        try:
+            yield from self.stub.GenerateOnce(request, **self.options.call_kwargs(timeout, request.config.session_id))
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+
+    def generate_text(self, prompt: Prompt, *, timeout: float | None = None, **config: Any) -> pb.GenerateTextResponse:
+        """One turn over the unary GenerateText RPC: each sample's whole text and turn end."""
+        request = pb.GenerateTextRequest(config=session_config(**config), input=make_input(prompt))
+        try:
+            return self.stub.GenerateText(request, **self.options.call_kwargs(timeout, request.config.session_id))
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+
     def session(self, *, timeout: float | None = None, **config: Any) -> Session:
         """A multi-turn session on one Generate stream (the KV stays on the server's slot).
         `timeout` is the deadline of the whole stream; each turn may have its own

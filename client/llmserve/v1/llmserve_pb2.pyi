@@ -285,6 +285,57 @@ class GenerateResponse(_message.Message):
     prompt_logprobs: PromptLogprobs
     def __init__(self, request_id: _Optional[str] = ..., chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., turn_end: _Optional[_Union[TurnEnd, _Mapping]] = ..., prompt_logprobs: _Optional[_Union[PromptLogprobs, _Mapping]] = ...) -> None: ...
 
+class GenerateOnceRequest(_message.Message):
+    __slots__ = ("config", "input")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    config: SessionConfig
+    input: Input
+    def __init__(self, config: _Optional[_Union[SessionConfig, _Mapping]] = ..., input: _Optional[_Union[Input, _Mapping]] = ...) -> None: ...
+
+class GenerateOnceResponse(_message.Message):
+    __slots__ = ("request_id", "chunk", "turn_end", "prompt_logprobs")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    TURN_END_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    chunk: TokenChunk
+    turn_end: TurnEnd
+    prompt_logprobs: PromptLogprobs
+    def __init__(self, request_id: _Optional[str] = ..., chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., turn_end: _Optional[_Union[TurnEnd, _Mapping]] = ..., prompt_logprobs: _Optional[_Union[PromptLogprobs, _Mapping]] = ...) -> None: ...
+
+class GenerateTextRequest(_message.Message):
+    __slots__ = ("config", "input")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    config: SessionConfig
+    input: Input
+    def __init__(self, config: _Optional[_Union[SessionConfig, _Mapping]] = ..., input: _Optional[_Union[Input, _Mapping]] = ...) -> None: ...
+
+class GenerateTextResponse(_message.Message):
+    __slots__ = ("request_id", "samples", "prompt_logprobs")
+    class Sample(_message.Message):
+        __slots__ = ("index", "text", "token_ids", "logprobs", "turn_end")
+        INDEX_FIELD_NUMBER: _ClassVar[int]
+        TEXT_FIELD_NUMBER: _ClassVar[int]
+        TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+        LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+        TURN_END_FIELD_NUMBER: _ClassVar[int]
+        index: int
+        text: str
+        token_ids: _containers.RepeatedScalarFieldContainer[int]
+        logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+        turn_end: TurnEnd
+        def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., turn_end: _Optional[_Union[TurnEnd, _Mapping]] = ...) -> None: ...
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    samples: _containers.RepeatedCompositeFieldContainer[GenerateTextResponse.Sample]
+    prompt_logprobs: PromptLogprobs
+    def __init__(self, request_id: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[GenerateTextResponse.Sample, _Mapping]]] = ..., prompt_logprobs: _Optional[_Union[PromptLogprobs, _Mapping]] = ...) -> None: ...
+
 class EmbedOptions(_message.Message):
     __slots__ = ("normalize", "truncate", "add_bos")
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]

@@ -39,6 +39,16 @@ class LLMServiceStub:
                 request_serializer=llmserve_dot_v1_dot_llmserve__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=llmserve_dot_v1_dot_llmserve__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateOnce = channel.unary_stream(
+                '/llmserve.v1.LLMService/GenerateOnce',
+                request_serializer=llmserve_dot_v1_dot_llmserve__pb2.GenerateOnceRequest.SerializeToString,
+                response_deserializer=llmserve_dot_v1_dot_llmserve__pb2.GenerateOnceResponse.FromString,
+                _registered_method=True)
+        self.GenerateText = channel.unary_unary(
+                '/llmserve.v1.LLMService/GenerateText',
+                request_serializer=llmserve_dot_v1_dot_llmserve__pb2.GenerateTextRequest.SerializeToString,
+                response_deserializer=llmserve_dot_v1_dot_llmserve__pb2.GenerateTextResponse.FromString,
+                _registered_method=True)
         self.Embed = channel.stream_stream(
                 '/llmserve.v1.LLMService/Embed',
                 request_serializer=llmserve_dot_v1_dot_llmserve__pb2.EmbedRequest.SerializeToString,
@@ -71,6 +81,24 @@ class LLMServiceServicer:
         streams TokenChunk messages and one TurnEnd. After a TurnEnd the client may
         send more input and another end_of_turn: only the new tokens are prefilled.
         Half-closing the stream ends the session once the current turn is done.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateOnce(self, request, context):
+        """One-shot generation for simple callers (grpc-web / Connect, JSON transcoding, gRPC
+        retry policies, the simplest generated clients): one request in, the turn's
+        responses out (prompt logprobs if asked, chunks, one TurnEnd per sample), then the
+        call ends. The same validation, statuses, limits and metrics as a Generate session
+        of one turn; with config.session_id a named session goes on and is saved.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateText(self, request, context):
+        """The same one turn, answered at once: each sample's whole text and its TurnEnd.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -110,6 +138,16 @@ def add_LLMServiceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=llmserve_dot_v1_dot_llmserve__pb2.GenerateRequest.FromString,
                     response_serializer=llmserve_dot_v1_dot_llmserve__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateOnce': grpc.unary_stream_rpc_method_handler(
+                    servicer.GenerateOnce,
+                    request_deserializer=llmserve_dot_v1_dot_llmserve__pb2.GenerateOnceRequest.FromString,
+                    response_serializer=llmserve_dot_v1_dot_llmserve__pb2.GenerateOnceResponse.SerializeToString,
+            ),
+            'GenerateText': grpc.unary_unary_rpc_method_handler(
+                    servicer.GenerateText,
+                    request_deserializer=llmserve_dot_v1_dot_llmserve__pb2.GenerateTextRequest.FromString,
+                    response_serializer=llmserve_dot_v1_dot_llmserve__pb2.GenerateTextResponse.SerializeToString,
             ),
             'Embed': grpc.stream_stream_rpc_method_handler(
                     servicer.Embed,
@@ -159,6 +197,60 @@ class LLMService:
             '/llmserve.v1.LLMService/Generate',
             llmserve_dot_v1_dot_llmserve__pb2.GenerateRequest.SerializeToString,
             llmserve_dot_v1_dot_llmserve__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateOnce(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/llmserve.v1.LLMService/GenerateOnce',
+            llmserve_dot_v1_dot_llmserve__pb2.GenerateOnceRequest.SerializeToString,
+            llmserve_dot_v1_dot_llmserve__pb2.GenerateOnceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateText(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmserve.v1.LLMService/GenerateText',
+            llmserve_dot_v1_dot_llmserve__pb2.GenerateTextRequest.SerializeToString,
+            llmserve_dot_v1_dot_llmserve__pb2.GenerateTextResponse.FromString,
             options,
             channel_credentials,
             insecure,

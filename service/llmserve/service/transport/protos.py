@@ -125,3 +125,28 @@ def _embedding_model_info(info: EmbeddingModelInfo | None) -> pb.EmbeddingModelI
         n_ubatch=info.n_ubatch,
         separate=info.separate,
     )
+
+
+def text_response(responses: list[pb.GenerateResponse]) -> pb.GenerateTextResponse:
+    """A one-turn session's responses, gathered: each sample's whole text and turn end."""
+    reply = pb.GenerateTextResponse()
+    texts: dict[int, list[str]] = {}
+    samples: dict[int, pb.GenerateTextResponse.Sample] = {}
+    for response in responses:
+        reply.request_id = response.request_id
+        kind = response.WhichOneof("event")
+        if kind == "chunk":
+            chunk = response.chunk
+            sample = samples.setdefault(chunk.index, pb.GenerateTextResponse.Sample(index=chunk.index))
+            texts.setdefault(chunk.index, []).append(chunk.text)
+            sample.token_ids.extend(chunk.token_ids)
+            sample.logprobs.extend(chunk.logprobs)
+        elif kind == "turn_end":
+            end = response.turn_end
+            samples.setdefault(end.index, pb.GenerateTextResponse.Sample(index=end.index)).turn_end.CopyFrom(end)
+        elif kind == "prompt_logprobs":
+            reply.prompt_logprobs.tokens.extend(response.prompt_logprobs.tokens)
+    for index, sample in sorted(samples.items()):
+        sample.text = "".join(texts.get(index, []))
+        reply.samples.append(sample)
+    return reply

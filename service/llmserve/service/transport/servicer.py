@@ -52,6 +52,19 @@ def request_id(context: grpc.aio.ServicerContext, configured: str = "") -> str:
     return uuid.uuid4().hex
 
 
+def one_turn(request: pb.GenerateOnceRequest | pb.GenerateTextRequest) -> pb.GenerateRequest:
+    """A one-shot request as a session's first (and only) message."""
+    if not request.HasField("config"):
+        raise InvalidArgument("the request must carry the session config", field="config")
+    return pb.GenerateRequest(config=request.config, input=request.input, end_of_turn=True)
+
+
+async def _no_more_input():  # type: ignore[no-untyped-def]
+    """A request stream the client half-closed after its first message."""
+    return
+    yield
+
+
 def bind_request(context: grpc.aio.ServicerContext, rpc: str, rid: str) -> None:
     structlog.contextvars.bind_contextvars(request_id=rid, rpc=rpc)
 
@@ -155,21 +168,49 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         self._enter()
         try:
             first = await self._first_message(request_iterator, engine)
-            rid = request_id(context, first.config.request_id)
-            bind_request(context, "Generate", rid)
-            self._admit(engine)
-            self._num_sessions += 1
-            self.metrics.sessions.set(self._num_sessions)
-            started = time.monotonic()
-            try:
-                async for response in self._run_session(engine, first, rid, request_iterator, context):
-                    yield response
-            finally:
-                self._num_sessions -= 1
-                self.metrics.sessions.set(self._num_sessions)
-                self._session_s = 0.8 * self._session_s + 0.2 * (time.monotonic() - started)
+            async for response in self._session(engine, first, request_iterator, context, "Generate"):
+                yield response
         finally:
             self._leave()
+
+    @rpc_errors
+    async def GenerateOnce(self, request, context):  # type: ignore[no-untyped-def]
+        """A session of one turn: the request is its first message, then a half-close."""
+        first = one_turn(check_decoded(request))
+        engine = self._engine()
+        self._enter()
+        try:
+            async for response in self._session(engine, first, _no_more_input(), context, "GenerateOnce"):
+                yield pb.GenerateOnceResponse.FromString(response.SerializeToString())  # the same fields
+        finally:
+            self._leave()
+
+    @rpc_errors
+    async def GenerateText(self, request, context):  # type: ignore[no-untyped-def]
+        first = one_turn(request)
+        engine = self._engine()
+        self._enter()
+        try:
+            return protos.text_response(
+                [r async for r in self._session(engine, first, _no_more_input(), context, "GenerateText")]
+            )
+        finally:
+            self._leave()
+
+    async def _session(self, engine: Engine, first, request_iterator, context, rpc: str):  # type: ignore[no-untyped-def]
+        rid = request_id(context, first.config.request_id)
+        bind_request(context, rpc, rid)
+        self._admit(engine)
+        self._num_sessions += 1
+        self.metrics.sessions.set(self._num_sessions)
+        started = time.monotonic()
+        try:
+            async for response in self._run_session(engine, first, rid, request_iterator, context):
+                yield response
+        finally:
+            self._num_sessions -= 1
+            self.metrics.sessions.set(self._num_sessions)
+            self._session_s = 0.8 * self._session_s + 0.2 * (time.monotonic() - started)
 
     async def _run_session(self, engine: Engine, first, rid: str, request_iterator, context):  # type: ignore[no-untyped-def]
         params, grammar = await self._session_params(engine, first, rid)
