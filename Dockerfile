@@ -36,6 +36,10 @@ COPY client ./client
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE}
+# llama.cpp's CPU backends link the OpenMP runtime (libgomp.so.1): build-essential brought
+# it into the builder; here it comes alone, without a compiler.
+RUN apt-get update && apt-get install -y --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
 RUN groupadd --gid 10001 llmserve && useradd --create-home --uid 10001 --gid 10001 llmserve
 COPY --from=builder /wheels /wheels
 COPY --from=builder /opt/llama.cpp/backends /opt/llama.cpp/backends

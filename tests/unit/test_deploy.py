@@ -149,6 +149,14 @@ def test_llama_cpp_is_built_for_any_x86_64_cpu() -> None:
         assert f"--from=builder {backends} {backends}" in final.all("COPY")
 
 
+def test_final_stage_has_the_openmp_runtime_the_cpu_backends_link() -> None:
+    # ggml's CPU backends need libgomp.so.1 unless built with GGML_OPENMP=OFF; the builder
+    # has it through build-essential, python:3.11-slim does not.
+    flags = dict(f.removeprefix("-D").split("=", 1) for f in shlex.split(_builder().args()["LLAMA_CMAKE_ARGS"]))
+    if flags.get("GGML_OPENMP", "ON") != "OFF":
+        assert any("apt-get install" in r and "libgomp1" in r for r in dockerfile()[1][-1].all("RUN"))
+
+
 def test_final_stage_has_no_compiler_and_installs_the_built_wheel() -> None:
     global_args, stages = dockerfile()
     final = stages[-1]
