@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import queue
-import threading
 from collections.abc import Iterator, Sequence
 
 import grpc
@@ -21,7 +20,6 @@ class SessionStream:
         self._requests.put(pb.GenerateRequest(config=session_config(**config)))  # type: ignore[arg-type]
         self.call = pb_grpc.LLMServiceStub(channel).Generate(self._iter(), timeout=timeout)
         self._responses: Iterator[pb.GenerateResponse] = iter(self.call)
-        self._pending_turn: tuple[threading.Thread, dict[str, object]] | None = None
 
     def _iter(self) -> Iterator[pb.GenerateRequest]:
         while True:
@@ -57,26 +55,3 @@ class SessionStream:
             else:
                 return "".join(text), ids, response.turn_end
         raise AssertionError("stream ended before the turn end")
-
-    def read_turn_within(self, seconds: float) -> tuple[str, list[int], pb.TurnEnd]:
-        """read_turn, but raise TimeoutError if the turn has not ended in time."""
-        if self._pending_turn is None:
-            box: dict[str, object] = {}
-
-            def run() -> None:
-                try:
-                    box["turn"] = self.read_turn()
-                except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
-                    box["error"] = exc
-
-            thread = threading.Thread(target=run, daemon=True)
-            thread.start()
-            self._pending_turn = (thread, box)
-        thread, box = self._pending_turn
-        thread.join(seconds)
-        if thread.is_alive():
-            raise TimeoutError
-        self._pending_turn = None
-        if "error" in box:
-            raise box["error"]  # type: ignore[misc]
-        return box["turn"]  # type: ignore[return-value]

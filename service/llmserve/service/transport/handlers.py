@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError
 from llmserve.v1 import llmserve_pb2 as pb
 
 from .errors import Undecodable
+from .method_handlers import handler_factory
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["LLMService"]
 
@@ -32,17 +33,11 @@ def _tolerant(cls: Any) -> Callable[[bytes], Any]:
 
 def add_servicer(servicer: Any, server: grpc.aio.Server) -> None:
     """Like the generated add_LLMServiceServicer_to_server, with tolerant deserializers."""
-    kinds = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-    }
     handlers = {}
     for method in _SERVICE.methods:
         request_cls = getattr(pb, method.input_type.name)
         response_cls = getattr(pb, method.output_type.name)
-        make = kinds[(method.client_streaming, method.server_streaming)]
+        make = handler_factory(method.client_streaming, method.server_streaming)
         handlers[method.name] = make(
             getattr(servicer, method.name),
             request_deserializer=_tolerant(request_cls),

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from .errors import Unauthenticated
+from .method_handlers import with_behavior
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 
@@ -33,17 +34,7 @@ def _denying_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         error = Unauthenticated("missing or invalid API key (authorization: Bearer <key>)")
         await context.abort_with_status(error.to_status())
 
-    kind = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }[(handler.request_streaming, handler.response_streaming)]
-    return kind(
-        deny,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+    return with_behavior(handler, deny)
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):

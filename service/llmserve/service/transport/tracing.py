@@ -20,7 +20,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -32,6 +32,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from .. import __version__
 from ..domain import EmbeddingModelInfo, EmbedResult, FinishReason, ModelMeta, SessionParams, TurnEndEvent
+from .method_handlers import observed
 
 SERVICE_NAME = "llmserve"
 _TRACED_PREFIX = "/llmserve.v1.LLMService/"  # health and reflection calls are not traced
@@ -127,40 +128,7 @@ def _traced_handler(handler: grpc.RpcMethodHandler, tracer: trace.Tracer, detail
         structlog.contextvars.bind_contextvars(trace_id=trace.format_trace_id(span.get_span_context().trace_id))
         return rpc
 
-    kinds = {
-        (False, False): (grpc.unary_unary_rpc_method_handler, handler.unary_unary),
-        (False, True): (grpc.unary_stream_rpc_method_handler, handler.unary_stream),
-        (True, False): (grpc.stream_unary_rpc_method_handler, handler.stream_unary),
-        (True, True): (grpc.stream_stream_rpc_method_handler, handler.stream_stream),
-    }
-    make, inner = kinds[(handler.request_streaming, handler.response_streaming)]
-
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        rpc, error = begin(), None
-        try:
-            return await inner(request, context)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            _end(rpc, context, error)
-
-    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        rpc, error = begin(), None
-        try:
-            async for response in inner(request, context):
-                yield response
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            _end(rpc, context, error)
-
-    return make(
-        streaming if handler.response_streaming else unary,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+    return observed(handler, begin, _end)
 
 
 def _status_name(context: grpc.aio.ServicerContext, error: BaseException | None) -> str:
