@@ -39,7 +39,7 @@ compose-tool:
 # says why each is needed). Installed as root when missing; otherwise those tests skip.
 GO_APT   := golang-go protoc-gen-go protoc-gen-go-grpc golang-github-golang-protobuf-1-5-dev \
 	golang-google-grpc-dev golang-google-genproto-dev
-CPP_APT  := protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev pkg-config
+CPP_APT  := g++ protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev pkg-config
 JAVA_APT := protobuf-compiler protobuf-compiler-grpc-java-plugin libgrpc-java libprotobuf-java libguava-java \
 	libnetty-java libperfmark-java libgoogle-gson-java libgeronimo-annotation-1.3-spec-java \
 	openjdk-17-jdk-headless

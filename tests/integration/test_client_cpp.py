@@ -1,0 +1,54 @@
+"""The C++ client (client/examples/cpp: stubs from `make gen`, Debian 12's gRPC) runs the
+shared client scenario (tests/client_scenario.py) against the real server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.client_scenario import check
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = ROOT / "client" / "examples" / "cpp" / "build.sh"
+GENERATED = ROOT / "gen" / "cpp" / "llmserve" / "v1" / "llmserve.grpc.pb.cc"
+
+
+def missing_toolchain() -> str | None:
+    """Why the C++ client cannot be built here, or None."""
+    if shutil.which("g++") is None:
+        return "g++ is not installed (apt-get install g++)"
+    if shutil.which("pkg-config") is None:
+        return "pkg-config is not installed (make client-tools)"
+    if subprocess.run(["pkg-config", "--exists", "grpc++", "protobuf"]).returncode != 0:
+        return "pkg-config finds no grpc++/protobuf (make client-tools: libgrpc++-dev libprotobuf-dev)"
+    if not GENERATED.exists():
+        return "gen/cpp has no generated code: run `make gen` (python -m tools.gen --lang cpp)"
+    return None
+
+
+MISSING = missing_toolchain()
+
+
+@pytest.mark.skipif(MISSING is not None, reason=f"C++ client not built: {MISSING}")
+def test_cpp_client_runs_the_scenario(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    started = time.monotonic()
+    build = subprocess.run(["sh", str(BUILD), str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert build.returncode == 0, build.stdout + build.stderr
+    built = time.monotonic()
+    run = subprocess.run(
+        [str(tmp_path / "scenario")],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=180,
+        env={**os.environ, "LLMSERVE_ADDRESS": server.address},
+    )
+    print(f"C++ client: build {built - started:.0f} s, scenario {time.monotonic() - built:.0f} s")
+    print(run.stdout)
+    assert run.returncode == 0, run.stdout + run.stderr
+    check(run.stdout, server.address)
