@@ -104,4 +104,4 @@ proto: install $(BUF)
 	$(PY) -m tools.gen --lang python
 
 clean:
-	rm -rf $(VENV) node_modules build gen client/node/src/gen *.egg-info
+	rm -rf $(VENV) node_modules build gen client/node/src/gen client/node/dist *.egg-info

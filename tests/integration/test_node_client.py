@@ -1,24 +1,87 @@
-"""The Node.js client (client/node, @grpc/grpc-js + proto-loader) against the real server."""
+"""The TypeScript client (client/node: @bufbuild/protobuf + Connect, generated types) against
+the real server: its node:test suite, and the client scenario (tests/client_scenario.py).
+
+Needs node (>= 20), `npm ci` in client/node (`make tools`) and the generated code in
+client/node/src/gen (`make gen`); without them the tests skip and say which is missing.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests import client_scenario
+from tests.conftest import RunningServer, start_server, stop_server
+
 NODE_DIR = Path(__file__).resolve().parents[2] / "client" / "node"
+API_KEY = "node-client-key"
+NODE_TESTS = 19  # test/*.test.ts, the API-key one included
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
-def test_node_client_streams_generate_and_embed(server) -> None:  # type: ignore[no-untyped-def]
-    assert (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").exists(), "run `make tools` (npm ci in client/node)"
+def _missing() -> str | None:
+    node = shutil.which("node")
+    if node is None:
+        return "node is not installed"
+    version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()
+    if int(version.lstrip("v").split(".")[0]) < 20:
+        return f"node {version} is too old (client/node needs >= 20)"
+    if not (NODE_DIR / "node_modules" / ".bin" / "tsc").exists():
+        return "client/node has no node_modules: run `make tools` (npm ci in client/node)"
+    if not (NODE_DIR / "src" / "gen" / "llmserve" / "v1" / "llmserve_pb.ts").exists():
+        return "client/node/src/gen is missing: run `make gen` (python -m tools.gen --lang ts)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+
+
+@pytest.fixture(scope="module")
+def built() -> Path:
+    """`npm run build`: tsc compiles src/, examples/ and test/ into dist/."""
+    out = subprocess.run(["npm", "run", "build"], cwd=NODE_DIR, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return NODE_DIR / "dist"
+
+
+@pytest.fixture(scope="module")
+def key_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A small second server that requires `authorization: Bearer API_KEY`."""
+    directory = tmp_path_factory.mktemp("node-api-key")
+    running = start_server(["-np", "1", "-c", "2048", "-t", "2", "--api-key", API_KEY], directory / "server.log")
+    yield running
+    assert stop_server(running) == 0
+
+
+def test_node_client_suite(server, key_server, built: Path) -> None:  # type: ignore[no-untyped-def]
+    tests = sorted(str(p.relative_to(NODE_DIR)) for p in (built / "test").glob("*.test.js"))
+    env = {
+        **os.environ,
+        "LLMSERVE_ADDRESS": server.address,
+        "LLMSERVE_API_KEY_ADDRESS": key_server.address,
+        "LLMSERVE_API_KEY": API_KEY,
+    }
     out = subprocess.run(
-        ["node", "--test", "test/"], cwd=NODE_DIR, capture_output=True, text=True, timeout=120,
+        ["node", "--test", "--test-concurrency=1", *tests],
+        cwd=NODE_DIR, capture_output=True, text=True, timeout=600, env=env,
+    )
+    print(out.stdout[-3000:])
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+    counts = dict(re.findall(r"^# (pass|fail|skipped|cancelled) (\d+)$", out.stdout, re.MULTILINE))
+    assert counts == {"pass": str(NODE_TESTS), "fail": "0", "skipped": "0", "cancelled": "0"}, out.stdout[-3000:]
+
+
+def test_node_client_scenario(server, built: Path) -> None:  # type: ignore[no-untyped-def]
+    out = subprocess.run(
+        ["node", str(built / "examples" / "scenario.js")],
+        cwd=NODE_DIR, capture_output=True, text=True, timeout=300,
         env={**os.environ, "LLMSERVE_ADDRESS": server.address},
     )
-    print(out.stdout[-2000:])
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "# pass 3" in out.stdout and "# fail 0" in out.stdout
+    steps = client_scenario.check(out.stdout, server.address)
+    assert steps["bad_request"]["field"] == "config.stopping.max_tokens"

@@ -1,0 +1,152 @@
+/**
+ * Building request messages: inputs (text, token ids, chat messages) and session
+ * configs from flat options, as the Python SDK's `make_input` / `session_config`.
+ *
+ * @module
+ */
+import { create, isMessage, type MessageInitShape } from "@bufbuild/protobuf";
+import {
+  ConstraintSchema,
+  EmbedRequestSchema,
+  InputSchema,
+  OutputOptionsSchema,
+  SamplingParamsSchema,
+  SessionConfigSchema,
+  StoppingCriteriaSchema,
+  StringListSchema,
+  type EmbedRequest,
+  type Input,
+  type SamplingParams,
+  type SessionConfig,
+} from "./gen/llmserve/v1/llmserve_pb.js";
+
+/** A chat message: rendered with the model's chat template. */
+export interface ChatMessageInit {
+  role: string;
+  content: string;
+}
+
+/** What a turn or an embedding input can be: text, token ids, chat messages, or an Input. */
+export type Prompt = string | readonly number[] | readonly ChatMessageInit[] | Input;
+
+/** The SamplingParams fields, by their TypeScript names (temperature, topK, seed, ...). */
+export type SamplingOptions = Omit<MessageInitShape<typeof SamplingParamsSchema>, "$typeName" | "drySequenceBreakers"> & {
+  /** DRY's sequence breakers (default ["\n", ":", "\"", "*"]). */
+  drySequenceBreakers?: string[];
+};
+
+/**
+ * A session's configuration as flat options (every SessionConfig field has one);
+ * undefined leaves a field unset, i.e. the server's default.
+ *
+ * Session: `requestId`, `sessionId`, `priority`, `addBos`, `n` (samples per turn).
+ * Stopping: `maxTokens`, `minTokens`, `stop`, `stopTokenIds`, `ignoreEos`.
+ * Output: `logprobs` (each sampled token's logprob), `topLogprobs`, `promptLogprobs`,
+ * `includeSpecial`. Constraint: `grammar` (GBNF) or `jsonSchema` (string or object).
+ * Sampling: every SamplingParams field (`temperature`, `topK`, `seed`, `logitBias`, ...).
+ * `config`: a SessionConfig init merged under the flat options.
+ */
+export type GenerateConfig = SamplingOptions & {
+  requestId?: string;
+  sessionId?: string;
+  priority?: number;
+  addBos?: boolean;
+  n?: number;
+  maxTokens?: number;
+  minTokens?: number;
+  stop?: string[];
+  stopTokenIds?: number[];
+  ignoreEos?: boolean;
+  logprobs?: boolean;
+  topLogprobs?: number;
+  promptLogprobs?: boolean;
+  includeSpecial?: boolean;
+  grammar?: string;
+  jsonSchema?: string | Record<string, unknown>;
+  config?: MessageInitShape<typeof SessionConfigSchema>;
+};
+
+const SESSION_KEYS = new Set([
+  "requestId", "sessionId", "priority", "addBos", "n", "maxTokens", "minTokens", "stop", "stopTokenIds",
+  "ignoreEos", "logprobs", "topLogprobs", "promptLogprobs", "includeSpecial", "grammar", "jsonSchema", "config",
+]);
+/** Keys of call options that may ride along in the same object; not config. */
+const CALL_KEYS = new Set(["timeoutMs", "signal", "headers"]);
+const SAMPLING_KEYS = new Set(SamplingParamsSchema.fields.map((f) => f.localName));
+
+/** An Input from text, token ids, or chat messages (`[{role, content}, ...]`). */
+export function makeInput(prompt: Prompt): Input {
+  if (isMessage(prompt, InputSchema)) return prompt;
+  if (typeof prompt === "string") return create(InputSchema, { kind: { case: "text", value: prompt } });
+  const items = prompt as readonly (number | ChatMessageInit)[];
+  if (items.length > 0 && typeof items[0] === "object") {
+    const messages = (items as readonly ChatMessageInit[]).map((m) => ({ role: m.role, content: m.content }));
+    return create(InputSchema, { kind: { case: "messages", value: { messages } } });
+  }
+  return create(InputSchema, { kind: { case: "tokens", value: { ids: [...(items as readonly number[])] } } });
+}
+
+/** SamplingParams from its field names; undefined leaves a field unset. */
+export function samplingParams(options: SamplingOptions, into?: SamplingParams): SamplingParams {
+  const { drySequenceBreakers, ...plain } = options;
+  const params = into ?? create(SamplingParamsSchema);
+  for (const [key, value] of Object.entries(plain)) {
+    if (value !== undefined) (params as unknown as Record<string, unknown>)[key] = value;
+  }
+  if (drySequenceBreakers) params.drySequenceBreakers = create(StringListSchema, { values: drySequenceBreakers });
+  return params;
+}
+
+/** A SessionConfig from flat options (see {@link GenerateConfig}). Unknown keys throw. */
+export function sessionConfig(options: GenerateConfig = {}): SessionConfig {
+  const sampling: Record<string, unknown> = {};
+  for (const [key, value] of Object.entries(options)) {
+    if (value === undefined || SESSION_KEYS.has(key) || CALL_KEYS.has(key)) continue;
+    if (!SAMPLING_KEYS.has(key)) {
+      throw new TypeError(`unknown option ${JSON.stringify(key)}: neither a SessionConfig nor a SamplingParams field`);
+    }
+    sampling[key] = value;
+  }
+  const o = options;
+  if (o.grammar !== undefined && o.jsonSchema !== undefined) throw new TypeError("give grammar or jsonSchema, not both");
+  const config = create(SessionConfigSchema, o.config ?? {});
+  if (o.requestId !== undefined) config.requestId = o.requestId;
+  if (o.sessionId !== undefined) config.sessionId = o.sessionId;
+  if (o.priority !== undefined) config.priority = o.priority;
+  if (o.addBos !== undefined) config.addBos = o.addBos;
+  if (o.n !== undefined) config.n = o.n;
+  config.sampling = samplingParams(sampling as SamplingOptions, config.sampling);
+  const stopping = (config.stopping ??= create(StoppingCriteriaSchema));
+  if (o.maxTokens !== undefined) stopping.maxTokens = o.maxTokens;
+  if (o.minTokens !== undefined) stopping.minTokens = o.minTokens;
+  if (o.stop !== undefined) stopping.stop = [...o.stop];
+  if (o.stopTokenIds !== undefined) stopping.stopTokenIds = [...o.stopTokenIds];
+  if (o.ignoreEos !== undefined) stopping.ignoreEos = o.ignoreEos;
+  const output = (config.output ??= create(OutputOptionsSchema));
+  const top = o.topLogprobs ?? (o.logprobs ? 0 : undefined);
+  if (top !== undefined) output.topLogprobs = top;
+  if (o.promptLogprobs !== undefined) output.promptLogprobs = o.promptLogprobs;
+  if (o.includeSpecial !== undefined) output.includeSpecial = o.includeSpecial;
+  if (o.grammar !== undefined) {
+    config.constraint = create(ConstraintSchema, { kind: { case: "grammar", value: o.grammar } });
+  } else if (o.jsonSchema !== undefined) {
+    const value = typeof o.jsonSchema === "string" ? o.jsonSchema : JSON.stringify(o.jsonSchema);
+    config.constraint = create(ConstraintSchema, { kind: { case: "jsonSchema", value } });
+  }
+  return config;
+}
+
+/** Embed's options. */
+export interface EmbedOptionsInit {
+  /** L2-normalize (default true). */
+  normalize?: boolean;
+  /** Cut inputs to one ubatch instead of failing with INVALID_ARGUMENT. */
+  truncate?: boolean;
+  /** Add the model's special tokens to text inputs (default true). */
+  addBos?: boolean;
+}
+
+/** One EmbedRequest; `options` go on the stream's first message only. */
+export function embedRequest(inputs: Input[], options?: EmbedOptionsInit): EmbedRequest {
+  return create(EmbedRequestSchema, { inputs, ...(options ? { options } : {}) });
+}

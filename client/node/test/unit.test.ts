@@ -1,0 +1,85 @@
+// No server: the interceptors (API key, retries) and the error decoding, over an
+// in-memory Connect router that implements LLMService.
+import assert from "node:assert/strict";
+import { create } from "@bufbuild/protobuf";
+import { DurationSchema } from "@bufbuild/protobuf/wkt";
+import { createRouterTransport } from "@connectrpc/connect";
+import { test } from "node:test";
+import { Client, Code, ConnectError, ResourceExhausted, Unauthenticated, pb, parseGrpcTimeout, sessionConfig } from "../src/index.js";
+import { clientInterceptors, type ClientOptions } from "../src/connection.js";
+import { BadRequestSchema, RetryInfoSchema } from "../src/gen/google/rpc/error_details_pb.js";
+
+/** A client over an in-memory LLMService whose GetModelInfo runs `handler`. */
+function fakeClient(options: ClientOptions, handler: (headers: Headers) => pb.ModelInfo) {
+  const transport = createRouterTransport(
+    ({ service }) =>
+      service(pb.LLMService, {
+        getModelInfo: (_req, ctx) => handler(ctx.requestHeader),
+      }),
+    { transport: { interceptors: clientInterceptors(options) } },
+  );
+  return new Client({ ...options, transport });
+}
+
+test("the API key goes out as authorization: Bearer, with the extra headers", async () => {
+  const seen: (string | null)[] = [];
+  const client = fakeClient({ apiKey: "s3cret", headers: { traceparent: "00-abc-def-01" } }, (h) => {
+    seen.push(h.get("authorization"), h.get("traceparent"));
+    return create(pb.ModelInfoSchema, { name: "fake" });
+  });
+  assert.equal((await client.modelInfo()).name, "fake");
+  assert.deepEqual(seen, ["Bearer s3cret", "00-abc-def-01"]);
+});
+
+test("a wrong key is Unauthenticated and is not retried", async () => {
+  let calls = 0;
+  const client = fakeClient({ apiKey: "wrong" }, () => {
+    calls++;
+    throw new ConnectError("bad key", Code.Unauthenticated);
+  });
+  await assert.rejects(client.modelInfo(), Unauthenticated);
+  assert.equal(calls, 1);
+});
+
+test("RESOURCE_EXHAUSTED is retried after the pushback; RetryInfo becomes retryAfterMs", async () => {
+  let calls = 0;
+  const started = Date.now();
+  const client = fakeClient({ retries: { initialBackoffMs: 5000 } }, () => {
+    if (++calls < 3) {
+      const err = new ConnectError("queue full", Code.ResourceExhausted, { "grpc-retry-pushback-ms": "30" }, [
+        { desc: RetryInfoSchema, value: { retryDelay: create(DurationSchema, { nanos: 30_000_000 }) } },
+      ]);
+      throw err;
+    }
+    return create(pb.ModelInfoSchema, { name: "after retries" });
+  });
+  assert.equal((await client.modelInfo()).name, "after retries");
+  assert.equal(calls, 3);
+  assert.ok(Date.now() - started < 2000, "waited the pushback, not the 5 s backoff");
+
+  const noRetry = fakeClient({ retries: false }, () => {
+    throw new ConnectError("queue full", Code.ResourceExhausted, {}, [
+      { desc: RetryInfoSchema, value: { retryDelay: create(DurationSchema, { seconds: 2n, nanos: 500_000_000 }) } },
+      { desc: BadRequestSchema, value: { fieldViolations: [{ field: "f", description: "d" }] } },
+    ]);
+  });
+  const err = await noRetry.modelInfo().catch((e: unknown) => e);
+  assert.ok(err instanceof ResourceExhausted);
+  assert.equal(err.retryAfterMs, 2500);
+  assert.deepEqual(err.fieldViolations, [{ field: "f", description: "d" }]);
+});
+
+test("sessionConfig maps flat options onto SessionConfig", () => {
+  const config = sessionConfig({ temperature: 0, maxTokens: 12, stop: ["\n"], logprobs: true, drySequenceBreakers: ["x"],
+    jsonSchema: { type: "object" }, sessionId: "s1" });
+  assert.equal(config.sampling?.temperature, 0);
+  assert.equal(config.stopping?.maxTokens, 12);
+  assert.deepEqual(config.stopping?.stop, ["\n"]);
+  assert.equal(config.output?.topLogprobs, 0);
+  assert.deepEqual(config.sampling?.drySequenceBreakers?.values, ["x"]);
+  assert.deepEqual(config.constraint?.kind, { case: "jsonSchema", value: '{"type":"object"}' });
+  assert.equal(config.sessionId, "s1");
+  assert.throws(() => sessionConfig({ temprature: 1 } as never), TypeError);
+  assert.equal(parseGrpcTimeout("250m"), 250);
+  assert.equal(parseGrpcTimeout("3S"), 3000);
+});
