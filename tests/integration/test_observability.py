@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ def test_every_log_line_is_json_and_calls_carry_the_request_id(server) -> None: 
             )
         )
     assert all(r.request_id == "rid-from-metadata-42" for r in responses)
+    _goaway_with_error(server.address)  # gRPC's core logs that at INFO unless told not to
     time.sleep(0.2)
     lines = [json.loads(line) for line in server.log_path.read_text().splitlines() if line.strip()]
     mine = [line for line in lines if line.get("request_id") == "rid-from-metadata-42"]
@@ -37,6 +39,15 @@ def test_every_log_line_is_json_and_calls_carry_the_request_id(server) -> None: 
     events = {line["event"] for line in lines}
     assert {"model_loaded", "n_batch_clamped_for_embeddings", "serving"} <= events
     assert any(line["event"] == "llama_cpp" for line in lines)  # llama.cpp's log, as JSON
+
+
+def _goaway_with_error(address: str) -> None:
+    """An HTTP/2 client that says GOAWAY with error code 8 (CANCEL), as some clients do."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        sock.sendall(b"\x00\x00\x08\x07\x00\x00\x00\x00\x00" + (0).to_bytes(4, "big") + (8).to_bytes(4, "big"))
+        time.sleep(0.3)
 
 
 def _scrape(port: int) -> str:
