@@ -1,6 +1,6 @@
 """Speculative decoding and the prefill budget, llmserve vs llama-server (issue 15).
 
-    python -m bench.speculative [--out docs/benchmarks.md]
+    python -m bench.speculative [--out docs/benchmarks.md] [--scenarios mixed,fresh] [--only NAME]
 
 Scenarios (greedy; servers measured one at a time, alternately):
 * extractive: "repeat the passage above" on ~150-token passages, 160 new tokens, c = 1, 4, 16:
@@ -32,6 +32,7 @@ WORDS = ("river stone market window garden engine letter silver morning harbor w
          "lantern village bridge copper meadow signal orchard").split()
 
 
+SCENARIOS = ("extractive", "plain", "mixed", "fresh")
 MIXED_WORDS = 1300  # about 1,400 tokens
 FRESH_WORDS = 840  # about 900 tokens
 
@@ -91,7 +92,8 @@ async def _mixed_peer(url: str) -> dict[str, float]:
 def _mixed_summary(streams: loadgen.LevelResult, long: loadgen.LevelResult) -> dict[str, float]:
     s = streams.summary()
     return {"itl_p50": s["itl_p50_ms"], "itl_p99": s["itl_p99_ms"], "itl_max": max(streams.itl_ms),
-            "long_ttft_min": min(long.ttft_ms), "long_ttft_max": max(long.ttft_ms)}
+            "long_ttft_min": min(long.ttft_ms), "long_ttft_max": max(long.ttft_ms), "itl_ms": list(streams.itl_ms),
+            "long_ttft_s": sorted(t / 1000 for t in long.ttft_ms)}
 
 
 async def _fresh_long(address: str | None, url: str | None) -> float:
@@ -121,7 +123,11 @@ def main() -> None:
     parser.add_argument("--llama-server", type=Path, default=DEFAULT_BUILD / "llama-server")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--only", default="", help="run only the servers whose name contains this")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated subset of {SCENARIOS}")
     args = parser.parse_args()
+    scenarios = set(args.scenarios.split(","))
+    if scenarios - set(SCENARIOS):
+        parser.error(f"unknown scenarios {sorted(scenarios - set(SCENARIOS))}")
     logs = ROOT / "build" / "bench-logs"
     logs.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
@@ -132,6 +138,7 @@ def main() -> None:
     peers = {"llama-server, no speculation": ctx, "llama-server --spec-type ngram-simple": (*ctx, "--spec-type", "ngram-simple"),
              "llama-server --spec-type ngram-mod": (*ctx, "--spec-type", "ngram-mod")}
     table: dict[str, dict[str, str]] = {}
+    mixed_itls: dict[str, list[float]] = {}
     sizes = ""
     for name, flags in [*ours.items(), *peers.items()]:
         is_peer = name.startswith("llama")
@@ -147,24 +154,29 @@ def main() -> None:
             if not sizes:
                 sizes = "prompts of ~150 tokens"
             row = table.setdefault(name, {})
-            for level in ext_levels:
+            for level in ext_levels if "extractive" in scenarios else ():
                 run = loadgen.peer_level if is_peer else loadgen.llmserve_level
                 r = asyncio.run(run(url, level, 2 if level == 1 else 1, 160, extractive))
                 row[f"ext{level}"] = f"{r.tokens_per_s:.1f}"
                 print(name, "extractive", level, _row(r.summary()), flush=True)
             if "ngram-mod" in name or ("simple" in name and is_peer):
                 continue
-            for level in plain_levels:
+            for level in plain_levels if "plain" in scenarios else ():
                 run = loadgen.peer_level if is_peer else loadgen.llmserve_level
                 r = asyncio.run(run(url, level, 1, 64))
                 row[f"plain{level}"] = f"{r.tokens_per_s:.1f}"
                 print(name, "plain", level, _row(r.summary()), flush=True)
-            mixed = asyncio.run(_mixed_peer(url) if is_peer else _mixed_llmserve(url))
-            row["mixed"] = (f"{mixed['itl_p50']:.0f} / {mixed['itl_p99']:.0f} / {mixed['itl_max']:.0f} ms, long TTFT "
-                            f"{mixed['long_ttft_min'] / 1000:.1f}-{mixed['long_ttft_max'] / 1000:.1f} s")
-            print(name, "mixed", row["mixed"], flush=True)
-            row["fresh"] = f"{asyncio.run(_fresh_long(None if is_peer else url, url if is_peer else None)):.0f}"
-            print(name, "fresh long TTFT", row["fresh"], flush=True)
+            if "mixed" in scenarios:
+                mixed = asyncio.run(_mixed_peer(url) if is_peer else _mixed_llmserve(url))
+                mixed_itls[name] = mixed["itl_ms"]
+                ttfts = mixed["long_ttft_s"]
+                row["mixed"] = (f"{mixed['itl_p50']:.0f} / {mixed['itl_p99']:.0f} / {mixed['itl_max']:.0f} ms "
+                                f"(p99 = {mixed['itl_p99'] / mixed['itl_p50']:.2f}x p50) | "
+                                + ", ".join(f"{t:.1f}" for t in ttfts) + f" s (mean {statistics.mean(ttfts):.1f})")
+                print(name, "mixed", row["mixed"], flush=True)
+            if "fresh" in scenarios:
+                row["fresh"] = f"{asyncio.run(_fresh_long(None if is_peer else url, url if is_peer else None)):.0f}"
+                print(name, "fresh long TTFT", row["fresh"], flush=True)
         finally:
             stop(process)
     lines.append(f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with `python -m bench.speculative`; "
@@ -175,19 +187,52 @@ def main() -> None:
     lines.append("|---|" + "---|" * len(cols))
     for name, row in table.items():
         lines.append(f"| {name} | " + " | ".join(row.get(c, "") for c in cols) + " |")
-    lines.append("\n| server | mixed load: ITL p50 / p99 / max of 8 streams, TTFT of 4 long prompts | fresh ~900-token prompt TTFT ms |")
-    lines.append("|---|---|---|")
+    lines.append("\n| server | mixed load: ITL p50 / p99 / max of the 8 streams | TTFT of the 4 long prompts | "
+                 "fresh ~900-token prompt TTFT ms |")
+    lines.append("|---|---|---|---|")
     for name, row in table.items():
-        if "mixed" in row:
-            lines.append(f"| {name} | {row['mixed']} | {row['fresh']} |")
+        if "mixed" in row or "fresh" in row:
+            lines.append(f"| {name} | {row.get('mixed', ' | ')} | {row.get('fresh', '')} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
+        plot = args.out.with_name("benchmarks-speculative.png")
+        _plot(plot, table, cols, mixed_itls)
+        text += f"\n![extractive and plain tokens/s; inter-token latency under the mixed load]({plot.name})\n"
         body = args.out.read_text()
         marker = "<!-- speculative -->"
         head = body.split(marker)[0].rstrip() + "\n\n" if marker in body else body.rstrip() + "\n\n## Speculative decoding and the prefill budget\n\n"
         tail = body.split(marker)[2] if body.count(marker) >= 2 else ""
         args.out.write_text(head + marker + "\n" + text + marker + tail)
+
+
+def _plot(path: Path, table: dict[str, dict[str, str]], cols: list[str], mixed_itls: dict[str, list[float]]) -> None:
+    """Tokens/s per scenario column and server; the CDF of the 8 streams' inter-token
+    latency under the mixed load."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.5))
+    measured = [c for c in cols if any(c in row for row in table.values())]
+    width = 0.8 / max(len(table), 1)
+    for i, (name, row) in enumerate(table.items()):
+        values = [float(row[c]) if c in row else 0.0 for c in measured]
+        a.bar([x + i * width for x in range(len(measured))], values, width, label=name)
+    a.set_xticks([x + 0.4 - width / 2 for x in range(len(measured))], [c.replace("ext", "extr. c=").replace("plain", "plain c=") for c in measured])
+    a.set(ylabel="generated tokens/s", title="Throughput (greedy)")
+    a.legend(fontsize=7)
+    for name, itl in mixed_itls.items():
+        ordered = sorted(itl)
+        b.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], label=name)
+    b.set(xscale="log", xlabel="inter-token latency, ms (log)", ylabel="fraction of tokens",
+          title="Mixed load: 8 streams while 4 long prompts arrive")
+    b.legend(fontsize=7)
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def _model() -> Path:

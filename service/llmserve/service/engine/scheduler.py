@@ -3,8 +3,11 @@
 Per generation step: one decode token for every generating sequence first (so
 streams never stall behind long prompts), then draft rows for the sequences that
 speculate (`max_draft_rows` with one decoding sequence, half with two, none with
-more: under batching verify rows cost real compute), then prompt chunks shared
-fairly across prefilling sequences, until `n_batch` tokens. While any sequence
+more: under batching verify rows cost real compute), then prompt chunks until `n_batch`
+tokens: the prompt that has waited longest gets at least an equal share of the budget
+(no prompt starves), the rest goes to the prompts closest to done (shortest remaining
+first: a short chat turn is not queued behind a long document, and long prompts finish
+one after another instead of all together at the end, as equal shares made them). While any sequence
 decodes, prompt chunks are capped at `prefill_budget` tokens per step so that a long
 prompt cannot stall every stream (vLLM's chunked prefill); with nothing decoding a
 prompt gets all of `n_batch`. The executor may move `prefill_budget` every step
@@ -63,8 +66,9 @@ class Scheduler:
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
         self.max_embed_seqs = max_embed_seqs
-        self._last_prefill_key = -1
         self._last_was_embedding = False
+        self._num_plans = 0
+        self._prefill_since: dict[int, int] = {}  # key -> the plan its waiting prompt first showed up in
 
     def plan(self, demands: Sequence[SeqDemand], embed_sizes: Sequence[int]) -> StepPlan:
         """Plan one step. `embed_sizes` are the token counts of queued embedding inputs."""
@@ -93,13 +97,26 @@ class Scheduler:
         budget = self.n_batch - len(decode) - sum(n for _, n in drafts)
         if decode and self.prefill_budget is not None:
             budget = min(budget, self.prefill_budget)
-        waiting = sorted((d for d in demands if d.num_prefill > 0), key=lambda d: d.key)
-        # Round-robin: start after the sequence that started last step.
-        start = next((i for i, d in enumerate(waiting) if d.key > self._last_prefill_key), 0)
-        prefill = _fair_shares([(d.key, d.num_prefill) for d in waiting[start:] + waiting[:start]], budget)
-        if prefill:
-            self._last_prefill_key = prefill[0][0]
+        prefill = self._share_prefill([d for d in demands if d.num_prefill > 0], budget)
         return StepPlan(decode=decode, prefill=tuple(prefill), drafts=tuple(drafts))
+
+    def _share_prefill(self, waiting: list[SeqDemand], budget: int) -> list[tuple[int, int]]:
+        """The oldest waiting prompt gets at least an equal share; the rest of the budget
+        goes shortest-remaining first (ties: the older first)."""
+        self._num_plans += 1
+        since = {d.key: self._prefill_since.get(d.key, self._num_plans) for d in waiting}
+        self._prefill_since = since
+        if not waiting or budget <= 0:
+            return []
+        oldest = min(waiting, key=lambda d: (since[d.key], d.key))
+        granted = {oldest.key: min(oldest.num_prefill, max(budget // len(waiting), 1))}
+        left = budget - granted[oldest.key]
+        for d in sorted(waiting, key=lambda d: (d.num_prefill - granted.get(d.key, 0), since[d.key], d.key)):
+            extra = min(d.num_prefill - granted.get(d.key, 0), left)
+            if extra > 0:
+                granted[d.key] = granted.get(d.key, 0) + extra
+                left -= extra
+        return list(granted.items())
 
     def _grant_drafts(self, wanting: list[SeqDemand], num_decoding: int) -> list[tuple[int, int]]:
         # Decode and draft rows lead the batch and stay in its first ubatch: llama.cpp then
