@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     f = EnvFlags(serve)
     f.add("-m", "--model", type=Path, help="GGUF model file (default: gemma-3-270m Q4_K_M from PyPI)")
-    f.add("-c", "--ctx-size", type=int, default=d.n_ctx, help="total KV context, shared by all slots")
+    f.add("-c", "--ctx-size", type=int, default=d.n_ctx, help="total KV context; each slot gets ctx-size / parallel")
     f.add("-np", "--parallel", type=int, help=f"slots: sessions served at once (unset: {DEFAULT_PARALLEL}, llama-server's auto)")
     f.add("-b", "--batch-size", type=int, default=d.n_batch, help="logical batch: max tokens per step")
     f.add("-ub", "--ubatch-size", type=int, default=d.n_ubatch, help="physical batch; the max embedding input")
@@ -96,6 +96,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add("-ctk", "--cache-type-k", default=d.cache_type_k, help=f"K cache type: {', '.join(CACHE_TYPES)}")
     f.add("-ctv", "--cache-type-v", default=d.cache_type_v, help="V cache type (quantized V needs flash attention)")
     f.add("-fa", "--flash-attn", default=d.flash_attn, help="flash attention: on, off or auto")
+    f.switch("-kvu", "--kv-unified", help="one KV buffer shared by all slots (default: one stream per slot, "
+             "so a prompt attends only to its own slot's cells)")
     f.switch("--context-shift", help="at a slot's context limit drop the oldest tokens (after --keep) and go on")
     f.add("--keep", type=int, default=d.n_keep, help="tokens kept at the start on a context shift (BOS always kept)")
     f.add("--session-dir", type=Path, help="save sessions with a session_id here, to restore them after a restart")
@@ -152,6 +154,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         cache_type_k=args.cache_type_k,
         cache_type_v=args.cache_type_v,
         flash_attn=args.flash_attn,
+        kv_unified=args.kv_unified,
         context_shift=args.context_shift,
         n_keep=args.keep,
         session_dir=args.session_dir,

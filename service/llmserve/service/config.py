@@ -48,7 +48,8 @@ def check_kv_config(cache_type_k: str, cache_type_v: str, flash_attn: str) -> No
 @dataclass(frozen=True)
 class ServerConfig:
     model_path: Path | None = None  # None: the default PyPI model
-    n_ctx: int = 8192  # total KV cells, shared by all slots (unified cache)
+    n_ctx: int = 8192  # total KV cells: n_ctx / n_parallel per slot
+    kv_unified: bool = False  # one KV buffer for all slots (llama-server's -kvu); off: one stream per slot
     n_parallel: int = 4
     n_parallel_auto: bool = False  # -np was not given: llama-server's auto value
     n_batch: int = 2048

@@ -1,7 +1,7 @@
 """KV slot allocator: maps sessions to llama.cpp sequence ids (pure, no llama_cpp).
 
-Each of the `num_slots` slots is one sequence id in the shared (unified) KV
-cache and holds at most `max_tokens_per_slot` cells, so all slots together never
+Each of the `num_slots` slots is one sequence id of the KV cache (one stream per
+slot, or one unified buffer) and holds at most `max_tokens_per_slot` cells, so all slots together never
 need more cells than the context has: a decode never fails for lack of room.
 
 A slot whose session ended stays *idle* with its tokens still in the KV: a
@@ -105,11 +105,18 @@ MIN_PREFIX_REUSE = 8
 class SlotAllocator:
     """Hands out sequence ids 0..num_slots-1 to sessions; idle slots cache prefixes."""
 
-    def __init__(self, num_slots: int, max_tokens_per_slot: int, min_prefix_reuse: int = MIN_PREFIX_REUSE) -> None:
+    def __init__(
+        self, num_slots: int, max_tokens_per_slot: int, min_prefix_reuse: int = MIN_PREFIX_REUSE,
+        keep_busy_together: bool = False,
+    ) -> None:
+        """`keep_busy_together`: a session with no prefix to reuse takes an idle slot next to a
+        busy one (the least recently used of those), so busy sequence ids stay in runs: with
+        one KV stream per slot each run of consecutive ids is one ubatch of a decode step."""
         if num_slots < 1 or max_tokens_per_slot < 2:
             raise ValueError("need at least one slot of at least two tokens")
         self.max_tokens_per_slot = max_tokens_per_slot
         self.min_prefix_reuse = min_prefix_reuse
+        self.keep_busy_together = keep_busy_together
         self.slots = [Slot(seq_id=i) for i in range(num_slots)]
         self._clock = 0
 
@@ -142,11 +149,17 @@ class SlotAllocator:
         # ran last time, with the same saved logits.
         best = max(idle, key=lambda s: (common_prefix_length(s.tokens, prompt), s.last_used))
         if not self.reusable(common_prefix_length(best.tokens, prompt), len(prompt)):
-            best = min(idle, key=lambda s: s.last_used)
+            best = min(idle, key=lambda s: (not self._next_to_busy(s), s.last_used))
         best.busy = True
         best.num_confirmed = 0
         self._touch(best)
         return best
+
+    def _next_to_busy(self, slot: Slot) -> bool:
+        if not self.keep_busy_together:
+            return False
+        neighbours = self.slots[max(slot.seq_id - 1, 0) : slot.seq_id + 2]
+        return any(s.busy for s in neighbours)
 
     def reusable(self, num_matched: int, num_prompt: int) -> bool:
         """Whether a cached prefix of `num_matched` tokens is worth reusing."""

@@ -39,6 +39,12 @@ class DraftVerifier:
         s.draft = s.speculation.propose(s.slot.tokens, s.next_token, room)
         return len(s.draft)
 
+    def window_at_risk(self, s: Session, num_draft: int) -> bool:
+        """Whether the sequence is long enough that its sliding window reaches back past
+        cells a split draft could free (see scheduler._drafts_kept_whole)."""
+        n_swa = self.runner.meta.n_swa
+        return s.slot is not None and n_swa > 0 and len(s.slot.tokens) + 1 + num_draft >= n_swa
+
     def verify(self, ready: ReadyRow) -> TurnFinish | None:
         s = ready.session
         assert ready.row is not None and s.slot is not None and s.turn is not None

@@ -87,6 +87,7 @@ class Engine:
                 cache_type_k=config.cache_type_k,
                 cache_type_v=config.cache_type_v,
                 flash_attn=config.flash_attn,
+                kv_unified=config.kv_unified,
             )
         )
         self.meta = runner.meta
@@ -109,6 +110,7 @@ class Engine:
             max_embed_seqs=runner.config.max_embed_seqs,
             shift_keep=config.n_keep if config.context_shift else None,
             prefill_budget=config.prefill_budget or None,
+            kv_unified=config.kv_unified,
             spec=SpecConfig(
                 spec_type=config.spec_type,
                 draft_max=config.draft_max,

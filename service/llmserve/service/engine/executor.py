@@ -64,6 +64,7 @@ class ExecutorConfig:
     shift_keep: int | None = None  # tokens kept at the start on a context shift; None: no shifting
     prefill_budget: int | None = None  # prompt tokens per step while others decode; None: paced (PrefillPacer)
     spec: SpecConfig = SpecConfig()  # speculative decoding (off by default here)
+    kv_unified: bool = False  # False: one KV stream per slot (the allocator keeps busy slots together)
 
 
 class Executor:
@@ -76,15 +77,17 @@ class Executor:
         self.config = config
         self.profile = StepProfile()
         self._keys = itertools.count(1)
-        allocator = SlotAllocator(config.n_parallel, config.n_ctx_per_slot)
+        allocator = SlotAllocator(config.n_parallel, config.n_ctx_per_slot, keep_busy_together=not config.kv_unified)
         kv = SlotKV(runner, allocator)
         picker = TokenPicker(runner, kv, self.metrics, self.profile, config.shift_keep)
         verifier = DraftVerifier(runner, picker, config.spec, self.metrics) if config.spec.enabled else None
         self.table = SessionTable(runner, allocator, kv, picker, self._keys, store, verifier)
-        self.generation = GenerationStep(runner, kv, self.profile)
+        per_slot_streams = not config.kv_unified
+        self.generation = GenerationStep(runner, kv, self.profile, order_by_seq_id=per_slot_streams)
         max_draft_rows = config.spec.max_rows if config.spec.enabled else 0
         self.scheduler = Scheduler(
-            config.n_batch, config.n_ubatch, config.max_embed_seqs, config.prefill_budget, max_draft_rows
+            config.n_batch, config.n_ubatch, config.max_embed_seqs, config.prefill_budget, max_draft_rows,
+            per_slot_streams,
         )
         self.pacer = PrefillPacer() if config.prefill_budget is None else None
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()

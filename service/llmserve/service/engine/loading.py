@@ -47,7 +47,7 @@ def log_loaded(config: ServerConfig, meta: ModelMeta, embedder: Embedder | None)
         cache_type_k=config.cache_type_k,
         cache_type_v=config.cache_type_v,
         flash_attn=config.flash_attn,
-        kv_unified=True,
+        kv_unified=config.kv_unified,
         swa_full=True,
         context_shift=config.context_shift,
         n_parallel_auto=config.n_parallel_auto,

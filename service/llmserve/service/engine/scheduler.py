@@ -33,6 +33,8 @@ class SeqDemand:
     decode_token: bool  # a sampled token waits to be decoded
     num_prefill: int  # prompt tokens ready to prefill now
     num_draft: int = 0  # draft tokens it would verify after its decode token
+    seq_id: int = -1  # its slot's sequence id
+    window_at_risk: bool = False  # long enough that a split draft could cost a sliding-window cell
 
 
 @dataclass(frozen=True)
@@ -58,10 +60,13 @@ class StepPlan:
 class Scheduler:
     def __init__(
         self, n_batch: int, n_ubatch: int, max_embed_seqs: int, prefill_budget: int | None = None,
-        max_draft_rows: int = 0,
+        max_draft_rows: int = 0, per_slot_streams: bool = False,
     ) -> None:
-        """`prefill_budget`: prompt tokens per step while sequences decode (None: no cap)."""
+        """`prefill_budget`: prompt tokens per step while sequences decode (None: no cap).
+        `per_slot_streams`: one KV stream per slot (rows go in sequence-id order, see
+        `_drafts_kept_whole`)."""
         self.prefill_budget = prefill_budget
+        self.per_slot_streams = per_slot_streams
         self.max_draft_rows = max_draft_rows
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
@@ -94,6 +99,8 @@ class Scheduler:
     def _plan_generation(self, demands: Sequence[SeqDemand]) -> StepPlan:
         decode = tuple(d.key for d in demands if d.decode_token)
         drafts = self._grant_drafts([d for d in demands if d.decode_token and d.num_draft > 0], len(decode))
+        if self.per_slot_streams:
+            drafts = _drafts_kept_whole(drafts, demands)
         budget = self.n_batch - len(decode) - sum(n for _, n in drafts)
         if decode and self.prefill_budget is not None:
             budget = min(budget, self.prefill_budget)
@@ -119,11 +126,39 @@ class Scheduler:
         return list(granted.items())
 
     def _grant_drafts(self, wanting: list[SeqDemand], num_decoding: int) -> list[tuple[int, int]]:
-        # Decode and draft rows lead the batch and stay in its first ubatch: llama.cpp then
-        # places them all against the pre-step positions, so no cell a rejected draft's
-        # sequence still needs can leave the sliding window (see SlotKV.holds_window).
+        # Unified cache: decode and draft rows lead the batch and stay in its first ubatch:
+        # llama.cpp then places them all against the pre-step positions, so no cell a
+        # rejected draft's sequence still needs can leave the sliding window (see
+        # SlotKV.holds_window). Per-slot streams: see _drafts_kept_whole.
         budget = min(self.max_draft_rows - (self.max_draft_rows // 2) * (num_decoding - 1), self.n_ubatch - num_decoding)
         return _fair_shares([(d.key, d.num_draft) for d in wanting], budget)
+
+
+def _drafts_kept_whole(drafts: list[tuple[int, int]], demands: Sequence[SeqDemand]) -> list[tuple[int, int]]:
+    """Drop the drafts whose rows could be split so that a rejected one costs a window cell.
+
+    With one stream per slot llama.cpp puts in each ubatch a run of consecutive sequence ids
+    with equal tokens each (`split_equal`). A draft whose rows land in two ubatches after
+    the first one frees, in the later one, cells its sequence needs if the draft is then
+    rejected. That can happen only when a neighbouring id carries more than one row (a
+    prompt chunk or drafts of its own); with neighbours of one row or none, the rows go in
+    one ubatch, or the decode row in one and all drafts in the next. So a sequence long
+    enough for its window to matter drafts only when its neighbours carry one row at most
+    (a neighbour's prompt is never held back for a draft)."""
+    by_key = {d.key: d for d in demands}
+    rows: dict[int, int] = {d.seq_id: int(d.decode_token) + (d.num_prefill if not d.decode_token else 0) for d in demands}
+    at_risk_drafting: set[int] = set()
+    kept: list[tuple[int, int]] = []
+    for key, n in drafts:
+        d = by_key[key]
+        near = (d.seq_id - 1, d.seq_id + 1)
+        if d.window_at_risk and max(rows.get(i, 0) for i in near) > 1 or at_risk_drafting.intersection(near):
+            continue
+        kept.append((key, n))
+        rows[d.seq_id] = 1 + n
+        if d.window_at_risk:
+            at_risk_drafting.add(d.seq_id)
+    return kept
 
 
 def _fair_shares(wants: list[tuple[int, int]], budget: int) -> list[tuple[int, int]]:

@@ -118,9 +118,10 @@ class SessionTable:
 
     def demands(self) -> list[SeqDemand]:
         """What each session with a slot could put in the next decode."""
-        verifier = self.verifier
+        v = self.verifier
         return [
-            SeqDemand(s.key, s.generating, s.num_prefill_ready, verifier.propose(s) if verifier and s.generating else 0)
+            SeqDemand(s.key, s.generating, s.num_prefill_ready, n := v.propose(s) if v and s.generating else 0,
+                      s.slot.seq_id, bool(n) and v is not None and v.window_at_risk(s, n))
             for s in self.sessions.values()
             if s.slot is not None and not s.paused
         ]

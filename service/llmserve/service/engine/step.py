@@ -1,8 +1,9 @@
 """One generation step: fill the batch from the plan, decode, and hand back the rows
 whose next token is to be sampled.
 
-Decode rows come first (one token per generating sequence), then prompt chunks;
-logits are requested only for rows that are sampled (or when prompt logprobs are
+Rows: a decode token (and any draft tokens) per generating sequence, a prompt chunk
+per prefilling one; in sequence-id order with one KV stream per slot, else decode
+rows first; logits are requested only for rows that are sampled (or when prompt logprobs are
 asked). After the decode each sequence's slot records what entered the KV, prompt
 tokens feed the sampler's history, and prompt logprobs go out. Sampling and the
 stopping rules are not done here: the step returns a `StepOutput` and the session
@@ -70,11 +71,23 @@ class StepOutput:
     error: str = ""
 
 
+def _by_seq_id(rows: list[tuple[int, int]], sessions: dict[int, Session]) -> list[tuple[int, int]]:
+    """(key, prompt tokens; 0 for a decode row) in sequence-id order.
+
+    With one KV stream per slot llama.cpp splits a batch into ubatches of sequences whose
+    ids follow one another (`split_equal`, sequential): in id order the decode rows of
+    neighbouring slots share one ubatch instead of one ubatch each."""
+    return sorted(rows, key=lambda row: sessions[row[0]].slot.seq_id)  # type: ignore[union-attr]
+
+
 class GenerationStep:
-    def __init__(self, runner: Runner, kv: SlotKV, profile: StepProfile) -> None:
+    def __init__(self, runner: Runner, kv: SlotKV, profile: StepProfile, order_by_seq_id: bool = False) -> None:
+        """`order_by_seq_id`: rows in sequence-id order (one KV stream per slot); else decode
+        and draft rows lead the batch (a unified cache: they stay in its first ubatch)."""
         self.runner = runner
         self.kv = kv
         self.profile = profile
+        self.order_by_seq_id = order_by_seq_id
 
     def run(self, plan: StepPlan, sessions: dict[int, Session]) -> StepOutput:
         t0 = time.perf_counter()
@@ -83,19 +96,22 @@ class GenerationStep:
         entries: list[tuple[Session, list[int], int | None, int]] = []  # session, tokens, sample row, first row
         granted = dict(plan.drafts)
         drafts: dict[int, tuple[int, ...]] = {}
-        for key in plan.decode:
-            s = sessions[key]
-            assert s.slot is not None and s.next_token is not None
-            draft = tuple(s.draft[: granted.get(key, 0)])
-            row = batch.add([s.next_token, *draft], len(s.slot.tokens), s.slot.seq_id, True)
-            first = row - len(draft)
-            if draft:
-                batch.logits[first : row + 1] = 1  # every draft row is verified
-                drafts[key] = draft
-            entries.append((s, [s.next_token], first, first))
-        for key, n in plan.prefill:
+        rows = [(key, 0) for key in plan.decode] + list(plan.prefill)
+        if self.order_by_seq_id:
+            rows = _by_seq_id(rows, sessions)
+        for key, n in rows:
             s = sessions[key]
             assert s.slot is not None
+            if n == 0:  # a decode row and its drafts
+                assert s.next_token is not None
+                draft = tuple(s.draft[: granted.get(key, 0)])
+                row = batch.add([s.next_token, *draft], len(s.slot.tokens), s.slot.seq_id, True)
+                first = row - len(draft)
+                if draft:
+                    batch.logits[first : row + 1] = 1  # every draft row is verified
+                    drafts[key] = draft
+                entries.append((s, [s.next_token], first, first))
+                continue
             s.prefill_again(self.kv.trim_stale_tail(s.slot))
             chunk = s.pending[:n]
             wants_logits = s.turn is not None and n == len(s.pending)

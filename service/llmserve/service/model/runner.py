@@ -1,7 +1,7 @@
 """The llama.cpp runner: every ctypes call on the model and contexts lives here.
 
-Owns the model, the generation llama_context (a unified KV cache shared by all
-slots), the numpy-backed batch, and with embeddings on an `Embedder` (a context of
+Owns the model, the generation llama_context (one KV stream per slot unless
+`kv_unified`), the numpy-backed batch, and with embeddings on an `Embedder` (a context of
 its own: on the generative model, stopping before the LM head, or on a separate
 `--embedding-model`). Apart from the tokenizers (vocab.py), which only read
 immutable vocabularies, it is used by the executor thread alone.
@@ -63,6 +63,7 @@ class RunnerConfig:
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     flash_attn: str = "auto"
+    kv_unified: bool = False  # False: one KV stream per slot (llama-server without -kvu)
 
 
 class LlamaRunner:
@@ -102,7 +103,11 @@ class LlamaRunner:
         params.n_threads = c.n_threads
         params.n_threads_batch = c.n_threads
         params.embeddings = False  # embeddings run on the Embedder's own context
-        params.kv_unified = True
+        # One stream per slot: a ubatch attends only to its own sequence's cells. A unified
+        # cache makes every ubatch span the cells of every slot's cached prefix (masked), so
+        # prefill slowed as the prefix caches filled. Per-slot streams split batches into
+        # ubatches of consecutive sequence ids (the step orders its rows by sequence id).
+        params.kv_unified = c.kv_unified
         # Full-size SWA cache: trimming a cached prefix (seq_rm) stays exact for
         # sliding-window models such as gemma 3.
         params.swa_full = True
