@@ -124,6 +124,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--only", default="", help="run only the servers whose name contains this")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated subset of {SCENARIOS}")
+    parser.add_argument("--with-unified", action="store_true", help="also llmserve with -kvu (one KV buffer for all slots)")
     args = parser.parse_args()
     scenarios = set(args.scenarios.split(","))
     if scenarios - set(SCENARIOS):
@@ -135,6 +136,8 @@ def main() -> None:
     ctx = ("-c", "32768")  # 2,048 tokens per slot: the mixed load's prompts are ~1,400 tokens
     ours = {"llmserve, speculation off": (*ctx, "--spec-type", "none"),
             "llmserve, --spec-type ngram-simple": (*ctx, "--spec-type", "ngram-simple")}
+    if args.with_unified:
+        ours["llmserve -kvu, speculation off"] = (*ctx, "--spec-type", "none", "-kvu")
     peers = {"llama-server, no speculation": ctx, "llama-server --spec-type ngram-simple": (*ctx, "--spec-type", "ngram-simple"),
              "llama-server --spec-type ngram-mod": (*ctx, "--spec-type", "ngram-mod")}
     table: dict[str, dict[str, str]] = {}

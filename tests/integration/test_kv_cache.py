@@ -92,14 +92,18 @@ def test_default_parallelism_is_four_and_logged(tmp_path: Path) -> None:
     assert '"n_parallel_auto": true' in running.log_path.read_text()
 
 
-def test_a_cached_prefix_whose_window_cells_were_reused_is_prefilled_again(tmp_path: Path) -> None:
-    """Issue 14 (600-call combos run): llama.cpp hands the cells that left a sequence's
-    sliding window to other tokens. A later prompt sharing a prefix of that sequence was
-    served from a KV lacking cells the prefix's next token attends to (the slot mirrored
-    321 tokens from 0, llama.cpp held 29..320)."""
+@pytest.mark.parametrize("kv", ["unified", "per-slot"])
+def test_a_cached_prefix_whose_window_cells_were_reused_is_prefilled_again(tmp_path: Path, kv: str) -> None:
+    """Issue 14 (600-call combos run): with one unified KV buffer llama.cpp hands the cells
+    that left a sequence's sliding window to other slots' tokens. A later prompt sharing a
+    prefix of that sequence was served from a KV lacking cells the prefix's next token
+    attends to (the slot mirrored 321 tokens from 0, llama.cpp held 29..320). With one
+    stream per slot (the default) the other slot cannot take those cells: the prefix
+    serves from the cache, with the same reply."""
     from tests.soak import chaos
 
-    running = start_server(["-np", "2", "-c", "4096", "-t", "2"], tmp_path / "server.log")
+    flags = ["-kvu"] if kv == "unified" else []
+    running = start_server(["-np", "2", "-c", "4096", "-t", "2", *flags], tmp_path / "server.log")
     try:
         with Client(running.address, timeout=300) as client:
             n_swa = client.model_info().n_swa
@@ -118,6 +122,10 @@ def test_a_cached_prefix_whose_window_cells_were_reused_is_prefilled_again(tmp_p
     finally:
         assert stop_server(running) == 0
     assert again.text == reference.text
-    assert again.turn_end.usage.cached_tokens == 0  # the cached prefix could not serve
     assert chaos.kv_leaks(info) == []
-    assert "kv_prefix_dropped" in (tmp_path / "server.log").read_text()
+    if kv == "unified":
+        assert again.turn_end.usage.cached_tokens == 0  # the cached prefix could not serve
+        assert "kv_prefix_dropped" in (tmp_path / "server.log").read_text()
+    else:
+        assert again.turn_end.usage.cached_tokens == len(prefix_ids)  # the prefix, from the cache
+        assert "kv_prefix_dropped" not in (tmp_path / "server.log").read_text()
