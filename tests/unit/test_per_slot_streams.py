@@ -97,3 +97,26 @@ def test_busy_slots_stay_together_so_a_decode_step_is_one_ubatch() -> None:
         busy_ids.append(sorted(alloc.allocate([1]).seq_id for _ in range(3)))
     assert busy_ids == [[4, 5, 6], [0, 4, 6]]  # next to a busy slot, else LRU; plain LRU scatters
     assert [len(split_equal([(i, 0) for i in ids], 512)) for ids in busy_ids] == [1, 3]  # ubatches of a decode step
+
+
+def test_while_sequences_decode_a_step_carries_at_most_two_prompts() -> None:
+    # Each prompt chunk past the decode rows' ubatch is a ubatch of its own (a pass over
+    # every weight): five short prompts arriving at once go two per step, oldest first.
+    per_slot = Scheduler(512, 512, 4, prefill_budget=256, per_slot_streams=True)
+    decoding = [SeqDemand(k, True, 0, seq_id=k) for k in range(10, 15)]
+    demands = [*decoding, *(SeqDemand(k, False, 20, seq_id=k) for k in range(1, 6))]
+    plan = per_slot.plan(demands, [])
+    assert [key for key, _ in plan.prefill] == [1, 2] and dict(plan.prefill) == {1: 20, 2: 20}
+    alone = per_slot.plan(demands[5:], [])  # nothing decodes: every prompt, all of -b
+    assert len(alone.prefill) == 5
+    burst = per_slot.plan(demands[4:], [])  # five prompts behind one stream: as many as fit
+    assert len(burst.prefill) == 5
+    unified = Scheduler(512, 512, 4, prefill_budget=256)
+    assert len(unified.plan(demands, []).prefill) == 5  # one ubatch holds them all
+
+
+def test_a_new_session_fills_the_hole_a_finished_one_left() -> None:
+    alloc = SlotAllocator(num_slots=8, max_tokens_per_slot=100, keep_busy_together=True)
+    slots = [alloc.allocate([]) for _ in range(5)]  # 0..4 busy
+    alloc.free(slots[2])  # the most recently used idle slot, between two busy ones
+    assert alloc.allocate([7]).seq_id == 2  # not LRU slot 5: 0..4 stay one run

@@ -40,6 +40,9 @@ class FakeRunner:
                 seq.decoding = True
 
 
+DECODING = [SeqDemand(k, True, 0) for k in (90, 91, 92, 93)]  # four streams decode meanwhile
+
+
 def test_decode_first_then_prefill_within_budget() -> None:
     sched = Scheduler(n_batch=8, n_ubatch=8, max_embed_seqs=4)
     plan = sched.plan(
@@ -57,7 +60,7 @@ def test_prompts_finish_one_after_another_not_all_together() -> None:
     left = {k: 400 for k in (1, 2, 3, 4)}
     finished: dict[int, int] = {}
     for step in range(1, 100):
-        plan = sched.plan([SeqDemand(9, True, 0), *(SeqDemand(k, False, n) for k, n in left.items() if n)], [])
+        plan = sched.plan([*DECODING, *(SeqDemand(k, False, n) for k, n in left.items() if n)], [])
         assert sum(n for _, n in plan.prefill) == 40
         for key, n in plan.prefill:
             left[key] -= n
@@ -70,8 +73,8 @@ def test_prompts_finish_one_after_another_not_all_together() -> None:
 
 def test_a_short_prompt_is_not_queued_behind_a_long_one() -> None:
     sched = Scheduler(n_batch=64, n_ubatch=64, max_embed_seqs=4, prefill_budget=40)
-    sched.plan([SeqDemand(9, True, 0), SeqDemand(1, False, 1000)], [])  # the long prompt came first
-    plan = sched.plan([SeqDemand(9, True, 0), SeqDemand(1, False, 960), SeqDemand(2, False, 12)], [])
+    sched.plan([*DECODING, SeqDemand(1, False, 1000)], [])  # the long prompt came first
+    plan = sched.plan([*DECODING, SeqDemand(1, False, 960), SeqDemand(2, False, 12)], [])
     assert dict(plan.prefill) == {1: 28, 2: 12}  # the short one done in one step, the oldest keeps the rest
 
 
@@ -83,7 +86,7 @@ def test_the_oldest_prompt_always_gets_an_equal_share() -> None:
     for _ in range(200):
         short = [SeqDemand(key + i, False, 8) for i in range(3)]  # 24 tokens of new short prompts each step
         key += 3
-        plan = dict(sched.plan([SeqDemand(9, True, 0), SeqDemand(1, False, long_left), *short], []).prefill)
+        plan = dict(sched.plan([*DECODING, SeqDemand(1, False, long_left), *short], []).prefill)
         assert plan[1] >= 32 // 4
         long_left -= plan[1]
         if not long_left:
@@ -129,8 +132,11 @@ def test_prefill_budget_caps_prompts_only_while_others_decode() -> None:
     scheduler = Scheduler(n_batch=512, n_ubatch=512, max_embed_seqs=4, prefill_budget=64)
     alone = scheduler.plan([SeqDemand(1, False, 1400)], [])
     assert alone.prefill == ((1, 512),)  # nothing decodes: the whole batch
-    busy = scheduler.plan([SeqDemand(1, True, 0), SeqDemand(2, False, 1400), SeqDemand(3, False, 1400)], [])
+    two = [SeqDemand(1, True, 0), SeqDemand(4, True, 0)]
+    busy = scheduler.plan([*two, SeqDemand(2, False, 1400), SeqDemand(3, False, 1400)], [])
     assert busy.prefill == ((2, 64),)  # the oldest (a tie: the lower key) first, then the closest to done: the same
+    burst = scheduler.plan([SeqDemand(1, True, 0), *(SeqDemand(k, False, 150) for k in range(10, 16))], [])
+    assert sum(n for _, n in burst.prefill) == 6 * 64  # six prompts wait behind one stream: six times the cap
     pacer = PrefillPacer(max_slowdown=2.0)
     for _ in range(20):
         pacer.observe(0.050, 8, 0)  # a decode-only step: 50 ms

@@ -75,8 +75,10 @@ def _parser() -> argparse.ArgumentParser:
     f.add("--max-connection-age-grace", type=float, default=d.max_connection_age_grace_s,
           help="seconds the calls in flight then get before the connection closes")
     f.add("--prefill-budget", type=int, default=d.prefill_budget,
-          help="prompt tokens a step may carry while other sequences decode (0: paced to keep their "
-               "inter-token latency within 2x a decode step)")
+          help="prompt tokens a step may carry while other sequences decode (0: paced by --prefill-max-slowdown)")
+    f.add("--prefill-max-slowdown", type=float, default=d.prefill_max_slowdown,
+          help="paced prefill: a step carrying prompt chunks while others decode takes at most this many times "
+               "a decode-only step (higher: long prompts finish sooner, streams stutter more)")
     f.add("--spec-type", default=d.spec_type, help="speculative decoding: none or ngram-simple (n-gram drafts)")
     f.add("--draft-max", type=int, default=d.draft_max, help="most draft tokens per sequence and step")
     f.add("--draft-min", type=int, default=d.draft_min, help="fewest draft tokens worth verifying")
@@ -138,6 +140,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         grammar_timeout_s=args.grammar_timeout,
         grammar_max_mb=args.grammar_max_mb,
         prefill_budget=args.prefill_budget,
+        prefill_max_slowdown=args.prefill_max_slowdown,
         spec_type=args.spec_type,
         draft_max=args.draft_max,
         draft_min=args.draft_min,

@@ -74,6 +74,7 @@ class ServerConfig:
     grammar_timeout_s: float = 5.0  # compile budget of a grammar / JSON schema (in the grammar worker)
     grammar_max_mb: int = 512
     prefill_budget: int = 0  # prompt tokens per step while sequences decode (0: paced, see PrefillPacer)
+    prefill_max_slowdown: float = 2.0  # paced: a step with prompt chunks may take this many decode-only steps
     spec_type: str = "none"  # speculative decoding: none | ngram-simple (docs/benchmarks.md: why off)
     draft_max: int = 16
     draft_min: int = 0
@@ -123,6 +124,8 @@ class ServerConfig:
             raise ValueError(f"--spec-type {self.spec_type}: expected none or ngram-simple")
         if self.draft_max < 0 or self.draft_min < 0 or self.spec_ngram_size_n < 1 or self.prefill_budget < 0:
             raise ValueError("--draft-max, --draft-min, --prefill-budget must be >= 0, --spec-ngram-size-n >= 1")
+        if self.prefill_max_slowdown < 1:
+            raise ValueError("--prefill-max-slowdown must be >= 1")
         if self.watchdog_timeout_s < 0:
             raise ValueError("--watchdog-timeout must be >= 0")
         if min(self.keepalive_time_s, self.keepalive_timeout_s, self.keepalive_min_time_s) <= 0 or min(

@@ -109,9 +109,10 @@ class SlotAllocator:
         self, num_slots: int, max_tokens_per_slot: int, min_prefix_reuse: int = MIN_PREFIX_REUSE,
         keep_busy_together: bool = False,
     ) -> None:
-        """`keep_busy_together`: a session with no prefix to reuse takes an idle slot next to a
-        busy one (the least recently used of those), so busy sequence ids stay in runs: with
-        one KV stream per slot each run of consecutive ids is one ubatch of a decode step."""
+        """`keep_busy_together`: a session with no prefix to reuse takes the idle slot with the
+        most busy neighbours (a hole between two busy slots first; the least recently used
+        among equals), so busy sequence ids stay in runs: with one KV stream per slot each
+        run of consecutive ids is one ubatch of a decode step."""
         if num_slots < 1 or max_tokens_per_slot < 2:
             raise ValueError("need at least one slot of at least two tokens")
         self.max_tokens_per_slot = max_tokens_per_slot
@@ -149,17 +150,16 @@ class SlotAllocator:
         # ran last time, with the same saved logits.
         best = max(idle, key=lambda s: (common_prefix_length(s.tokens, prompt), s.last_used))
         if not self.reusable(common_prefix_length(best.tokens, prompt), len(prompt)):
-            best = min(idle, key=lambda s: (not self._next_to_busy(s), s.last_used))
+            best = min(idle, key=lambda s: (-self._busy_neighbours(s), s.last_used))
         best.busy = True
         best.num_confirmed = 0
         self._touch(best)
         return best
 
-    def _next_to_busy(self, slot: Slot) -> bool:
+    def _busy_neighbours(self, slot: Slot) -> int:
         if not self.keep_busy_together:
-            return False
-        neighbours = self.slots[max(slot.seq_id - 1, 0) : slot.seq_id + 2]
-        return any(s.busy for s in neighbours)
+            return 0
+        return sum(s.busy for s in self.slots[max(slot.seq_id - 1, 0) : slot.seq_id + 2])
 
     def reusable(self, num_matched: int, num_prompt: int) -> bool:
         """Whether a cached prefix of `num_matched` tokens is worth reusing."""

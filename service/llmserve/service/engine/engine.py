@@ -110,6 +110,7 @@ class Engine:
             max_embed_seqs=runner.config.max_embed_seqs,
             shift_keep=config.n_keep if config.context_shift else None,
             prefill_budget=config.prefill_budget or None,
+            prefill_max_slowdown=config.prefill_max_slowdown,
             kv_unified=config.kv_unified,
             spec=SpecConfig(
                 spec_type=config.spec_type,

@@ -63,6 +63,7 @@ class ExecutorConfig:
     max_embed_seqs: int = 64
     shift_keep: int | None = None  # tokens kept at the start on a context shift; None: no shifting
     prefill_budget: int | None = None  # prompt tokens per step while others decode; None: paced (PrefillPacer)
+    prefill_max_slowdown: float = 2.0  # paced: a step with prompt chunks takes at most this many decode-only steps
     spec: SpecConfig = SpecConfig()  # speculative decoding (off by default here)
     kv_unified: bool = False  # False: one KV stream per slot (the allocator keeps busy slots together)
 
@@ -89,7 +90,7 @@ class Executor:
             config.n_batch, config.n_ubatch, config.max_embed_seqs, config.prefill_budget, max_draft_rows,
             per_slot_streams,
         )
-        self.pacer = PrefillPacer() if config.prefill_budget is None else None
+        self.pacer = PrefillPacer(config.prefill_max_slowdown) if config.prefill_budget is None else None
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._embeds: deque[tuple[EmbedInput, EventSink]] = deque()
         self._num_steps = 0

@@ -9,8 +9,9 @@ tokens: the prompt that has waited longest gets at least an equal share of the b
 first: a short chat turn is not queued behind a long document, and long prompts finish
 one after another instead of all together at the end, as equal shares made them). While any sequence
 decodes, prompt chunks are capped at `prefill_budget` tokens per step so that a long
-prompt cannot stall every stream (vLLM's chunked prefill); with nothing decoding a
-prompt gets all of `n_batch`. The executor may move `prefill_budget` every step
+prompt cannot stall every stream (vLLM's chunked prefill), times waiting prompts /
+decoding sequences when the prompts outnumber them (a burst of new requests); with
+nothing decoding a prompt gets all of `n_batch`. The executor may move `prefill_budget` every step
 (`PrefillPacer`). Embedding inputs run in steps of
 their own (never mixed with generation in one decode): several inputs packed into
 one ubatch, alternating fairly with generation steps when both are waiting.
@@ -23,6 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+
+MAX_PROMPTS_WHILE_DECODING = 2  # per-slot streams: prompts one step carries beside decode rows
 
 
 @dataclass(frozen=True)
@@ -102,14 +106,24 @@ class Scheduler:
         if self.per_slot_streams:
             drafts = _drafts_kept_whole(drafts, demands)
         budget = self.n_batch - len(decode) - sum(n for _, n in drafts)
-        if decode and self.prefill_budget is not None:
-            budget = min(budget, self.prefill_budget)
-        prefill = self._share_prefill([d for d in demands if d.num_prefill > 0], budget)
+        waiting = [d for d in demands if d.num_prefill > 0]
+        paced = bool(decode) and self.prefill_budget is not None
+        outnumbered = paced and len(waiting) > len(decode)
+        if paced:
+            # A waiting prompt's share of a step is never less than a decoding stream's:
+            # when prompts outnumber the decoding sequences (a burst of new requests) the
+            # cap grows with the ratio, else one stream would hold a dozen prompts back.
+            scale = max(1.0, len(waiting) / len(decode))
+            budget = min(budget, int(self.prefill_budget * scale))  # type: ignore[operator]
+        # Per-slot streams: each prompt chunk beyond the decode rows' ubatch is a ubatch of
+        # its own, so a paced step carries at most two prompts (a burst: as many as fit).
+        max_prompts = MAX_PROMPTS_WHILE_DECODING if paced and not outnumbered and self.per_slot_streams else None
+        prefill = self._share_prefill(waiting, budget, max_prompts)
         return StepPlan(decode=decode, prefill=tuple(prefill), drafts=tuple(drafts))
 
-    def _share_prefill(self, waiting: list[SeqDemand], budget: int) -> list[tuple[int, int]]:
+    def _share_prefill(self, waiting: list[SeqDemand], budget: int, max_prompts: int | None = None) -> list[tuple[int, int]]:
         """The oldest waiting prompt gets at least an equal share; the rest of the budget
-        goes shortest-remaining first (ties: the older first)."""
+        goes shortest-remaining first (ties: the older first), to `max_prompts` at most."""
         self._num_plans += 1
         since = {d.key: self._prefill_since.get(d.key, self._num_plans) for d in waiting}
         self._prefill_since = since
@@ -120,7 +134,7 @@ class Scheduler:
         left = budget - granted[oldest.key]
         for d in sorted(waiting, key=lambda d: (d.num_prefill - granted.get(d.key, 0), since[d.key], d.key)):
             extra = min(d.num_prefill - granted.get(d.key, 0), left)
-            if extra > 0:
+            if extra > 0 and (d.key in granted or max_prompts is None or len(granted) < max_prompts):
                 granted[d.key] = granted.get(d.key, 0) + extra
                 left -= extra
         return list(granted.items())
