@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from llmserve.service.engine.allocator import SlotAllocator
 from llmserve.service.engine.scheduler import Scheduler, SeqDemand, StepPlan
 
