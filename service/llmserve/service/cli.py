@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     f.add("--draft-min", type=int, default=d.draft_min, help="fewest draft tokens worth verifying")
     f.add("--spec-ngram-size-n", type=int, default=d.spec_ngram_size_n, help="tokens matched to find a draft")
     f.add("--spec-max-rows", type=int, default=d.spec_max_rows,
-          help="draft rows per step for all sequences (less one per decoding sequence)")
+          help="draft rows per step, all drafting sequences together (no drafts with more than 4 decoding)")
     f.add("--grammar-timeout", type=float, default=d.grammar_timeout_s, help="seconds to compile a grammar or schema")
     f.add("--grammar-max-mb", type=int, default=d.grammar_max_mb, help="memory a grammar or schema may take to compile")
     f.add("--metrics-port", type=int, help="serve Prometheus metrics on this port (off when unset)")

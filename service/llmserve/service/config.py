@@ -79,7 +79,7 @@ class ServerConfig:
     draft_max: int = 16
     draft_min: int = 0
     spec_ngram_size_n: int = 3
-    spec_max_rows: int = 16  # draft rows per step, all sequences together (less one per decoding sequence)
+    spec_max_rows: int = 64  # draft rows per step, all drafting sequences together (drafts while <= 4 decode)
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     otlp_traces_endpoint: str | None = None  # OpenTelemetry traces over OTLP/gRPC; None: tracing off

@@ -2,8 +2,8 @@
 
 Per generation step: one decode token for every generating sequence first (so
 streams never stall behind long prompts), then draft rows for the sequences that
-speculate (`max_draft_rows` with one decoding sequence, half with two, none with
-more: under batching verify rows cost real compute), then prompt chunks until `n_batch`
+speculate (`max_draft_rows` shared fairly while at most `MAX_DRAFTING_SEQS` sequences
+decode, none with more: under batching verify rows cost real compute), then prompt chunks until `n_batch`
 tokens: the prompt that has waited longest gets at least an equal share of the budget
 (no prompt starves), the rest goes to the prompts closest to done (shortest remaining
 first: a short chat turn is not queued behind a long document, and long prompts finish
@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+MAX_DRAFTING_SEQS = 4  # more sequences decoding than this: no drafts (measured: verify rows then cost more than they save)
 MAX_PROMPTS_WHILE_DECODING = 2  # per-slot streams: prompts one step carries beside decode rows
 
 
@@ -143,7 +144,8 @@ class Scheduler:
         # llama.cpp then places them all against the pre-step positions, so no cell a
         # rejected draft's sequence still needs can leave the sliding window (see
         # SlotKV.holds_window). Per-slot streams: see _drafts_kept_whole.
-        budget = min(self.max_draft_rows - (self.max_draft_rows // 2) * (num_decoding - 1), self.n_ubatch - num_decoding)
+        rows = self.max_draft_rows if num_decoding <= MAX_DRAFTING_SEQS else 0
+        budget = min(rows, self.n_ubatch - num_decoding)
         return _fair_shares([(d.key, d.num_draft) for d in wanting], budget)
 
 

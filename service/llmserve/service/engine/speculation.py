@@ -33,7 +33,7 @@ class SpecConfig:
     draft_max: int = 16  # llama-server: --draft-max
     draft_min: int = 0  # a shorter draft is not worth its rows
     ngram_size: int = 3  # tokens matched to find a draft (--spec-ngram-size-n)
-    max_rows: int = 16  # draft rows one step may carry, all sequences together
+    max_rows: int = 64  # draft rows one step may carry, all sequences together
     max_misses: int = 3
     rest_tokens: int = 32
 
