@@ -6,8 +6,10 @@ by the EOG token, so a prompt ending in 10 generates 11, 12, ..., END_AFTER, EOG
 The second choice (a lower logit) is `last + 2`, so a ban or bias changes the pick.
 Every decode checks that each row extends its sequence's KV at the next position:
 the fake's KV is the ground truth the engine's slot mirror is compared against.
-With `n_swa`, the fake drops the cells that left a sequence's sliding window after each
-decode (what llama.cpp may do at any later decode) and checks that every row still has
+With `n_swa`, the fake splits each batch into ubatches as llama.cpp does (`split_equal`
+with one KV stream per slot, chunks of `n_ubatch` with a unified buffer) and, before
+placing each ubatch, drops every cell that has left the window of its sequence's next
+position (what llama.cpp's find_slot may reuse), then checks that every row still has
 the window it attends to.
 """
 
@@ -38,6 +40,31 @@ def piece_of(token: int) -> bytes:
 
 def next_token(last: int) -> int:
     return EOG if last == END_AFTER else (last + 1) % N_VOCAB
+
+
+def split_equal(rows: list[tuple[int, int]], n_ubatch: int) -> list[list[int]]:
+    """llama_batch_allocr::split_equal(n_ubatch, sequential=true) over (seq_id, pos) rows,
+    as lists of row indices: each ubatch takes, from the first unused row on, sequences
+    whose ids follow one another (in batch order) and the same number of rows of each."""
+    used = [False] * len(rows)
+    ubatches: list[list[int]] = []
+    while not all(used):
+        run: list[int] = []
+        for i, (seq, _) in enumerate(rows):
+            if not used[i] and seq not in run and (not run or seq == run[-1] + 1):
+                run.append(seq)
+        todo = {seq: [i for i, (s, _) in enumerate(rows) if s == seq and not used[i]] for seq in run}
+        ubatch: list[int] = []
+        depth = 0
+        while all(depth < len(todo[seq]) for seq in run):
+            ubatch += [todo[seq][depth] for seq in run]
+            depth += 1
+            if (depth + 1) * len(run) > n_ubatch:
+                break
+        for i in ubatch:
+            used[i] = True
+        ubatches.append(ubatch)
+    return ubatches
 
 
 class FakeBatch:
@@ -109,8 +136,11 @@ class FakeRunner:
     n_vocab = N_VOCAB
     can_shift = True
 
-    def __init__(self, n_batch: int = 256, n_swa: int = 0) -> None:
+    def __init__(self, n_batch: int = 256, n_swa: int = 0, per_slot: bool = True, n_ubatch: int | None = None) -> None:
+        """`per_slot`: ubatches as with one KV stream per slot (the executor's default)."""
         self.batch = FakeBatch(n_batch)
+        self.per_slot = per_slot
+        self.n_ubatch = n_ubatch or n_batch
         self.meta = replace(META, n_swa=n_swa)
         self.n_swa = n_swa
         self.kv: dict[int, list[int]] = {}  # seq_id -> tokens at positions 0..n-1
@@ -129,21 +159,32 @@ class FakeRunner:
         b = self.batch
         self._rows.clear()
         self.max_output_rows = max(self.max_output_rows, int(b.logits[: b.num_tokens].sum()))
-        for i in range(b.num_tokens):
-            seq, pos, token = int(b.seq[i]), int(b.pos[i]), int(b.token[i])
-            cells = self.kv.setdefault(seq, [])
-            assert pos == len(cells), f"seq {seq}: token at position {pos}, but the KV holds {len(cells)}"
-            assert self.holds_window(seq, pos), f"seq {seq}: position {pos} attends to cells already dropped"
-            cells.append(token)
-            if b.logits[i]:
-                row = np.full(N_VOCAB, -10.0, dtype=np.float32)
-                row[(next_token(token) + 1) % N_VOCAB] = 5.0
-                row[next_token(token)] = 10.0
-                self._rows[i] = row
-        if self.n_swa:
-            for seq in {int(x) for x in b.seq[: b.num_tokens]}:
-                self.kv_min[seq] = max(self.kv_min.get(seq, 0), len(self.kv[seq]) - self.n_swa + 1)
+        n = b.num_tokens
+        if self.per_slot:
+            ubatches = split_equal([(int(b.seq[i]), int(b.pos[i])) for i in range(n)], self.n_ubatch)
+        else:
+            ubatches = [list(range(i, min(i + self.n_ubatch, n))) for i in range(0, n, self.n_ubatch)]
+        for ubatch in ubatches:
+            if self.n_swa:  # cells out of the window of each sequence's next position may be reused
+                for seq in {int(b.seq[i]) for i in ubatch}:
+                    held = len(self.kv.get(seq, []))
+                    self.kv_min[seq] = max(self.kv_min.get(seq, 0), held - self.n_swa + 1) if held else 0
+            for i in ubatch:
+                self._place(i)
         return 0
+
+    def _place(self, i: int) -> None:
+        b = self.batch
+        seq, pos, token = int(b.seq[i]), int(b.pos[i]), int(b.token[i])
+        cells = self.kv.setdefault(seq, [])
+        assert pos == len(cells), f"seq {seq}: token at position {pos}, but the KV holds {len(cells)}"
+        assert self.holds_window(seq, pos), f"seq {seq}: position {pos} attends to cells already dropped"
+        cells.append(token)
+        if b.logits[i]:
+            row = np.full(N_VOCAB, -10.0, dtype=np.float32)
+            row[(next_token(token) + 1) % N_VOCAB] = 5.0
+            row[next_token(token)] = 10.0
+            self._rows[i] = row
 
     def holds_window(self, seq_id: int, pos: int) -> bool:
         """Whether a token at `pos` would find every cell of its window."""

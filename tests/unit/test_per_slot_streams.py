@@ -1,37 +1,22 @@
-"""One KV stream per slot: llama.cpp's ubatch split (split_equal, sequential) modelled in
-Python, and the rules that keep steps in few ubatches and drafts window-safe (pure)."""
+"""One KV stream per slot: llama.cpp's ubatch split (split_equal, sequential; modelled in
+tests/unit/fake_runner.py) and the rules that keep steps in few ubatches and drafts
+window-safe (pure, and end to end on the fake runner)."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from llmserve.service.engine.allocator import SlotAllocator
+from llmserve.service.engine.executor import Executor, ExecutorConfig
 from llmserve.service.engine.scheduler import Scheduler, SeqDemand, StepPlan
+from llmserve.service.engine.speculation import SpecConfig
+
+from .fake_runner import BOS, FakeRunner, split_equal
+from .test_engine_fake import ListSink, assert_kv_mirrors_slots, params, run_until, turn_ends
 
 
-def split_equal(rows: list[tuple[int, int]], n_ubatch: int) -> list[list[tuple[int, int]]]:
-    """llama_batch_allocr::split_equal(n_ubatch, sequential=true) over (seq_id, pos) rows:
-    each ubatch takes, from the first unused row on, sequences whose ids follow one
-    another (in batch order) and the same number of rows of each."""
-    used = [False] * len(rows)
-    ubatches: list[list[tuple[int, int]]] = []
-    while not all(used):
-        run: list[int] = []
-        for i, (seq, _) in enumerate(rows):
-            if not used[i] and seq not in run and (not run or seq == run[-1] + 1):
-                run.append(seq)
-        todo = {seq: [i for i, (s, _) in enumerate(rows) if s == seq and not used[i]] for seq in run}
-        ubatch: list[int] = []
-        depth = 0
-        while all(depth < len(todo[seq]) for seq in run):
-            ubatch += [todo[seq][depth] for seq in run]
-            depth += 1
-            if (depth + 1) * len(run) > n_ubatch:
-                break
-        for i in ubatch:
-            used[i] = True
-        ubatches.append([rows[i] for i in ubatch])
-    return ubatches
+def split_rows(rows: list[tuple[int, int]], n_ubatch: int) -> list[list[tuple[int, int]]]:
+    return [[rows[i] for i in ubatch] for ubatch in split_equal(rows, n_ubatch)]
 
 
 def batch_rows(plan: StepPlan, demands: dict[int, SeqDemand], positions: dict[int, int]) -> list[tuple[int, int]]:
@@ -68,7 +53,7 @@ def test_a_granted_draft_never_starts_a_later_ubatch_past_its_first_draft_row(ra
     rows = batch_rows(plan, demands, positions)
     for key, _ in plan.drafts:
         seq = demands[key].seq_id
-        starts = [min(pos for s, pos in ub if s == seq) for ub in split_equal(rows, n_ubatch) if any(s == seq for s, _ in ub)]
+        starts = [min(pos for s, pos in ub if s == seq) for ub in split_rows(rows, n_ubatch) if any(s == seq for s, _ in ub)]
         assert all(a <= positions[seq] + 1 for a in starts), (plan, starts)
 
 
@@ -119,3 +104,44 @@ def test_a_new_session_fills_the_hole_a_finished_one_left() -> None:
     slots = [alloc.allocate([]) for _ in range(5)]  # 0..4 busy
     alloc.free(slots[2])  # the most recently used idle slot, between two busy ones
     assert alloc.allocate([7]).seq_id == 2  # not LRU slot 5: 0..4 stay one run
+
+
+# A long sequence (past the fake's 8-token window) whose first draft is rejected at once
+# (the n-gram (30, 31) drafts 50, 51, ...; the model says 32), in the step where its
+# neighbour's prompt chunk would share the ubatch: split that way, the draft's tail ubatch
+# would free a cell the next token needs (the fake fails any such row).
+LONG_A = (BOS, 30, 31, 50, 51, 52, 53, 54, 55, 30)
+LONG_B = (BOS, *(3 + i % 25 for i in range(59)))
+
+
+def run_pair(spec: SpecConfig, guard: bool = True) -> tuple[list[int], list[int], FakeRunner, Executor]:
+    runner = FakeRunner(n_batch=64, n_swa=8)
+    config = ExecutorConfig(2, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4, prefill_budget=3, spec=spec)
+    executor = Executor(runner, config)
+    executor.scheduler.per_slot_streams = guard  # False: rows still in id order, drafts not held back
+    sinks = [ListSink(), ListSink()]
+    for sink, prompt in zip(sinks, (LONG_A, LONG_B)):
+        executor.add_input(executor.open_session(params(max_tokens=6, ignore_eos=True), sink), prompt, True)
+    run_until(executor, lambda: all(turn_ends(s)() for s in sinks))
+    assert_kv_mirrors_slots(executor, runner)
+    return sinks[0].token_ids(), sinks[1].token_ids(), runner, executor
+
+
+SPEC_LONG = SpecConfig(spec_type="ngram-simple", draft_max=8, ngram_size=2)
+
+
+def test_a_long_sequence_next_to_a_prefilling_one_drafts_without_losing_window_cells() -> None:
+    plain_a, plain_b, _, _ = run_pair(SpecConfig())
+    spec_a, spec_b, runner, executor = run_pair(SPEC_LONG)
+    assert (spec_a, spec_b) == (plain_a, plain_b) and spec_a == list(range(31, 37))
+    for slot, _ in executor.table.slot_states():
+        assert runner.holds_window(slot.seq_id, len(slot.tokens))
+
+
+def test_without_the_rule_that_draft_loses_a_window_cell() -> None:
+    try:
+        run_pair(SPEC_LONG, guard=False)
+    except AssertionError as exc:
+        assert "attends to cells already dropped" in str(exc)
+    else:
+        raise AssertionError("the split draft kept its window: the scenario no longer tests the rule")

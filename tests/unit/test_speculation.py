@@ -39,6 +39,7 @@ def test_adaptive_length_and_rest() -> None:
     spec = SeqSpeculation(replace(SPEC, max_misses=2, rest_tokens=3))
     spec.record(8, 2)
     assert spec.max_len == 3
+    assert abs(spec.acceptance - (0.7 + 0.3 * 2 / 8)) < 1e-9  # the moving accepted share
     spec.record(3, 3)
     assert spec.max_len == 6
     spec.record(4, 0)
@@ -54,6 +55,9 @@ def test_scheduler_grants_draft_rows_within_the_budget() -> None:
     assert sorted(n for _, n in four.drafts) == [2, 2, 2, 2]  # the rows shared fairly
     uneven = scheduler.plan([SeqDemand(1, True, 0, 1), SeqDemand(2, True, 0, 12)], [])
     assert dict(uneven.drafts) == {1: 1, 2: 7}  # what one does not want goes to the next
+    poor = scheduler.plan([SeqDemand(k, True, 0, 12, draft_acceptance=0.3 if k == 1 else 0.9) for k in (1, 2, 3)], [])
+    assert [key for key, _ in poor.drafts] == [2, 3]  # with 3-4 decoding only well-accepted drafts pay
+    assert dict(scheduler.plan([SeqDemand(1, True, 0, 12, draft_acceptance=0.3)], []).drafts) == {1: 8}
     many = scheduler.plan([SeqDemand(k, True, 0, 12) for k in range(1, 6)], [])
     assert many.drafts == ()  # a busy server does not draft (measured: c=8 lost a third)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..metrics import Metrics
 from .runner_api import Runner
+from .scheduler import SeqDemand
 from .session import Session
 from .speculation import SpecConfig
 from .step import ReadyRow
@@ -39,11 +40,16 @@ class DraftVerifier:
         s.draft = s.speculation.propose(s.slot.tokens, s.next_token, room)
         return len(s.draft)
 
-    def window_at_risk(self, s: Session, num_draft: int) -> bool:
-        """Whether the sequence is long enough that its sliding window reaches back past
-        cells a split draft could free (see scheduler._drafts_kept_whole)."""
+    def demand(self, s: Session) -> SeqDemand:
+        """A generating sequence's row demand, with the draft `propose` made for it. It is
+        window-at-risk when long enough that its sliding window reaches back past cells a
+        split draft could free (see scheduler._drafts_kept_whole)."""
+        assert s.slot is not None
+        num_draft = self.propose(s)
         n_swa = self.runner.meta.n_swa
-        return s.slot is not None and n_swa > 0 and len(s.slot.tokens) + 1 + num_draft >= n_swa
+        at_risk = num_draft > 0 and n_swa > 0 and len(s.slot.tokens) + 1 + num_draft >= n_swa
+        acceptance = s.speculation.acceptance if s.speculation is not None else 1.0
+        return SeqDemand(s.key, True, 0, num_draft, s.slot.seq_id, at_risk, acceptance)
 
     def verify(self, ready: ReadyRow) -> TurnFinish | None:
         s = ready.session

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 MAX_DRAFTING_SEQS = 4  # more sequences decoding than this: no drafts (measured: verify rows then cost more than they save)
+MIN_ACCEPTANCE_BUSY = 0.6  # with 3-4 decoding a draft row costs about 0.6 of a decode token's share of a step
 MAX_PROMPTS_WHILE_DECODING = 2  # per-slot streams: prompts one step carries beside decode rows
 
 
@@ -39,6 +40,7 @@ class SeqDemand:
     num_draft: int = 0  # draft tokens it would verify after its decode token
     seq_id: int = -1  # its slot's sequence id
     window_at_risk: bool = False  # long enough that a split draft could cost a sliding-window cell
+    draft_acceptance: float = 1.0  # its drafts' recent accepted share
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,8 @@ class Scheduler:
         # rejected draft's sequence still needs can leave the sliding window (see
         # SlotKV.holds_window). Per-slot streams: see _drafts_kept_whole.
         rows = self.max_draft_rows if num_decoding <= MAX_DRAFTING_SEQS else 0
+        if num_decoding > 2:
+            wanting = [d for d in wanting if d.draft_acceptance >= MIN_ACCEPTANCE_BUSY]
         budget = min(rows, self.n_ubatch - num_decoding)
         return _fair_shares([(d.key, d.num_draft) for d in wanting], budget)
 

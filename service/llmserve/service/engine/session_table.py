@@ -120,8 +120,7 @@ class SessionTable:
         """What each session with a slot could put in the next decode."""
         v = self.verifier
         return [
-            SeqDemand(s.key, s.generating, s.num_prefill_ready, n := v.propose(s) if v and s.generating else 0,
-                      s.slot.seq_id, bool(n) and v is not None and v.window_at_risk(s, n))
+            v.demand(s) if v and s.generating else SeqDemand(s.key, s.generating, s.num_prefill_ready, seq_id=s.slot.seq_id)
             for s in self.sessions.values()
             if s.slot is not None and not s.paused
         ]

@@ -82,6 +82,7 @@ class SeqSpeculation:
         self.max_len = config.draft_max
         self.misses = 0
         self.rest = 0
+        self.acceptance = 1.0  # moving average of accepted / drafted, per draft
 
     def propose(self, history: Sequence[int], last: int, room: int) -> list[int]:
         """A draft after `history` + `last`, at most `room` tokens (context, max_tokens)."""
@@ -94,6 +95,8 @@ class SeqSpeculation:
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         c = self.config
+        if num_drafted:
+            self.acceptance = 0.7 * self.acceptance + 0.3 * num_accepted / num_drafted
         if num_accepted == num_drafted:
             self.max_len = min(self.max_len * 2, c.draft_max)
         else:
