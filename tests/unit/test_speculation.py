@@ -39,7 +39,9 @@ def test_adaptive_length_and_rest() -> None:
     spec = SeqSpeculation(replace(SPEC, max_misses=2, rest_tokens=3))
     spec.record(8, 2)
     assert spec.max_len == 3
-    assert abs(spec.acceptance - (0.7 + 0.3 * 2 / 8)) < 1e-9  # the moving accepted share
+    assert abs(spec.acceptance - (0.7 * 0.5 + 0.3 * 2 / 8)) < 1e-9  # the moving accepted share
+    spec.record_shadow(True)
+    assert abs(spec.acceptance - (0.8 * (0.35 + 0.075) + 0.2)) < 1e-9  # a proposal not verified
     spec.record(3, 3)
     assert spec.max_len == 6
     spec.record(4, 0)
@@ -51,7 +53,7 @@ def test_scheduler_grants_draft_rows_within_the_budget() -> None:
     scheduler = Scheduler(64, 64, 4, prefill_budget=None, max_draft_rows=8)
     one = scheduler.plan([SeqDemand(1, True, 0, 12)], [])
     assert one.drafts == ((1, 8),)
-    four = scheduler.plan([SeqDemand(k, True, 0, 12) for k in (1, 2, 3, 4)], [])
+    four = scheduler.plan([SeqDemand(k, True, 0, 12, draft_acceptance=0.9) for k in (1, 2, 3, 4)], [])
     assert sorted(n for _, n in four.drafts) == [2, 2, 2, 2]  # the rows shared fairly
     uneven = scheduler.plan([SeqDemand(1, True, 0, 1), SeqDemand(2, True, 0, 12)], [])
     assert dict(uneven.drafts) == {1: 1, 2: 7}  # what one does not want goes to the next

@@ -1,7 +1,7 @@
 """Drafting and verifying speculative tokens for one sequence (see speculation.py).
 
 `propose` fills `session.draft` before a step; after the step `verify` samples the
-decode row and each draft row in order with the sequence's sampler, through the
+decode row and each granted draft row in order with the sequence's sampler, through the
 same `TokenPicker` as any token (stop rules, logprobs, grammar), keeps the draft
 tokens the sampler picks, stops at the first it does not, and cuts the rejected
 rows from the KV before anything else can release the slot. Executor thread only.
@@ -48,12 +48,18 @@ class DraftVerifier:
         num_draft = self.propose(s)
         n_swa = self.runner.meta.n_swa
         at_risk = num_draft > 0 and n_swa > 0 and len(s.slot.tokens) + 1 + num_draft >= n_swa
-        acceptance = s.speculation.acceptance if s.speculation is not None else 1.0
+        acceptance = s.speculation.acceptance if s.speculation is not None else 0.0
         return SeqDemand(s.key, True, 0, num_draft, s.slot.seq_id, at_risk, acceptance)
 
     def verify(self, ready: ReadyRow) -> TurnFinish | None:
         s = ready.session
         assert ready.row is not None and s.slot is not None and s.turn is not None
+        if not ready.draft:  # proposed but not granted this step: score the proposal for free
+            proposed = s.draft[0]
+            finish = self.picker.pick(s, ready.logits, ready.row)
+            if s.speculation is not None:
+                s.speculation.record_shadow(s.next_token == proposed)
+            return finish
         finish: TurnFinish | None = None
         num_accepted = 0
         for i in range(len(ready.draft) + 1):

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 MAX_DRAFTING_SEQS = 4  # more sequences decoding than this: no drafts (measured: verify rows then cost more than they save)
-MIN_ACCEPTANCE_BUSY = 0.6  # with 3-4 decoding a draft row costs about 0.6 of a decode token's share of a step
+MIN_ACCEPTANCE_BUSY = 0.85  # with 3-4 decoding only drafts that nearly always land pay for their rows (measured)
 MAX_PROMPTS_WHILE_DECODING = 2  # per-slot streams: prompts one step carries beside decode rows
 
 
@@ -40,7 +40,7 @@ class SeqDemand:
     num_draft: int = 0  # draft tokens it would verify after its decode token
     seq_id: int = -1  # its slot's sequence id
     window_at_risk: bool = False  # long enough that a split draft could cost a sliding-window cell
-    draft_acceptance: float = 1.0  # its drafts' recent accepted share
+    draft_acceptance: float = 0.5  # how well its drafts have done lately (SeqSpeculation.acceptance)
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,7 @@ class SessionTable:
         for s in output.failed:
             self.fail(s, "INTERNAL", output.error)
         for ready in output.ready:
-            if ready.draft and self.verifier is not None:
+            if self.verifier is not None and ready.session.draft and not ready.turn_start:
                 finish = self.verifier.verify(ready)
                 if finish is not None:
                     self._finish(ready.session, finish)

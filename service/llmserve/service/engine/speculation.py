@@ -82,7 +82,9 @@ class SeqSpeculation:
         self.max_len = config.draft_max
         self.misses = 0
         self.rest = 0
-        self.acceptance = 1.0  # moving average of accepted / drafted, per draft
+        # Moving average of how well drafts do (accepted / drafted; for a draft proposed but
+        # not granted, whether its first token was what the sampler picked). Neutral start.
+        self.acceptance = 0.5
 
     def propose(self, history: Sequence[int], last: int, room: int) -> list[int]:
         """A draft after `history` + `last`, at most `room` tokens (context, max_tokens)."""
@@ -92,6 +94,10 @@ class SeqSpeculation:
         self.index.sync(history)
         draft = self.index.draft(last, min(self.max_len, room))
         return draft if len(draft) >= max(self.config.draft_min, 1) else []
+
+    def record_shadow(self, hit: bool) -> None:
+        """A draft proposed but not verified: did its first token match the sampled one?"""
+        self.acceptance = 0.8 * self.acceptance + 0.2 * float(hit)
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         c = self.config
