@@ -4,6 +4,7 @@ SIGTERM ends the process even when the executor is stuck."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -113,8 +114,10 @@ def test_liveness_serves_while_the_model_loads(tmp_path: Path) -> None:
     from tests.conftest import free_port
 
     port = free_port()
+    # A 2 s pause before the load: gemma-3-270m loads in well under a second on a fast machine.
+    env = {**os.environ, "LLMSERVE_INJECT_FAULT": "slow_load:2"}
     process = subprocess.Popen([sys.executable, "-m", "llmserve.service", "serve", "--port", str(port), *ARGS],
-                               stdout=(tmp_path / "load.log").open("w"), stderr=subprocess.STDOUT)
+                               stdout=(tmp_path / "load.log").open("w"), stderr=subprocess.STDOUT, env=env)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             grpc.channel_ready_future(channel).result(timeout=30)

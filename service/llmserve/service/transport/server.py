@@ -147,6 +147,15 @@ def _build_server(
     return server
 
 
+async def _load_engine(config: ServerConfig, metrics: Metrics) -> Engine:
+    """The model, loaded off the event loop. Test only: `LLMSERVE_INJECT_FAULT=slow_load:<s>`
+    waits that long first, so that a loading server can be watched on any machine."""
+    kind, _, value = os.environ.get("LLMSERVE_INJECT_FAULT", "").partition(":")
+    if kind == "slow_load":
+        await asyncio.sleep(float(value))
+    return await asyncio.to_thread(Engine, config, metrics)
+
+
 async def serve(config: ServerConfig) -> None:
     metrics = Metrics()
     llm = LLMServicer(metrics, config.max_queue, config.max_input_tokens)
@@ -174,7 +183,7 @@ async def serve(config: ServerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    load = asyncio.create_task(asyncio.to_thread(Engine, config, metrics))
+    load = asyncio.create_task(_load_engine(config, metrics))
     await asyncio.wait([load, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
     try:
         engine = await load  # a signal during loading still waits for the load to free it
