@@ -8,6 +8,7 @@ the fake KV holds.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 
@@ -292,3 +293,44 @@ def test_prompt_logprobs_run_in_bounded_chunks() -> None:
     scored = [lp for e in sink.events if hasattr(e, "tokens") for lp in e.tokens]
     assert [lp.token_id for lp in scored] == list(prompt[1:])
     assert runner.max_output_rows <= 32
+
+
+def test_pending_input_is_never_prefilled_past_the_slot() -> None:
+    """Found by the 600-call combination run with one KV stream per slot: a named session
+    restored with its history and input it had not answered (history + input over the
+    slot) had the input prefilled before its turn began, past the slot's cells, and
+    llama_decode failed for every sequence in that step. (A unified buffer had hidden it
+    in other slots' cells.) The input now waits; its turn ends CONTEXT_FULL."""
+    from llmserve.service.domain import SavedSession
+
+    executor, runner = make(n_parallel=1, n_ctx_per_slot=32)
+    sink = ListSink()
+    history = (BOS, *range(10, 39))  # 30 tokens: fits the slot
+    restore = SavedSession("s", history, tuple(range(3, 13)), None, json.dumps({"tokens": list(history), "min": 0}).encode())
+    key = executor.open_session(params(max_tokens=4), sink, restore=restore)
+    for _ in range(5):
+        executor.drain(block=False)
+        executor.step()
+    assert len(runner.kv.get(0, [])) <= 32
+    executor.add_input(key, (), True)
+    run_until(executor, turn_ends(sink))
+    assert sink.of(TurnEndEvent)[0].finish_reason == FinishReason.CONTEXT_FULL
+    assert len(runner.kv.get(0, [])) <= 32
+    assert_kv_mirrors_slots(executor, runner)
+
+
+def test_input_sent_during_a_reply_that_no_longer_fits_ends_context_full() -> None:
+    executor, runner = make(n_parallel=1, n_ctx_per_slot=32)
+    sink = ListSink()
+    key = executor.open_session(params(max_tokens=20, ignore_eos=True), sink)
+    executor.add_input(key, (BOS, 10), True)
+    for _ in range(3):
+        executor.drain(block=False)
+        executor.step()
+    executor.add_input(key, tuple(range(12, 27)), False)  # 15 tokens: fits now, not after the reply
+    run_until(executor, turn_ends(sink))
+    executor.add_input(key, (), True)
+    run_until(executor, turn_ends(sink, 2))
+    assert sink.of(TurnEndEvent)[1].finish_reason == FinishReason.CONTEXT_FULL
+    assert len(runner.kv.get(0, [])) <= 32
+    assert_kv_mirrors_slots(executor, runner)

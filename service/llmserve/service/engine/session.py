@@ -210,8 +210,10 @@ class Session:
 
     @property
     def num_prefill_ready(self) -> int:
-        """Pending tokens that may be prefilled now (the last one waits for end of turn)."""
-        if self.slot is None or self.generating or self.overflowed:
+        """Pending tokens that may be prefilled now (the last one waits for end of turn).
+        0 while history + pending exceed the slot: input sent during a reply fitted when
+        it came, but the reply has grown the history since; its turn ends CONTEXT_FULL."""
+        if self.slot is None or self.generating or self.overflowed or self.num_context_tokens > self.max_context:
             return 0
         ready = len(self.pending) if self.turn is not None else max(len(self.pending) - 1, 0)
         # Prompt logprobs need logits for every row: llama.cpp's output buffer holds
