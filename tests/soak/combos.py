@@ -229,9 +229,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=600)
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--server-args", default="", help="extra serve flags, e.g. '--spec-type ngram-simple'")
     args = parser.parse_args()
     session_dir = Path("/tmp/llmserve-combos-sessions")
-    server = start_server([*SERVER_ARGS, "--session-dir", str(session_dir)], Path("/tmp/llmserve-combos.log"))
+    server = start_server([*SERVER_ARGS, "--session-dir", str(session_dir), *args.server_args.split()],
+                          Path("/tmp/llmserve-combos.log"))
     started = time.monotonic()
     try:
         outcomes = run_combos(server.address, args.calls, args.seed)

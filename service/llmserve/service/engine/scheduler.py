@@ -165,7 +165,7 @@ def _drafts_kept_whole(drafts: list[tuple[int, int]], demands: Sequence[SeqDeman
     enough for its window to matter drafts only when its neighbours carry one row at most
     (a neighbour's prompt is never held back for a draft)."""
     by_key = {d.key: d for d in demands}
-    rows: dict[int, int] = {d.seq_id: int(d.decode_token) + (d.num_prefill if not d.decode_token else 0) for d in demands}
+    rows = {d.seq_id: 1 if d.decode_token else d.num_prefill for d in demands}
     at_risk_drafting: set[int] = set()
     kept: list[tuple[int, int]] = []
     for key, n in drafts:
