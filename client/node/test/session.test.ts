@@ -30,7 +30,10 @@ test("cancel stops the running turn; the session goes on", async () => {
   assert.equal(end.finishReason, pb.FinishReason.CANCELLED);
   assert.ok(end.usage!.completionTokens > 0 && end.usage!.completionTokens < 400);
   for await (const _ of session.send(" The end.")) session.cancel(); // a second turn on the same KV
-  assert.ok(session.turnEnd!.usage!.cachedTokens > end.usage!.promptTokens);
+  // The history holds the prompt and the reply; the reply's last sampled token is not in the KV yet.
+  const inHistory = end.usage!.promptTokens + end.usage!.completionTokens - 1;
+  const cached = session.turnEnd!.usage!.cachedTokens;
+  assert.ok(cached >= inHistory, `cached ${cached} < ${inHistory}`);
   await session.close();
 });
 
