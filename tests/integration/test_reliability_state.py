@@ -115,3 +115,31 @@ def test_restore_checks_the_file_against_the_running_configuration(tmp_path: Pat
     assert end.usage.cached_tokens == 0
     log = (tmp_path / "small.log").read_text()
     assert "session_discarded" in log and "do not fit a slot of 256" in log
+
+
+def _chat(*pairs: tuple[str, str]) -> pb.Input:
+    return pb.Input(messages=pb.ChatMessages(messages=[pb.ChatMessage(role=r, content=c) for r, c in pairs]))
+
+
+def test_a_chat_session_the_server_ended_goes_on_with_messages(state_server: RunningServer) -> None:
+    """The call's deadline expires mid-reply, so the executor ends the session, not the
+    stream's close: it is saved with the conversation the stream had, and the next stream
+    on the id goes on with messages (found by the combination fuzzer, seed 5)."""
+    with grpc.insecure_channel(state_server.address) as channel:
+        s = SessionStream(channel, timeout=2.0, session_id="chat-deadline", max_tokens=8, temperature=0)
+        s.send(_chat(("user", "Name a colour.")))
+        _, _, first = s.read_turn()
+        s.send(_chat(("user", "Now write a very long story about it.")))
+        with pytest.raises(grpc.RpcError) as err:
+            for _ in range(10_000):  # max_tokens 8 ends the turn: ask again until the deadline
+                s.read_turn()
+                s.send(_chat(("user", "Go on, longer.")))
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        again = SessionStream(channel, timeout=60, session_id="chat-deadline", max_tokens=4, temperature=0)
+        again.send(_chat(("user", "Thanks.")))
+        _, _, end = again.read_turn()
+        again.close()
+        assert list(again.call) == []
+    print(f'after the deadline: cached {end.usage.cached_tokens} of {end.usage.prompt_tokens}')
+    assert first.usage.prompt_tokens > 0
+    assert end.usage.cached_tokens >= first.usage.prompt_tokens  # the conversation's KV was kept

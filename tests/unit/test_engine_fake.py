@@ -12,6 +12,7 @@ import json
 import time
 from dataclasses import replace
 
+import pytest
 from llmserve.service.domain import (
     EmbedInput,
     EmbedResult,
@@ -334,3 +335,45 @@ def test_input_sent_during_a_reply_that_no_longer_fits_ends_context_full() -> No
     assert sink.of(TurnEndEvent)[1].finish_reason == FinishReason.CONTEXT_FULL
     assert len(runner.kv.get(0, [])) <= 32
     assert_kv_mirrors_slots(executor, runner)
+
+
+class RecordingStore:
+    """The parts of SessionStore the executor calls."""
+
+    def __init__(self) -> None:
+        self.saved: list[object] = []
+        self.settled: list[str] = []
+
+    def save_async(self, record: object) -> None:
+        self.saved.append(record)
+
+    def settle(self, session_id: str) -> None:
+        self.settled.append(session_id)
+
+
+@pytest.mark.parametrize("end", ["deadline", "shutdown"])
+def test_a_session_the_executor_ends_is_saved_with_the_kept_chat(end: str) -> None:
+    """Found by the combination fuzzer: a chat session ended by the executor (its deadline;
+    a fault or shutdown alike) was saved before the stream's Close carried the
+    conversation, so with no chat record, and the next stream's messages were refused."""
+    chat = (("user", "Name a colour."), ("assistant", "Red."))
+    runner, store = FakeRunner(n_batch=64), RecordingStore()
+    config = ExecutorConfig(2, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4)
+    executor = Executor(runner, config, store=store)  # type: ignore[arg-type]
+    sink = ListSink()
+    named = replace(params(max_tokens=200, ignore_eos=True), session_id="chat-1")
+    key = executor.open_session(named, sink, deadline=time.monotonic() + 0.05 if end == "deadline" else None)
+    executor.keep_chat(key, chat)
+    executor.add_input(key, (BOS, 3, 4), True)
+    for _ in range(3):
+        executor.drain(block=False)
+        executor.step()
+    if end == "deadline":
+        time.sleep(0.06)
+        run_until(executor, lambda: sink.of(SessionFailed))
+    else:
+        executor.table.fail_all("UNAVAILABLE", "the server is shutting down")
+    assert [r.chat for r in store.saved] == [chat]  # type: ignore[attr-defined]
+    executor.close(key, None)  # the stream's close comes after: nothing more happens
+    executor.drain(block=False)
+    assert len(store.saved) == 1 and not store.settled

@@ -41,6 +41,15 @@ class Close:
 
 
 @dataclass(frozen=True)
+class KeepChat:
+    """The conversation a named session is saved with if the executor ends it (deadline,
+    fault, shutdown) before the stream's `Close` says it again."""
+
+    key: int
+    chat: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class Embed:
     inputs: tuple[EmbedInput, ...]
     sink: EventSink

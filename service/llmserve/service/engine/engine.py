@@ -56,6 +56,10 @@ class SessionHandle:
         """End the running turn CANCELLED; the session stays."""
         self.executor.cancel(self.key)
 
+    def keep_chat(self, chat: tuple[tuple[str, str], ...]) -> None:
+        """The conversation to save if the engine ends the session before `close`."""
+        self.executor.keep_chat(self.key, chat)
+
     def close(self, chat: tuple[tuple[str, str], ...] | None = None) -> None:
         """The stream is over: free the slot (a named session is saved, with `chat`)."""
         self.executor.close(self.key, chat)

@@ -34,7 +34,7 @@ from ..domain import (
 )
 from ..metrics import Metrics
 from .allocator import SlotAllocator
-from .commands import STOP, AddInput, Cancel, Close, DropEmbeds, Embed, Open
+from .commands import STOP, AddInput, Cancel, Close, DropEmbeds, Embed, KeepChat, Open
 from .draft_verifier import DraftVerifier
 from .runner_api import Runner
 from .saved_sessions import SessionStore
@@ -140,6 +140,9 @@ class Executor:
 
     def close(self, key: int, chat: tuple[tuple[str, str], ...] | None = None) -> None:
         self._commands.put(Close(key, chat))
+
+    def keep_chat(self, key: int, chat: tuple[tuple[str, str], ...]) -> None:
+        self._commands.put(KeepChat(key, chat))
 
     def embed(self, inputs: tuple[EmbedInput, ...], sink: EventSink) -> None:
         self._commands.put(Embed(inputs, sink))

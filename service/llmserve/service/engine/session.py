@@ -52,7 +52,7 @@ class Session:
         self.prompt_logits: np.ndarray | None = None  # last evaluated row, for prompt logprobs
         self.ready_logits: np.ndarray | None = None  # saved logits to sample the turn's first token from
         self.restore: SavedSession | None = None  # a saved session waiting for a slot
-        self.chat: tuple[tuple[str, str], ...] | None = None  # saved with the session, from the transport
+        self.chat: tuple[tuple[str, str], ...] | None = None  # saved with it (KeepChat, Close)
         self.params = params
         self.sink = sink
         self.deadline = deadline

@@ -16,7 +16,7 @@ import structlog
 
 from ..domain import FinishReason, GrammarError, SamplingParams, SavedSession, SessionFailed
 from .allocator import Slot, SlotAllocator
-from .commands import AddInput, Cancel, Close, Open
+from .commands import AddInput, Cancel, Close, KeepChat, Open
 from .draft_verifier import DraftVerifier
 from .runner_api import Runner, TokenSampler
 from .saved_sessions import SessionStore
@@ -73,8 +73,10 @@ class SessionTable:
             for sample in (*session.children, session):
                 if sample.turn is not None:
                     self._finish(sample, TurnFinish(FinishReason.CANCELLED, sample.next_token))
-        elif isinstance(command, Close):
+        elif isinstance(command, KeepChat):
             session.chat = command.chat
+        elif isinstance(command, Close):
+            session.chat = command.chat if command.chat is not None else session.chat
             self._release(session)
 
     def _open(self, command: Open) -> None:
@@ -89,7 +91,7 @@ class SessionTable:
             if params.session_id and self.store is not None:
                 self.store.settle(params.session_id)
             return
-        session.restore = command.restore
+        session.restore, session.chat = command.restore, command.restore.chat if command.restore else None
         self.sessions[command.key] = session
         self.waiting.append(session)
 
@@ -202,14 +204,13 @@ class SessionTable:
         return admitted
 
     def _save(self, session: Session) -> None:
-        """A named session ends: copy its KV state out for the store's writer thread. A
-        session with nothing in it leaves the saved file as it was."""
+        """A named session ends: copy its KV state out for the store's writer thread."""
         session_id = session.params.session_id
         if self.store is None or not session_id or session.parent is not None:
             return
         slot = session.slot
         history: tuple[int, ...] = tuple(slot.tokens[: slot.num_confirmed]) if slot is not None else ()
-        if slot is None or not history:
+        if slot is None or not history:  # nothing in it: the saved file stays as it was
             self.store.settle(session_id)
             return
         history, state = self.kv.export(slot)

@@ -81,10 +81,8 @@ class _ReaderFailed:
 
 
 class GenerateCall:
-    def __init__(
-        self, engine: Engine, metrics: Metrics, max_input_tokens: int, restore: SavedSession | None = None,
-        grammar: object | None = None,
-    ) -> None:
+    def __init__(self, engine: Engine, metrics: Metrics, max_input_tokens: int, restore: SavedSession | None = None,
+                 grammar: object | None = None) -> None:
         self.engine = engine
         self.restore = restore
         self.grammar = grammar  # the compiled constraint (Engine.compile_constraint)
@@ -137,6 +135,7 @@ class GenerateCall:
                     if event.index == 0 and state.chat is not None:
                         state.chat.append(ChatMessage("assistant", "".join(state.reply)))
                         state.reply.clear()
+                        session.keep_chat(self._chat_to_save())
                     if event.final:
                         await self._run_deferred_chat(session)
                     record_turn(self.metrics, event, params)
@@ -237,6 +236,7 @@ class GenerateCall:
         state = self.state
         assert state.chat is not None
         state.chat.extend(messages)
+        session.keep_chat(self._chat_to_save())  # a chat session, even if the engine ends it first
         tokens = await asyncio.to_thread(self.engine.render_chat, list(state.chat))
         state.turn_tokens = state.session_tokens = len(tokens)
         self._check_sizes()
