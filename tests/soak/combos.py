@@ -21,6 +21,8 @@ import argparse
 import json
 import queue
 import random
+import shutil
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -149,8 +151,8 @@ class _Requests:
             yield item
 
 
-def run_plan(address: str, plan: Plan, rng: random.Random) -> str:
-    """Run one call; returns the status the client saw. Checks every turn end it reads."""
+def run_plan(address: str, plan: Plan, rng: random.Random) -> tuple[str, str]:
+    """Run one call; returns the status the client saw and its details. Checks every turn end it reads."""
     channel = grpc.insecure_channel(address)
     requests = _Requests()
     timeout = rng.choice([0.05, 0.3, 1.0]) if plan.ending == "deadline" else CALL_TIMEOUT
@@ -181,25 +183,31 @@ def run_plan(address: str, plan: Plan, rng: random.Random) -> str:
                     requests.queue.put(pb.GenerateRequest(input=_input(plan, rng), end_of_turn=True))
                 else:
                     requests.queue.put(None)
-        return OK
+        return OK, ""
     except grpc.RpcError as err:
-        return err.code().name  # type: ignore[no-any-return]
+        return err.code().name, err.details() or ""  # type: ignore[no-any-return]
     except ValueError as err:  # the channel was closed under the call (disconnect)
-        return "CANCELLED" if plan.ending == "disconnect" else f"CLIENT-ERROR {err}"
+        return ("CANCELLED", "") if plan.ending == "disconnect" else (f"CLIENT-ERROR {err}", "")
     finally:
         requests.queue.put(None)
         channel.close()
 
 
-def run_combos(address: str, calls: int, seed: int, workers: int = 6) -> Counter[Outcome]:
+def run_combos(address: str, calls: int, seed: int, workers: int = 6,
+               unexpected: list[str] | None = None) -> Counter[Outcome]:
+    """`unexpected` collects a line per call whose status its plan does not allow."""
     rng = random.Random(seed)
     ids = [f"combo-{seed}-{i}" for i in range(3)]
     plans = [(draw(rng, ids), random.Random(rng.random())) for _ in range(calls)]
 
     def one(item: tuple[Plan, random.Random]) -> Outcome:
         plan, call_rng = item
-        status = run_plan(address, plan, call_rng)
+        status, details = run_plan(address, plan, call_rng)
         ok = status in plan.expected or (plan.ending in ("cancel_call", "disconnect", "deadline") and status == OK)
+        if not ok and unexpected is not None:
+            c = plan.config
+            unexpected.append(f"{status} {details!r}: ends by {plan.ending}, chat={plan.chat}, turns={plan.turns}, "
+                              f"session_id={c.session_id!r}, n={c.n}, adversarial={plan.adversarial!r}")
         return Outcome(plan.ending, plan.adversarial, status, ok)
 
     with ThreadPoolExecutor(workers) as pool:
@@ -231,12 +239,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--server-args", default="", help="extra serve flags, e.g. '--spec-type ngram-simple'")
     args = parser.parse_args()
-    session_dir = Path("/tmp/llmserve-combos-sessions")
+    session_dir = Path(tempfile.mkdtemp(prefix="llmserve-combos-"))  # fresh: no sessions of earlier runs
     server = start_server([*SERVER_ARGS, "--session-dir", str(session_dir), *args.server_args.split()],
                           Path("/tmp/llmserve-combos.log"))
     started = time.monotonic()
+    unexpected: list[str] = []
     try:
-        outcomes = run_combos(server.address, args.calls, args.seed)
+        outcomes = run_combos(server.address, args.calls, args.seed, unexpected=unexpected)
         info = chaos.wait_until_idle(server.address)
         extra = [
             f"run time {time.monotonic() - started:.0f} s",
@@ -246,7 +255,9 @@ def main() -> None:
         ]
     finally:
         code = stop_server(server)
+        shutil.rmtree(session_dir, ignore_errors=True)
     extra.append(f"server exit code after SIGTERM: {code}")
+    extra += [f"unexpected: {line}" for line in sorted(unexpected)[:10]]
     text = report(outcomes, args.calls, args.seed, extra)
     print(text)
     if args.out:

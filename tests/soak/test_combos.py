@@ -22,11 +22,12 @@ def combo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSe
 
 
 def test_feature_combinations_never_crash_hang_or_leak(combo_server: RunningServer) -> None:
-    outcomes = combos.run_combos(combo_server.address, calls=150, seed=23)
+    lines: list[str] = []
+    outcomes = combos.run_combos(combo_server.address, calls=150, seed=23, unexpected=lines)
     info = chaos.wait_until_idle(combo_server.address)
     print(combos.report(outcomes, 150, 23, []))
     unexpected = {o: n for o, n in outcomes.items() if not o.expected}
-    assert unexpected == {}
+    assert unexpected == {}, "\n".join(lines)
     assert sum(outcomes.values()) == 150
     assert combo_server.process.poll() is None
     assert chaos.kv_leaks(info) == []

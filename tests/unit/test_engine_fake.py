@@ -377,3 +377,26 @@ def test_a_session_the_executor_ends_is_saved_with_the_kept_chat(end: str) -> No
     executor.close(key, None)  # the stream's close comes after: nothing more happens
     executor.drain(block=False)
     assert len(store.saved) == 1 and not store.settled
+
+
+def test_a_chat_turn_sent_before_the_restore_matches_the_restored_kv() -> None:
+    """Found by the combination fuzzer after the fix above: a restored chat session's whole
+    rendering, handled before the session got its slot, was put after the restored history
+    (the conversation twice); over the slot, its turn waited forever. Input now waits for
+    the restore, and the rendering reuses the restored KV."""
+    from llmserve.service.domain import SavedSession
+
+    executor, runner = make(n_parallel=1, n_ctx_per_slot=64)
+    sink = ListSink()
+    history = (BOS, *range(10, 39))  # 30 tokens in the KV
+    restore = SavedSession("s", history, (40,), (("user", "a"), ("assistant", "b")),
+                           json.dumps({"tokens": list(history), "min": 0}).encode())
+    key = executor.open_session(params(max_tokens=4, ignore_eos=True), sink, restore=restore)
+    rendering = (*history, 40, 41, 42, 43, 44)  # the conversation again, with a new message
+    executor.add_input(key, rendering, True, replace=True)  # handled in the same drain as the open
+    run_until(executor, turn_ends(sink))
+    end = sink.of(TurnEndEvent)[0]
+    assert end.finish_reason == FinishReason.LENGTH
+    assert end.cached_tokens == len(history) and end.prompt_tokens == len(rendering)
+    assert runner.kv[0][: len(rendering)] == list(rendering)
+    assert_kv_mirrors_slots(executor, runner)

@@ -1,10 +1,8 @@
 """The executor's table of Generate sessions: their lifecycle from open to release.
 
-Opening, input and turn ends, cancels, closes, admission to slots (priority, then
-FIFO), deadlines, forking a turn into n samples, applying each step's output
-(sampling the ready rows and ending turns), and saving/restoring named sessions.
-The executor thread owns it: every method runs on that thread, between decode steps.
-"""
+Opening, input and turn ends, cancels, closes, admission to slots (priority, then FIFO), deadlines,
+forking a turn into n samples, applying each step's output (sampling the ready rows and ending turns),
+and saving/restoring named sessions. The executor thread owns it: every method runs on that thread."""
 
 from __future__ import annotations
 
@@ -64,8 +62,8 @@ class SessionTable:
         session = self.sessions.get(command.key)  # type: ignore[attr-defined]
         if session is None:
             return
-        if isinstance(command, AddInput):
-            if session.turn is not None or session.samples_open:
+        if isinstance(command, AddInput):  # waits for the running turn, or for a saved session's KV
+            if session.turn is not None or session.samples_open or session.restore is not None:
                 session.later.append((command.tokens, command.end_of_turn, command.replace))
             else:
                 self._accept_input(session, command.tokens, command.end_of_turn, command.replace)
@@ -161,10 +159,11 @@ class SessionTable:
         session.finish_turn(finish)
         if session.parent is not None:  # a forked sample lives for one turn; its slot stays reserved
             self._release(session)
-        group = session.group
+        self._accept_later(session.group)
+
+    def _accept_later(self, group: Session) -> None:
         while group.later and group.turn is None and group.samples_open == 0:
-            tokens, end_of_turn, replace = group.later.popleft()
-            self._accept_input(group, tokens, end_of_turn, replace)
+            self._accept_input(group, *group.later.popleft())
 
     def _fork(self, parent: Session) -> list[Session]:
         """First logits of a turn with n > 1: copy the KV into the reserved slots."""
@@ -196,6 +195,7 @@ class SessionTable:
                 saved, session.restore = session.restore, None
                 slot, loaded = self.kv.restore(saved)
                 session.resume(slot, saved, loaded)
+                self._accept_later(session)  # a chat rendering now matches against the restored KV
             elif session.pending:
                 self.waiting.remove(session)
                 session.attach(self.allocator.allocate(session.pending), self.allocator.reusable)
