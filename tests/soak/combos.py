@@ -248,6 +248,7 @@ def main() -> None:
         outcomes = run_combos(server.address, args.calls, args.seed, unexpected=unexpected)
         info = chaos.wait_until_idle(server.address)
         extra = [
+            f"extra server flags: {args.server_args or 'none'}",
             f"run time {time.monotonic() - started:.0f} s",
             f"KV check after the run: {chaos.kv_leaks(info) or 'clean'}",
             f"server RSS after the run: {chaos.rss_kb(server.process.pid) / 1024:.0f} MiB (bound {MAX_RSS_MIB})",
