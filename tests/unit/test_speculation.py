@@ -28,11 +28,34 @@ def make(spec: SpecConfig = SPEC, n_parallel: int = 2) -> tuple[Executor, FakeRu
 def test_ngram_index_drafts_what_followed_the_latest_occurrence() -> None:
     index = NgramIndex(2)
     index.sync([1, 2, 3, 4, 1, 2, 5, 6, 1])
-    assert index.draft(2, 8) == [5, 6, 1]  # (1, 2) last ended before 5
+    # (1, 2) last ended before 5; past the end the copy goes on from the last token and
+    # from itself, as LZ77 does: the pattern 1 2 5 6 repeats
+    assert index.draft(2, 8) == [5, 6, 1, 2, 5, 6, 1, 2]
     assert index.draft(2, 2) == [5, 6]
     assert index.draft(9, 8) == []
     index.sync([1, 2, 3])  # cut: rebuilt
     assert index.draft(1, 8) == []
+
+
+def test_the_occurrence_that_matches_further_back_is_drafted() -> None:
+    """A copy follows its source: (1, 2) occurs after 7 and later after 8; the history
+    ends 7 1 and the next token is 2, so the draft is what followed 7 1 2."""
+    index = NgramIndex(2)
+    index.sync([7, 1, 2, 3, 4, 8, 1, 2, 5, 6, 0, 7, 1])
+    assert index.draft(2, 3) == [3, 4, 8]
+    index = NgramIndex(2)
+    index.sync([7, 1, 2, 3, 4, 8, 1, 2, 5, 6, 0, 9, 1])  # neither matches further: the latest
+    assert index.draft(2, 3) == [5, 6, 0]
+
+
+def test_a_repeating_tail_drafts_the_repetition_in_full() -> None:
+    """A small model stuck repeating one word: the latest occurrence of the n-gram is the
+    history's own tail, and the draft is the repetition, not nothing."""
+    index = NgramIndex(3)
+    index.sync([7, 9, 9, 9])
+    assert index.draft(9, 6) == [9] * 6
+    index.sync([7, 9, 9, 9, 4, 9, 9, 9, 4])
+    assert index.draft(9, 5) == [9, 9, 4, 9, 9]  # period 4: (9, 4, 9) last ended at 6
 
 
 def test_adaptive_length_and_rest() -> None:

@@ -43,34 +43,57 @@ class SpecConfig:
 
 
 class NgramIndex:
-    """Where each n-gram of a sequence's tokens last ended (incremental; rebuilt when the
-    history is cut or rewritten)."""
+    """Where each n-gram of a sequence's tokens ended (the latest `MAX_CANDIDATES` times;
+    incremental, rebuilt when the history is cut or rewritten)."""
+
+    MAX_CANDIDATES = 8  # occurrences of one n-gram compared by how far back they match
+    MAX_MATCH = 64  # tokens compared before the n-gram, at most
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._tokens: list[int] = []
-        self._last: dict[tuple[int, ...], int] = {}  # n-gram -> index just past its latest occurrence
+        self._ends: dict[tuple[int, ...], list[int]] = {}  # n-gram -> indexes just past its occurrences
 
     def sync(self, tokens: Sequence[int]) -> None:
         n, mine = self.size, self._tokens
         if len(tokens) < len(mine) or (mine and tokens[len(mine) - 1] != mine[-1]):
-            self._tokens, self._last = [], {}
+            self._tokens, self._ends = [], {}
             mine = self._tokens
         for i in range(len(mine), len(tokens)):
             mine.append(tokens[i])
             if i + 1 >= n:
-                self._last[tuple(mine[i + 1 - n : i + 1])] = i + 1
+                ends = self._ends.setdefault(tuple(mine[i + 1 - n : i + 1]), [])
+                ends.append(i + 1)
+                if len(ends) > 2 * self.MAX_CANDIDATES:
+                    del ends[: self.MAX_CANDIDATES]
 
     def draft(self, last: int, max_tokens: int) -> list[int]:
-        """What followed the latest earlier occurrence of (history tail + `last`)."""
+        """What followed an earlier occurrence of (history tail + `last`): of the latest
+        few, the one whose preceding tokens match the history furthest back (the latest
+        on a tie), so a copy follows its source, not the last place a short n-gram recurred.
+        Copied as LZ77 copies: past the history's end the draft goes on from `last` and
+        from itself, so an occurrence close to the end still drafts a repeating pattern."""
         n, tokens = self.size, self._tokens
         if max_tokens <= 0 or len(tokens) < n:
             return []
         key = (*tokens[len(tokens) - n + 1 :], last) if n > 1 else (last,)
-        start = self._last.get(key)
-        if start is None:
+        ends = self._ends.get(key)
+        if not ends:
             return []
-        return tokens[start : start + max_tokens]
+        start, best = ends[-1], -1
+        for end in reversed(ends[-self.MAX_CANDIDATES :]):
+            matched = 0  # tokens[end - n - 1 - k] against the history before the n-gram
+            while (matched < self.MAX_MATCH and end - n - 1 - matched >= 0
+                   and tokens[end - n - 1 - matched] == tokens[len(tokens) - n - matched]):
+                matched += 1
+            if matched > best:
+                start, best = end, matched
+        draft = tokens[start : start + max_tokens]
+        base = len(tokens) + 1  # the index of draft[0] in history + last + draft
+        while len(draft) < max_tokens:
+            i = start + len(draft)
+            draft.append(last if i == len(tokens) else draft[i - base])
+        return draft
 
 
 class SeqSpeculation:
