@@ -171,7 +171,7 @@ def _drafts_kept_whole(drafts: list[tuple[int, int]], demands: Sequence[SeqDeman
     for key, n in drafts:
         d = by_key[key]
         near = (d.seq_id - 1, d.seq_id + 1)
-        if d.window_at_risk and max(rows.get(i, 0) for i in near) > 1 or at_risk_drafting.intersection(near):
+        if (d.window_at_risk and max(rows.get(i, 0) for i in near) > 1) or at_risk_drafting.intersection(near):
             continue
         kept.append((key, n))
         rows[d.seq_id] = 1 + n
