@@ -236,7 +236,8 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         if not engine.has_session_store:
             raise FailedPrecondition("named sessions need the server to run with --session-dir", field="config.session_id")
         if session_id in self._sessions_in_use:
-            raise FailedPrecondition(f"session {session_id!r} is open on another stream", field="config.session_id")
+            raise FailedPrecondition(f"session {session_id!r} is open on another stream; retry",
+                                     field="config.session_id", retry_after_s=1.0)
         self._sessions_in_use.add(session_id)
         try:
             return await asyncio.to_thread(engine.load_session, session_id)
