@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import toolchains
 from tests.client_scenario import check
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,13 +22,13 @@ GENERATED = ROOT / "gen" / "cpp" / "llmserve" / "v1" / "llmserve.grpc.pb.cc"
 def missing_toolchain() -> str | None:
     """Why the C++ client cannot be built here, or None."""
     if shutil.which("g++") is None:
-        return "g++ is not installed (apt-get install g++)"
+        return toolchains.missing("g++ is not installed", "make client-tools")
     if shutil.which("pkg-config") is None:
-        return "pkg-config is not installed (make client-tools)"
+        return toolchains.missing("pkg-config is not installed", "make client-tools")
     if subprocess.run(["pkg-config", "--exists", "grpc++", "protobuf"]).returncode != 0:
-        return "pkg-config finds no grpc++/protobuf (make client-tools: libgrpc++-dev libprotobuf-dev)"
+        return toolchains.missing("pkg-config finds no grpc++/protobuf (libgrpc++-dev libprotobuf-dev)", "make client-tools")
     if not GENERATED.exists():
-        return "gen/cpp has no generated code: run `make gen` (python -m tools.gen --lang cpp)"
+        return toolchains.missing("gen/cpp has no generated code", "make gen")
     return None
 
 

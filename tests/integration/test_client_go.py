@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import toolchains
 from tests.client_scenario import check
 from tests.conftest import RunningServer
 
@@ -20,12 +21,11 @@ STUBS = ROOT / "gen" / "go" / "llmserve" / "v1"
 def skip_reason() -> str | None:
     """Why this machine cannot build the Go client, or None when it can."""
     if shutil.which("go") is None:
-        return (
-            "go not installed: make client-tools installs golang-go protoc-gen-go protoc-gen-go-grpc "
-            "golang-github-golang-protobuf-1-5-dev golang-google-grpc-dev golang-google-genproto-dev (Debian 12)"
-        )
+        return toolchains.missing(
+            "go not installed (golang-go protoc-gen-go protoc-gen-go-grpc golang-github-golang-protobuf-1-5-dev "
+            "golang-google-grpc-dev golang-google-genproto-dev, Debian 12)", "make client-tools")
     if not (STUBS / "llmserve.pb.go").exists() or not (STUBS / "llmserve_grpc.pb.go").exists():
-        return "gen/go has no Go stubs: run make gen (or .venv/bin/python -m tools.gen --lang go)"
+        return toolchains.missing("gen/go has no Go stubs", "make gen")
     return None
 
 

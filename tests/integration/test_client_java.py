@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import toolchains
 from tests.client_scenario import check
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +30,7 @@ def missing_prerequisites() -> str | None:
 def test_java_client_runs_the_scenario(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     missing = missing_prerequisites()
     if missing:
-        pytest.skip(f"Java client not buildable here: {missing}")
+        pytest.skip(toolchains.missing(f"Java client not buildable here: {missing}", "make client-tools && make gen"))
     build = subprocess.run(
         ["sh", str(BUILD), str(tmp_path / "java")], cwd=ROOT, capture_output=True, text=True, timeout=300,
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests import client_scenario
+from tests import toolchains
 from tests.conftest import RunningServer, start_server, stop_server
 
 NODE_DIR = Path(__file__).resolve().parents[2] / "client" / "node"
@@ -27,14 +28,15 @@ NODE_TESTS = 19  # test/*.test.ts, the API-key one included
 def _missing() -> str | None:
     node = shutil.which("node")
     if node is None:
-        return "node is not installed"
+        return toolchains.missing("node is not installed (client/node needs >= 20.10)", "apt-get install nodejs npm")
     version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()
-    if int(version.lstrip("v").split(".")[0]) < 20:
-        return f"node {version} is too old (client/node needs >= 20)"
+    major, minor = (int(part) for part in version.lstrip("v").split(".")[:2])
+    if (major, minor) < (20, 10):
+        return toolchains.missing(f"node {version} is too old (client/node needs >= 20.10)", "a newer nodejs")
     if not (NODE_DIR / "node_modules" / ".bin" / "tsc").exists():
-        return "client/node has no node_modules: run `make tools` (npm ci in client/node)"
+        return toolchains.missing("client/node has no node_modules", "make tools")
     if not (NODE_DIR / "src" / "gen" / "llmserve" / "v1" / "llmserve_pb.ts").exists():
-        return "client/node/src/gen is missing: run `make gen` (python -m tools.gen --lang ts)"
+        return toolchains.missing("client/node/src/gen is missing", "make gen")
     return None
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import toolchains
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = "127.0.0.1:50051"
 
@@ -36,7 +38,7 @@ def test_tour_snippet_runs(server, index: int) -> None:  # type: ignore[no-untyp
                 continue
             command = line[2:]
             if command.startswith("docker-compose") and shutil.which("docker-compose") is None:
-                pytest.skip("docker-compose not installed")
+                pytest.skip(toolchains.missing("docker-compose not installed", "make tools"))
             env = {**os.environ, "LLMSERVE_ADDRESS": server.address}
             out = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
             assert out.returncode == 0, (command, out.stdout[-2000:], out.stderr[-2000:])
@@ -48,7 +50,7 @@ def test_tour_snippet_runs(server, index: int) -> None:  # type: ignore[no-untyp
         # An ES module importing the package by its name: run from client/node (self-reference).
         node_dir = ROOT / "client" / "node"
         if not (node_dir / "src" / "gen").exists():
-            pytest.skip("client/node/src/gen is missing: run `make gen`")
+            pytest.skip(toolchains.missing("client/node/src/gen is missing", "make gen"))
         if not (node_dir / "dist" / "src" / "index.js").exists():
             subprocess.run(["npm", "run", "build"], cwd=node_dir, check=True, capture_output=True, timeout=300)
         out = subprocess.run(["node", "--input-type=module", "-e", body], cwd=node_dir,

@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import toolchains
+
 from .deploy_files import Stage, dockerfile, exec_form, image_env, resource, subcommands
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose (Debian package) not installed")
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason=toolchains.missing("docker-compose (Debian package) not installed", "make tools"))
 def test_compose_file_validates() -> None:
     out = subprocess.run(["docker-compose", "config"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

