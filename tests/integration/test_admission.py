@@ -27,6 +27,22 @@ def one_slot_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runnin
     assert stop_server(running) == 0
 
 
+def _keep_reading(holder: SessionStream) -> threading.Thread:
+    """The holder's client reads its reply: a stream nobody reads would give its slot up
+    to the waiters (engine/admission.py), and the slot must stay busy here."""
+
+    def read() -> None:
+        try:
+            while True:
+                holder.next_response()
+        except (grpc.RpcError, StopIteration):
+            pass
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
 def _wait_waiting(client: Client, n: int) -> None:
     deadline = time.monotonic() + 5
     while client.model_info().num_sessions_waiting != n:
@@ -41,6 +57,7 @@ def test_queue_full_is_resource_exhausted_fast_with_retry_info(one_slot_server: 
         holder = SessionStream(channel, **LONG)
         holder.send("Talk for a long time:")
         holder.next_response()
+        _keep_reading(holder)
         waiters = [SessionStream(channel, max_tokens=2, temperature=0) for _ in range(2)]
         for w in waiters:
             w.send("Hi")
@@ -75,6 +92,7 @@ def _admission_order(address: str, priorities: list[int]) -> list[int]:
         holder = SessionStream(channel, **LONG)
         holder.send("Talk for a long time:")
         holder.next_response()
+        _keep_reading(holder)
         waiters = []
         for i, priority in enumerate(priorities):
             w = SessionStream(channel, max_tokens=2, temperature=0, priority=priority)

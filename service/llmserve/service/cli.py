@@ -63,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add("--shutdown-grace", type=float, default=d.shutdown_grace_s, help="seconds in-flight turns get on SIGTERM")
     f.add("--first-message-timeout", type=float, default=d.first_message_timeout_s,
           help="seconds a Generate stream may take to send its first message (then DEADLINE_EXCEEDED)")
+    f.add("--reader-timeout", type=float, default=d.reader_timeout_s,
+          help="seconds a Generate stream's client may read nothing while its reply waits (then DEADLINE_EXCEEDED; 0: never)")
     f.add("--watchdog-timeout", type=float, default=d.watchdog_timeout_s,
           help="exit non-zero if the executor does not step for this long while work waits (0: off)")
     f.add("--keepalive-time", type=float, default=d.keepalive_time_s, help="seconds between the server's pings")
@@ -130,6 +132,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         max_message_bytes=args.max_message_bytes,
         shutdown_grace_s=args.shutdown_grace,
         first_message_timeout_s=args.first_message_timeout,
+        reader_timeout_s=args.reader_timeout,
         watchdog_timeout_s=args.watchdog_timeout,
         keepalive_time_s=args.keepalive_time,
         keepalive_timeout_s=args.keepalive_timeout,

@@ -83,6 +83,10 @@ class Metrics:
         self.slots = Gauge("llmserve_slots", "KV slots by state", ["state"], registry=r)
         self.waiting = Gauge("llmserve_waiting_sessions", "Sessions waiting for a slot", registry=r)
         self.sessions = Gauge("llmserve_sessions", "Open Generate sessions", registry=r)
+        self.preemptions = Counter(
+            "llmserve_preemptions", "Slots given up to waiting calls, by why the holder could give it (paused, idle)",
+            ["reason"], registry=r,
+        )
         self.context_shifts = Counter("llmserve_context_shifts", "Context shifts (oldest tokens dropped)", registry=r)
         self.slot_tokens = Gauge("llmserve_slot_kv_tokens", "Tokens in the KV per slot", ["slot"], registry=r)
         self.session_cache = Counter(

@@ -115,6 +115,7 @@ class Engine:
             shift_keep=config.n_keep if config.context_shift else None,
             prefill_budget=config.prefill_budget or None,
             prefill_max_slowdown=config.prefill_max_slowdown,
+            reader_timeout_s=config.reader_timeout_s or None,
             kv_unified=config.kv_unified,
             spec=SpecConfig(
                 spec_type=config.spec_type,

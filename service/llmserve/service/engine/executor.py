@@ -64,6 +64,7 @@ class ExecutorConfig:
     shift_keep: int | None = None  # tokens kept at the start on a context shift; None: no shifting
     prefill_budget: int | None = None  # prompt tokens per step while others decode; None: paced (PrefillPacer)
     prefill_max_slowdown: float = 2.0  # paced: a step with prompt chunks takes at most this many decode-only steps
+    reader_timeout_s: float | None = None  # a paused stream whose client reads nothing this long ends; None: never
     spec: SpecConfig = SpecConfig()  # speculative decoding (off by default here)
     kv_unified: bool = False  # False: one KV stream per slot (the allocator keeps busy slots together)
 
@@ -209,6 +210,7 @@ class Executor:
         """One iteration of the loop; False when there was nothing to do."""
         table = self.table
         table.expire_deadlines(self._step_s)
+        table.expire_readers(self.config.reader_timeout_s)
         if table.admit():
             self._publish()  # slots taken before the first token streams out
         table.sample_ready()

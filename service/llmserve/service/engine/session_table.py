@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import structlog
 
 from ..domain import FinishReason, GrammarError, SamplingParams, SavedSession, SessionFailed
+from .admission import Admission
 from .allocator import Slot, SlotAllocator
 from .commands import AddInput, Cancel, Close, KeepChat, Open
 from .draft_verifier import DraftVerifier
@@ -51,6 +52,7 @@ class SessionTable:
         self.keys = keys
         self.sessions: dict[int, Session] = {}
         self.waiting: deque[Session] = deque()
+        self.admission = Admission(allocator, kv, self.sessions, self.waiting, picker.metrics)
         self._eog = tuple(runner.meta.eog_token_ids)
 
     # ------------------------------------------------------------ commands
@@ -184,24 +186,11 @@ class SessionTable:
     # ------------------------------------------------------- slots and saves
 
     def admit(self) -> bool:
-        """Give free slots to waiting sessions that have input: higher priority first, then FIFO."""
-        admitted = False
-        for session in sorted(self.waiting, key=lambda s: (-s.params.priority, s.key)):
-            need = session.params.num_samples
-            if self.allocator.num_idle < need:
-                break
-            if session.restore is not None:
-                self.waiting.remove(session)
-                saved, session.restore = session.restore, None
-                slot, loaded = self.kv.restore(saved)
-                session.resume(slot, saved, loaded)
-                self._accept_later(session)  # a chat rendering now matches against the restored KV
-            elif session.pending:
-                self.waiting.remove(session)
-                session.attach(self.allocator.allocate(session.pending), self.allocator.reusable)
-                session.reserved = [self.allocator.allocate(()) for _ in range(need - 1)]
-                admitted = True
-        return admitted
+        """Give free slots to waiting sessions (admission.py; paused streams may give theirs up)."""
+        return self.admission.admit(self._accept_later)
+
+    def expire_readers(self, reader_timeout_s: float | None) -> None:
+        self.admission.expire_readers(reader_timeout_s, self.fail)
 
     def _save(self, session: Session) -> None:
         """A named session ends: copy its KV state out for the store's writer thread."""

@@ -150,7 +150,7 @@ class GenerationStep:
             s.num_accepted_ahead -= seen
             s.sampler.accept(tokens[seen:])
             if s.params.output.prompt_logprobs:
-                self._prompt_logprobs(s, tokens, first)
+                self._prompt_logprobs(s, tokens, first, num_seen=seen)
             if row is not None:
                 logits = self.runner.logits_row(row)
                 s.slot.save_logits(len(s.slot.tokens) - 1, logits.copy())
@@ -158,13 +158,14 @@ class GenerationStep:
         profile.post_s += time.perf_counter() - t2
         return StepOutput(ready=tuple(ready))
 
-    def _prompt_logprobs(self, s: Session, tokens: list[int], first: int) -> None:
-        """Score each prompt token of the chunk with the row before it."""
+    def _prompt_logprobs(self, s: Session, tokens: list[int], first: int, num_seen: int = 0) -> None:
+        """Score each prompt token of the chunk with the row before it; the first `num_seen`
+        were scored when they first entered the KV (this is a recompute of them)."""
         scored: list[TokenLogprob] = []
         previous = s.prompt_logits
         top_n = s.params.output.top_logprobs or 0
         for j, token in enumerate(tokens):
-            if previous is not None:
+            if previous is not None and j >= num_seen:
                 scored.append(token_logprob(log_softmax(previous), token, top_n, self._text))
             previous = self.runner.logits_row(first + j)
         s.prompt_logits = previous.copy() if previous is not None else None

@@ -1,0 +1,126 @@
+"""Clients that stop reading do not lock the others out (issue 26, engine/admission.py).
+
+Measured before the fix (`-np 4`): four Generate streams asking for 2,000 tokens that
+were never read kept their four slots while paused; a fifth caller waited until its
+30 s deadline while the server sat idle. Now a paused stream gives its slot up to a
+caller that waits (its KV stays as a prefix cache, or is prefilled again when its
+reader comes back), and a stream that reads nothing for `--reader-timeout` ends
+DEADLINE_EXCEEDED."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_status import rpc_status
+from llmserve.client import Client, make_input, pb, session_config
+from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+
+from tests.conftest import RunningServer, start_server, stop_server
+
+NUM_SLOTS = 2
+REPLY_TOKENS = 400  # past where an unread stream pauses (about 80 tokens: 64 events plus what HTTP/2 buffers)
+
+
+@pytest.fixture(scope="module")
+def two_slots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    running = start_server(["-np", str(NUM_SLOTS), "-c", "4096", "-t", "2", "--reader-timeout", "0"],
+                           tmp_path_factory.mktemp("slow") / "server.log", metrics=True)
+    yield running
+    assert stop_server(running) == 0
+
+
+def _unread_stream(address: str, prompt: str, max_tokens: int) -> tuple[grpc.Channel, object]:
+    """A Generate call nobody reads: a 1 KiB HTTP/2 window, so the server's writes stop at once."""
+    channel = grpc.insecure_channel(address, options=[("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)])
+    request = pb.GenerateRequest(
+        config=session_config(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+        input=make_input(prompt), end_of_turn=True,
+    )
+    return channel, pb_grpc.LLMServiceStub(channel).Generate(iter([request]), timeout=600)
+
+
+def _read_all(call) -> tuple[list[int], list[pb.TurnEnd]]:  # type: ignore[no-untyped-def]
+    ids: list[int] = []
+    ends: list[pb.TurnEnd] = []
+    for response in call:
+        if response.HasField("chunk"):
+            ids.extend(response.chunk.token_ids)
+        elif response.HasField("turn_end"):
+            ends.append(response.turn_end)
+    return ids, ends
+
+
+def _wait_paused(client: Client, n: int) -> None:
+    deadline = time.monotonic() + 120
+    while sum(s.paused for s in client.model_info().slots) < n:
+        assert time.monotonic() < deadline, "the unread streams were never paused"
+        time.sleep(0.05)
+
+
+def test_more_unread_streams_than_slots_lock_nobody_out_and_get_their_whole_reply(two_slots: RunningServer) -> None:
+    prompts = [f"Write an endless list of {thing}:" for thing in ("numbers", "colours", "rivers")]
+    streams = [_unread_stream(two_slots.address, p, REPLY_TOKENS) for p in prompts]  # more than the slots
+    try:
+        with Client(two_slots.address, timeout=30, retries=False) as client:
+            _wait_paused(client, NUM_SLOTS)  # both slots held by streams nobody reads
+            started = time.monotonic()
+            replies = [client.generate(f"Say hello number {i}.", max_tokens=8, temperature=0) for i in range(3)]
+            elapsed = time.monotonic() - started
+            assert all(r.turn_end.usage.completion_tokens == 8 for r in replies)
+            preempted = _metric(two_slots, "llmserve_preemptions_total")
+            assert preempted >= 1
+        # Before the fix these calls ended DEADLINE_EXCEEDED (timeout=30): the slots were never freed.
+        print(f"3 callers served in {elapsed:.1f} s past {len(streams)} unread streams; preemptions {preempted}")
+        # The readers come back (at once: one read after another would leave the last
+        # unread for a long time): each gets its whole reply, each token once, one turn end.
+        with ThreadPoolExecutor(len(streams)) as pool:
+            results = list(pool.map(lambda stream: _read_all(stream[1]), streams))
+        for (_, call), (ids, ends) in zip(streams, results):
+            assert len(ends) == 1 and ends[0].finish_reason == pb.FINISH_REASON_LENGTH
+            assert ends[0].usage.completion_tokens == REPLY_TOKENS == len(ids)
+            assert call.code() == grpc.StatusCode.OK  # type: ignore[attr-defined]
+    finally:
+        for channel, call in streams:
+            call.cancel()  # type: ignore[attr-defined]
+            channel.close()
+
+
+def _metric(server: RunningServer, name: str) -> float:
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ")
+              or line.startswith(name + "{")]
+    assert values, f"no metric {name}"
+    return sum(values)
+
+
+def test_a_stream_that_reads_nothing_ends_deadline_exceeded_naming_the_flag(tmp_path: Path) -> None:
+    running = start_server(["-np", "1", "-c", "2048", "-t", "2", "--reader-timeout", "2"], tmp_path / "server.log")
+    try:
+        channel, call = _unread_stream(running.address, "Write an endless list of numbers:", 2000)
+        try:
+            with Client(running.address, timeout=30) as client:
+                _wait_paused(client, 1)
+                paused_at = time.monotonic()
+                while any(s.busy for s in client.model_info().slots):  # ended 2 s after its pause
+                    assert time.monotonic() - paused_at < 30, "the unread stream kept its slot"
+                    time.sleep(0.1)
+                print(f"slot freed {time.monotonic() - paused_at:.1f} s after the pause was seen (--reader-timeout 2)")
+                assert time.monotonic() - paused_at > 1.0  # not before the timeout
+                assert client.generate("Hi", max_tokens=4).turn_end.usage.completion_tokens == 4
+            with pytest.raises(grpc.RpcError) as err:
+                _read_all(call)
+        finally:
+            channel.close()
+    finally:
+        assert stop_server(running) == 0
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    status = rpc_status.from_call(err.value)  # type: ignore[arg-type]
+    assert "--reader-timeout" in err.value.details()
+    assert status is None or status.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]

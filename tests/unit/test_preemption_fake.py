@@ -1,0 +1,178 @@
+"""A stream whose client stops reading gives up its slot to callers that wait
+(preemption by recompute, engine/admission.py), on the fake runner.
+
+Issue 26: as many non-reading streams as slots locked every other caller out until its
+deadline while the server sat idle. Here a paused stream's slot goes to the waiter; the
+paused stream, once read again, finishes its reply token for token as it would have
+without the preemption, its sampler fed each token once."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from llmserve.service.domain import FinishReason, SamplingParams, SessionFailed, SessionParams, StoppingParams, TokenEvent, TurnEndEvent
+from llmserve.service.engine.executor import Executor, ExecutorConfig
+from llmserve.service.engine.session import MAX_BACKLOG
+
+from .fake_runner import BOS, FakeRunner
+from .test_engine_fake import ListSink, assert_kv_mirrors_slots, run_until, turn_ends
+
+SEEDED = SamplingParams(temperature=0.8, seed=11)  # the fake draws among the two best: the rng must not replay
+
+
+class ReaderSink(ListSink):
+    """A sink whose client can stop reading: `backlog` is what it has not read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backlog = 0
+
+    def stop_reading(self) -> None:
+        self.backlog = MAX_BACKLOG
+
+    def read_all(self) -> None:
+        self.backlog = 0
+
+
+def make(n_parallel: int = 1, reader_timeout_s: float | None = None) -> tuple[Executor, FakeRunner]:
+    runner = FakeRunner(n_batch=64)
+    config = ExecutorConfig(n_parallel, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4, reader_timeout_s=reader_timeout_s)
+    return Executor(runner, config), runner
+
+
+def params(max_tokens: int = 24) -> SessionParams:
+    return SessionParams("test", SEEDED, StoppingParams(max_tokens=max_tokens, ignore_eos=True))
+
+
+def steps(executor: Executor, n: int) -> None:
+    for _ in range(n):
+        executor.drain(block=False)
+        executor.step()
+
+
+def reference(prompt: tuple[int, ...]) -> tuple[list[int], list[int]]:
+    """The reply and the sampler's history with nobody preempted."""
+    executor, _ = make()
+    sink = ReaderSink()
+    key = executor.open_session(params(), sink)
+    executor.add_input(key, prompt, True)
+    run_until(executor, turn_ends(sink))
+    return sink.token_ids(), list(executor.table.sessions[key].sampler.history)  # type: ignore[union-attr]
+
+
+PROMPT_A = (BOS, 5, 6, 7)
+
+
+def test_a_paused_stream_gives_its_slot_to_a_waiting_caller_and_then_finishes_its_reply() -> None:
+    executor, runner = make(n_parallel=1)
+    slow = ReaderSink()
+    slow_key = executor.open_session(params(), slow)
+    executor.add_input(slow_key, PROMPT_A, True)
+    steps(executor, 6)  # prefill, then a few tokens
+    assert 0 < len(slow.token_ids()) < 24
+    slow.stop_reading()
+    waiter = ReaderSink()
+    waiter_key = executor.open_session(params(max_tokens=4), waiter)
+    executor.add_input(waiter_key, (BOS, 30, 31), True)
+    run_until(executor, turn_ends(waiter), max_steps=50)
+    assert waiter.of(TurnEndEvent)[0].finish_reason == FinishReason.LENGTH
+    assert executor.table.sessions[slow_key].slot is None  # gave up its slot
+    assert executor.table.admission.num_preempted == 1
+    executor.close(waiter_key)
+    steps(executor, 5)
+    assert not slow.of(TurnEndEvent)  # nobody reads it: it waits, it does not run
+    slow.read_all()
+    run_until(executor, turn_ends(slow))
+    ids, history = reference(PROMPT_A)
+    assert slow.token_ids() == ids
+    assert executor.table.sessions[slow_key].sampler.history == history  # type: ignore[union-attr]
+    end = slow.of(TurnEndEvent)[0]
+    assert end.completion_tokens == 24 and end.prompt_tokens == len(PROMPT_A)
+    assert_kv_mirrors_slots(executor, runner)
+
+
+def test_without_waiters_a_paused_stream_keeps_its_slot() -> None:
+    executor, _ = make(n_parallel=2)
+    slow = ReaderSink()
+    key = executor.open_session(params(), slow)
+    executor.add_input(key, PROMPT_A, True)
+    steps(executor, 4)
+    slow.stop_reading()
+    other = ReaderSink()
+    other_key = executor.open_session(params(max_tokens=4), other)
+    executor.add_input(other_key, (BOS, 30), True)
+    run_until(executor, turn_ends(other))  # a slot was idle: nobody had to give one up
+    assert executor.table.sessions[key].slot is not None
+    assert executor.table.admission.num_preempted == 0
+
+
+def test_more_paused_streams_than_slots_and_every_reply_completes() -> None:
+    executor, runner = make(n_parallel=2)
+    prompts = [(BOS, 3 + i, 4 + i) for i in range(4)]
+    sinks = [ReaderSink() for _ in prompts]
+    keys = []
+    for prompt, sink in zip(prompts, sinks):
+        keys.append(executor.open_session(params(), sink))
+        executor.add_input(keys[-1], prompt, True)
+    for _ in range(40):  # whoever holds a slot stops reading as soon as it has tokens
+        steps(executor, 1)
+        for sink in sinks:
+            if sink.token_ids():
+                sink.stop_reading()
+    waiter = ReaderSink()
+    waiter_key = executor.open_session(params(max_tokens=3), waiter)
+    executor.add_input(waiter_key, (BOS, 50), True)
+    run_until(executor, turn_ends(waiter), max_steps=50)
+    for sink in sinks:
+        sink.read_all()
+    run_until(executor, lambda: all(turn_ends(sink)() for sink in sinks), max_steps=2000)
+    for prompt, sink in zip(prompts, sinks):
+        assert sink.token_ids() == reference(prompt)[0]
+    assert executor.table.admission.num_preempted >= 2
+    assert_kv_mirrors_slots(executor, runner)
+
+
+@pytest.mark.parametrize("reading", [False, True])
+def test_a_stream_between_turns_gives_up_its_slot_and_continues_its_conversation(reading: bool) -> None:
+    """Paused or merely idle between turns: a waiting caller takes the slot; the next turn
+    continues the transcript (prefilled again, the slot having served the other caller)."""
+    executor, runner = make(n_parallel=1)
+    slow = ReaderSink()
+    key = executor.open_session(params(max_tokens=5), slow)
+    executor.add_input(key, PROMPT_A, True)
+    run_until(executor, turn_ends(slow))
+    if not reading:
+        slow.stop_reading()
+    waiter = ReaderSink()
+    waiter_key = executor.open_session(params(max_tokens=3), waiter)
+    executor.add_input(waiter_key, (BOS, 40, 41, 42), True)
+    run_until(executor, turn_ends(waiter))
+    assert executor.table.admission.num_preempted == 1
+    executor.close(waiter_key)
+    slow.read_all()
+    executor.add_input(key, (20, 21), True)
+    run_until(executor, turn_ends(slow, 2))
+    ends = slow.of(TurnEndEvent)
+    assert [e.finish_reason for e in ends] == [FinishReason.LENGTH, FinishReason.LENGTH]
+    first_reply = [t for e in slow.of(TokenEvent) for t in e.token_ids][:5]
+    history = [*PROMPT_A, *first_reply, 20, 21]
+    assert runner.kv[0][: len(history)] == history  # the transcript, in order, once
+    assert_kv_mirrors_slots(executor, runner)
+
+
+def test_a_stream_that_reads_nothing_for_reader_timeout_ends_deadline_exceeded() -> None:
+    executor, _ = make(n_parallel=1, reader_timeout_s=0.05)
+    slow = ReaderSink()
+    key = executor.open_session(params(), slow)
+    executor.add_input(key, PROMPT_A, True)
+    steps(executor, 4)
+    slow.stop_reading()
+    steps(executor, 2)
+    assert not slow.of(SessionFailed)  # paused, not yet for long
+    time.sleep(0.06)
+    steps(executor, 1)
+    failed = slow.of(SessionFailed)
+    assert failed and failed[0].status == "DEADLINE_EXCEEDED" and "--reader-timeout" in failed[0].message
+    assert key not in executor.table.sessions
