@@ -91,10 +91,16 @@ bench: model
 	$(PY) -m bench.run
 	$(PY) -m bench.speculative --out docs/benchmarks.md
 
-# 2,000-call chaos soak and a 600-call feature-combination run; both write their tables into docs/reliability.md.
+# 2,000-call chaos soak, then 600 feature-combination calls checked by their oracle in each server
+# configuration (default, n-gram speculation, unified KV); each writes its table into docs/reliability.md,
+# and a configuration whose oracle finds anything fails the target after all have run.
+COMBO_CONFIGS := "" "--spec-type ngram-simple" "-kvu"
+
 soak: model
 	$(PY) -m tests.soak.chaos --calls 2000 --out docs/reliability.md
-	$(PY) -m tests.soak.combos --calls 600 --out docs/reliability.md
+	@failed=0; for args in $(COMBO_CONFIGS); do \
+		$(PY) -m tests.soak.combos --calls 600 --server-args="$$args" --out docs/reliability.md || failed=1; \
+	done; exit $$failed
 
 lint: install
 	$(VENV)/bin/ruff check service client tests bench tools

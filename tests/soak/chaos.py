@@ -234,11 +234,12 @@ def num_threads(pid: int) -> int:
 
 
 def metric(port: int, sample: str) -> float:
+    """A sample's value; a name /metrics does not have (renamed, removed) raises."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         for line in r.read().decode().splitlines():
             if line.startswith(sample + " "):
                 return float(line.split()[-1])
-    return 0.0
+    raise LookupError(f"no metric sample {sample!r} in /metrics")
 
 
 def report(outcomes: Counter[Outcome], calls: int, seed: int, extra: list[str]) -> str:

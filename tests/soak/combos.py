@@ -1,271 +1,244 @@
 """Combination fuzzer: valid features together, plus adversarial values, against a real server.
 
-    python -m tests.soak.combos --calls 600 [--seed 5]
+    python -m tests.soak.combos --calls 600 [--seed 5] [--server-args "-kvu"] [--only 17]
 
 Every feature worked alone; combinations crashed the process (a grammar with
 ignore_eos), hung it (a schema with a huge repetition count) or lost data. This
-drives a real server from 6 threads with a seeded generator: each call draws a
-constraint (none, GBNF, JSON schema) x ignore_eos x min_tokens x logit_bias x n x
-stop strings/ids x logprobs x chat or text x session_id x 1-3 turns x how it ends
-(half-close, in-band cancel, call cancel, short deadline, disconnect, a turn queued
-early, one end_of_turn too many). One call in five also carries one adversarial
-value. Each call's status must be one its plan allows (every call has a deadline,
-so nothing can hang); afterwards the process lives, every slot is idle with
-llama.cpp's KV holding exactly the cached prefixes, no session is open, and RSS
-stays under a bound. `make test` runs a short run (test_combos.py), `make soak` a long one.
+drives a real server from several threads with seeded plans (tests/soak/plans.py):
+each call draws a constraint (none, GBNF, JSON schema) x ignore_eos x min_tokens x
+logit_bias x n x stop strings/ids x logprobs x chat or text x session_id x 1-3 turns
+x how it ends (half-close, in-band cancel, call cancel, short deadline, disconnect, a
+turn queued early, one end_of_turn too many); one call in five also carries one
+adversarial value. Each call is recorded whole and checked by an oracle that predicts
+its outcome (tests/soak/oracle.py, oracle_run.py): status, every turn and sample,
+limits, stops, logprobs, grammar and schema validity, the ids against the text,
+cached prefixes across turns and streams. Afterwards the process lives, every slot is
+idle with llama.cpp's KV holding exactly the cached prefixes, no session is open, RSS
+stays under a bound and the log has no error. A finding prints its plan and how to
+send that call again. `make test` runs 150 calls (test_combos.py), `make soak` 600
+in each server configuration.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import queue
-import random
 import shutil
+import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-from llmserve.client import make_input, pb
+from llmserve.client import pb
+from llmserve.client.errors import from_rpc_error
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from tests.soak import chaos
+from tests.soak.oracle import CallRecord, RunContext, Status, sample_turns
+from tests.soak.oracle_run import Verdict, check_run, log_problems, preempted_requests
+from tests.soak.plans import Plan, draw_plans
+
 ROOT = Path(__file__).resolve().parents[2]
+NUM_SLOTS, MAX_QUEUE = 4, 4
 SERVER_ARGS = [
-    "-np", "4", "-c", "4096", "-t", "2", "--max-queue", "4", "--first-message-timeout", "3",
+    "-np", str(NUM_SLOTS), "-c", "4096", "-t", "2", "--max-queue", str(MAX_QUEUE), "--first-message-timeout", "3",
     "--chat-template-file", str(ROOT / "templates" / "gemma3.jinja"),
 ]
-CALL_TIMEOUT = 60.0
+WORKERS = NUM_SLOTS + MAX_QUEUE  # sized to fill the queue: RESOURCE_EXHAUSTED may happen, rarely
+CALL_TIMEOUT = 120.0  # a 3-turn call behind a full queue on a busy 2-core machine (1 token/s seen)
 MAX_RSS_MIB = 2048
-EOG_IDS = (1, 106, 212)
-GRAMMARS = ['root ::= "yes"', 'root ::= "yes" | "no"', "root ::= [a-z]+", 'root ::= "{" [a-z ]* "}"']
-SCHEMAS = [
-    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a"]},
-    {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 3},
-    {"type": "string", "pattern": "^[a-c]{2,5}$"},
-]
-ADVERSARIAL = {
-    "seed_default": lambda c: setattr(c.sampling, "seed", 0xFFFFFFFF),
-    "schema_pattern_1e6": lambda c: setattr(c.constraint, "json_schema", json.dumps(
-        {"type": "string", "pattern": "^a{1,1000000}$"})),
-    "schema_min_items_1e8": lambda c: setattr(c.constraint, "json_schema", json.dumps(
-        {"type": "array", "items": {"type": "integer"}, "minItems": 100000000})),
-    "grammar_left_recursive": lambda c: setattr(c.constraint, "grammar", 'root ::= root "a" | "a"'),
-    "grammar_broken": lambda c: setattr(c.constraint, "grammar", "root ::= ((("),
-    "max_tokens_huge": lambda c: setattr(c.stopping, "max_tokens", 10**7),
-    "temperature_nan": lambda c: setattr(c.sampling, "temperature", float("nan")),
-    "n_too_many": lambda c: setattr(c, "n", 99),
-    "stop_id_outside": lambda c: c.stopping.stop_token_ids.append(262144),
-    "bias_outside": lambda c: c.sampling.logit_bias.__setitem__(-3, 1.0),
-}
-PROMPTS = ["Answer yes or no: is water wet?", "List three colours:", "Write JSON:", "Say something short."]
-OK = "OK"
-FINISHES = set(pb.FinishReason.values()) - {pb.FINISH_REASON_UNSPECIFIED}
-
-
-@dataclass
-class Plan:
-    config: pb.SessionConfig
-    chat: bool
-    turns: int
-    ending: str
-    adversarial: str = ""
-    expected: set[str] = field(default_factory=set)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    ending: str
-    adversarial: str
-    status: str
-    expected: bool
-
-
-def draw(rng: random.Random, session_ids: list[str]) -> Plan:
-    c = pb.SessionConfig()
-    c.sampling.temperature = rng.choice([0.0, 0.0, 0.7])
-    c.sampling.seed = rng.randrange(1000)
-    if rng.random() < 0.2:
-        c.sampling.dry_multiplier = 0.8
-    if rng.random() < 0.2:
-        c.sampling.repeat_penalty = 1.1
-    bias = rng.random()
-    if bias < 0.2:
-        for t in EOG_IDS:
-            c.sampling.logit_bias[t] = float("-inf")
-    elif bias < 0.3:
-        c.sampling.logit_bias[rng.randrange(3, 5000)] = rng.choice([-5.0, 5.0, float("-inf")])
-    kind = rng.random()
-    if kind < 0.3:
-        c.constraint.grammar = rng.choice(GRAMMARS)
-    elif kind < 0.5:
-        c.constraint.json_schema = json.dumps(rng.choice(SCHEMAS))
-    c.stopping.max_tokens = rng.randint(1, 20)
-    c.stopping.min_tokens = rng.choice([0, 0, rng.randint(0, c.stopping.max_tokens)])
-    c.stopping.ignore_eos = rng.random() < 0.3
-    if rng.random() < 0.2:
-        c.stopping.stop.append(rng.choice(["\n", "yes", "a", ".", "}"]))
-    if rng.random() < 0.15:
-        c.stopping.stop_token_ids.append(rng.randrange(200, 3000))
-    if rng.random() < 0.3:
-        c.output.top_logprobs = rng.choice([0, 3])
-    if rng.random() < 0.08:
-        c.output.prompt_logprobs = True
-    chat = rng.random() < 0.35
-    if rng.random() < 0.3:  # a named session keeps to one input kind: ids per kind
-        c.session_id = rng.choice(session_ids) + ("-chat" if chat else "-text")
-    elif rng.random() < 0.25:
-        c.n = rng.randint(2, 3)
-    ending = rng.choice(["close", "close", "close", "cancel_in_band", "cancel_call", "deadline", "disconnect",
-                         "early_turn", "extra_end_of_turn"])
-    plan = Plan(c, chat=chat, turns=rng.randint(1, 3), ending=ending)
-    plan.expected = {OK, "RESOURCE_EXHAUSTED"}
-    if c.session_id:
-        plan.expected.add("FAILED_PRECONDITION")  # another stream holds the id, or its save is on its way
-    plan.expected |= {"cancel_call": {"CANCELLED"}, "disconnect": {"CANCELLED"}, "deadline": {"DEADLINE_EXCEEDED"},
-                      "extra_end_of_turn": {"FAILED_PRECONDITION"}}.get(ending, set())
-    if rng.random() < 0.2:
-        plan.adversarial = rng.choice(sorted(ADVERSARIAL))
-        ADVERSARIAL[plan.adversarial](c)
-        plan.expected = {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"} | ({"DEADLINE_EXCEEDED"} if ending == "deadline" else set())
-    return plan
-
-
-def _input(plan: Plan, rng: random.Random) -> pb.Input:
-    text = rng.choice(PROMPTS)
-    if not plan.chat:
-        return make_input(text)
-    return pb.Input(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=text)]))
 
 
 class _Requests:
     def __init__(self) -> None:
         self.queue: queue.Queue[pb.GenerateRequest | None] = queue.Queue()
 
+    def put(self, item: pb.GenerateRequest | None) -> None:
+        self.queue.put(item)
+
     def __iter__(self) -> Iterator[pb.GenerateRequest]:
         while (item := self.queue.get()) is not None:
             yield item
 
 
-def run_plan(address: str, plan: Plan, rng: random.Random) -> tuple[str, str]:
-    """Run one call; returns the status the client saw and its details. Checks every turn end it reads."""
+def run_plan(address: str, plan: Plan, tools: pb_grpc.LLMServiceStub) -> CallRecord:
+    """Send one plan and record everything that came back (the oracle judges it later)."""
     channel = grpc.insecure_channel(address)
     requests = _Requests()
-    timeout = rng.choice([0.05, 0.3, 1.0]) if plan.ending == "deadline" else CALL_TIMEOUT
+    rec = CallRecord(plan, [], Status("OK"), t_start=time.monotonic())
+    ending = plan.ending
     try:
-        requests.queue.put(pb.GenerateRequest(config=plan.config, input=_input(plan, rng), end_of_turn=True))
-        call = pb_grpc.LLMServiceStub(channel).Generate(iter(requests), timeout=timeout)
-        turns_left = plan.turns
-        if plan.ending == "early_turn" and turns_left > 1:  # the next turn before this reply ends
-            requests.queue.put(pb.GenerateRequest(input=_input(plan, rng), end_of_turn=True))
-            turns_left -= 1
-        if plan.ending == "extra_end_of_turn":
+        requests.put(pb.GenerateRequest(config=plan.config, input=plan.input(0), end_of_turn=True))
+        call = pb_grpc.LLMServiceStub(channel).Generate(iter(requests), timeout=plan.deadline_s or CALL_TIMEOUT)
+        sent = 1
+        if ending == "early_turn" and plan.turns > 1:  # the next turn before this reply ends
+            requests.put(pb.GenerateRequest(input=plan.input(1), end_of_turn=True))
+            sent = 2
+        if ending == "extra_end_of_turn":
             for _ in range(3):
-                requests.queue.put(pb.GenerateRequest(end_of_turn=True))
-        num_samples = max(plan.config.n, 1)
-        ends = 0
+                requests.put(pb.GenerateRequest(end_of_turn=True))
+        ends, turns_done = 0, 0
         for response in call:
-            if plan.ending in ("cancel_call", "disconnect") and response.HasField("chunk"):
-                call.cancel() if plan.ending == "cancel_call" else channel.close()
-            if plan.ending == "cancel_in_band" and response.HasField("chunk") and ends == 0:
-                requests.queue.put(pb.GenerateRequest(cancel=True))
+            rec.responses.append(response)
+            if response.HasField("chunk") and not rec.acted and ending in ("cancel_call", "disconnect", "cancel_in_band"):
+                if ending == "cancel_call":
+                    call.cancel()
+                elif ending == "disconnect":
+                    channel.close()
+                else:
+                    requests.put(pb.GenerateRequest(cancel=True))
+                rec.acted = True
             if not response.HasField("turn_end"):
                 continue
-            assert response.turn_end.finish_reason in FINISHES, response.turn_end
             ends += 1
-            if ends % num_samples == 0:
-                turns_left -= 1
-                if turns_left > 0:
-                    requests.queue.put(pb.GenerateRequest(input=_input(plan, rng), end_of_turn=True))
+            if ends % plan.num_samples == 0:
+                turns_done += 1
+                if sent < plan.turns:
+                    requests.put(pb.GenerateRequest(input=plan.input(sent), end_of_turn=True))
+                    sent += 1
                 else:
-                    requests.queue.put(None)
-        return OK, ""
+                    requests.put(None)
     except grpc.RpcError as err:
-        return err.code().name, err.details() or ""  # type: ignore[no-any-return]
+        e = from_rpc_error(err)
+        rec.status = Status(e.code().name, e.details(), tuple(f for f, _ in e.field_violations), e.retry_after_s)
     except ValueError as err:  # the channel was closed under the call (disconnect)
-        return ("CANCELLED", "") if plan.ending == "disconnect" else (f"CLIENT-ERROR {err}", "")
+        rec.status = Status("CANCELLED" if ending == "disconnect" and rec.acted else "CLIENT-ERROR", str(err))
     finally:
-        requests.queue.put(None)
+        requests.put(None)
         channel.close()
+        rec.t_end = time.monotonic()
+    _detokenize(rec, tools)
+    return rec
 
 
-def run_combos(address: str, calls: int, seed: int, workers: int = 6,
-               unexpected: list[str] | None = None) -> Counter[Outcome]:
-    """`unexpected` collects a line per call whose status its plan does not allow."""
-    rng = random.Random(seed)
-    ids = [f"combo-{seed}-{i}" for i in range(3)]
-    plans = [(draw(rng, ids), random.Random(rng.random())) for _ in range(calls)]
-
-    def one(item: tuple[Plan, random.Random]) -> Outcome:
-        plan, call_rng = item
-        status, details = run_plan(address, plan, call_rng)
-        ok = status in plan.expected or (plan.ending in ("cancel_call", "disconnect", "deadline") and status == OK)
-        if not ok and unexpected is not None:
-            c = plan.config
-            unexpected.append(f"{status} {details!r}: ends by {plan.ending}, chat={plan.chat}, turns={plan.turns}, "
-                              f"session_id={c.session_id!r}, n={c.n}, adversarial={plan.adversarial!r}")
-        return Outcome(plan.ending, plan.adversarial, status, ok)
-
-    with ThreadPoolExecutor(workers) as pool:
-        return Counter(pool.map(one, plans))
+def _detokenize(rec: CallRecord, tools: pb_grpc.LLMServiceStub) -> None:
+    special = rec.plan.config.output.include_special
+    turns, _ = sample_turns(rec.responses, rec.plan.num_samples)
+    for key, st in turns.items():
+        if st.ids:
+            texts = [tools.Detokenize(pb.DetokenizeRequest(ids=ids, render_special=special), timeout=30).text
+                     for ids in (st.ids, st.ids[:-1])]
+            rec.decoded[key] = (texts[0], texts[1])
 
 
-def report(outcomes: Counter[Outcome], calls: int, seed: int, extra: list[str]) -> str:
-    by_status: Counter[str] = Counter()
-    rows: Counter[tuple[str, str]] = Counter()
-    for o, n in outcomes.items():
-        by_status[o.status] += n
-        rows[(o.adversarial or f"valid, ends by {o.ending}", o.status)] += n
-    statuses = sorted(by_status)
-    lines = ["| plan | " + " | ".join(statuses) + " |", "|---|" + "---|" * len(statuses)]
-    for plan in sorted({p for p, _ in rows}):
-        lines.append(f"| {plan} | " + " | ".join(str(rows.get((plan, s), "")) for s in statuses) + " |")
-    bad = sum(n for o, n in outcomes.items() if not o.expected)
-    return (f"{calls} calls, seed {seed} (`python -m tests.soak.combos --calls {calls} --seed {seed}`), "
-            f"unexpected statuses: {bad}\n\n" + "\n".join(lines) + "\n\n" + "\n".join(f"* {e}" for e in extra) + "\n")
+def run_combos(address: str, plans: list[Plan], workers: int = WORKERS) -> list[CallRecord]:
+    with grpc.insecure_channel(address) as channel, ThreadPoolExecutor(workers) as pool:
+        tools = pb_grpc.LLMServiceStub(channel)
+        return list(pool.map(lambda plan: run_plan(address, plan, tools), plans))
 
 
-def main() -> None:
+def run_context(info: pb.ModelInfo, workers: int, log_path: Path) -> RunContext:
+    return RunContext(frozenset(info.eog_token_ids), info.n_ctx_per_slot,
+                      fills_queue=workers >= info.n_parallel + info.max_queue,
+                      preempted=preempted_requests(log_path.read_text()))
+
+
+def server_findings(server, info: pb.ModelInfo) -> list[str]:  # type: ignore[no-untyped-def]
+    """After the run: alive, KV clean, no session open, RSS bounded, nothing wrong in the log."""
+    findings = [f"KV: {leak}" for leak in chaos.kv_leaks(info)]
+    if server.process.poll() is not None:
+        findings.append(f"the server exited with {server.process.returncode}")
+    if server.metrics_port is not None and (open_sessions := chaos.metric(server.metrics_port, "llmserve_sessions")):
+        findings.append(f"{open_sessions:.0f} sessions open after the run")
+    if (rss := chaos.rss_kb(server.process.pid)) > MAX_RSS_MIB * 1024:
+        findings.append(f"server RSS {rss / 1024:.0f} MiB (bound {MAX_RSS_MIB})")
+    return findings + [f"log: {line}" for line in log_problems(Path(server.log_path).read_text())]
+
+
+def rerun_hint(seed: int, calls: int, index: int | None, server_args: str = "") -> str:
+    args = f" --server-args={server_args!r}" if server_args else ""
+    only = f" --only {index}" if index is not None else ""
+    return f"python -m tests.soak.combos --calls {calls} --seed {seed}{args}{only}"
+
+
+def failure_text(verdict: Verdict, plans: list[Plan], seed: int, server_args: str = "", limit: int = 20) -> str:
+    """Each finding with its plan, and the command that sends that call again."""
+    lines = []
+    for f in verdict.findings[:limit]:
+        if f.index is None:
+            lines.append(f"run (seed {seed}): {f.text}")
+        else:
+            rid = f" (request id {f.request_id})" if f.request_id else ""
+            lines.append(f"{f.text}{rid}\n    {plans[f.index].describe()}\n    rerun: "
+                         f"{rerun_hint(seed, len(plans), f.index, server_args)}")
+    more = len(verdict.findings) - limit
+    return "\n".join(lines) + (f"\n... and {more} more findings" if more > 0 else "")
+
+
+def report(verdict: Verdict, calls: int, seed: int, workers: int, extra: list[str], server_args: str = "") -> str:
+    statuses = sorted({s for _, s in verdict.statuses})
+    labels = sorted({label for label, _ in verdict.statuses})
+    lines = ["| plan | " + " | ".join(statuses) + " | calls with findings |", "|---|" + "---|" * (len(statuses) + 1)]
+    for label in labels:
+        cells = [str(verdict.statuses.get((label, s), "")) for s in statuses]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {verdict.failed.get(label, 0)} |")
+    refused = 100 * verdict.num_refused / max(verdict.num_valid, 1)
+    summary = [
+        f"workers {workers} ({'sized to fill' if workers >= NUM_SLOTS + MAX_QUEUE else 'below'} the "
+        f"{NUM_SLOTS} slots + {MAX_QUEUE} queue)",
+        f"valid calls refused RESOURCE_EXHAUSTED: {verdict.num_refused} of {verdict.num_valid} ({refused:.1f}%, bound 5%)",
+        f"named-session continuations checked: {verdict.sessions_checked} "
+        f"(order unknown, not checked: {verdict.sessions_unknown})",
+        f"in-band cancels that ended a turn CANCELLED: {verdict.cancels_effective} of {verdict.cancels_sent}",
+        f"calls whose stream the server preempted (cached_tokens over turns not checked): {verdict.num_preempted}",
+        f"oracle findings: {len(verdict.findings)}",
+    ]
+    return (f"{calls} calls, seed {seed} (`{rerun_hint(seed, calls, None, server_args)}`)\n\n" + "\n".join(lines)
+            + "\n\n" + "\n".join(f"* {e}" for e in summary + extra) + "\n")
+
+
+def write_section(out: Path, name: str, text: str) -> None:
+    """Replace the `<!-- combos NAME -->` block of `out` (appended when missing)."""
+    begin, end = f"<!-- combos {name} -->", f"<!-- /combos {name} -->"
+    old = out.read_text() if out.exists() else ""
+    block = f"{begin}\n{text}{end}"
+    if begin in old and end in old:
+        new = old.split(begin)[0] + block + old.split(end, 1)[1]
+    else:
+        new = old.rstrip("\n") + "\n\n" + block + "\n"
+    out.write_text(new)
+
+
+def main() -> int:
     from tests.conftest import start_server, stop_server
-    from tests.soak import chaos
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=600)
     parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=WORKERS)
+    parser.add_argument("--only", type=int, default=None, help="send only this plan (its index in the seed's plans)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--server-args", default="", help="extra serve flags, e.g. '--spec-type ngram-simple'")
     args = parser.parse_args()
+    all_plans = draw_plans(args.calls, args.seed)
+    plans = all_plans if args.only is None else [all_plans[args.only]]
     session_dir = Path(tempfile.mkdtemp(prefix="llmserve-combos-"))  # fresh: no sessions of earlier runs
     server = start_server([*SERVER_ARGS, "--session-dir", str(session_dir), *args.server_args.split()],
-                          Path("/tmp/llmserve-combos.log"))
+                          Path("/tmp/llmserve-combos.log"), metrics=True)
     started = time.monotonic()
-    unexpected: list[str] = []
     try:
-        outcomes = run_combos(server.address, args.calls, args.seed, unexpected=unexpected)
+        records = run_combos(server.address, plans, args.workers)
         info = chaos.wait_until_idle(server.address)
-        extra = [
-            f"extra server flags: {args.server_args or 'none'}",
-            f"run time {time.monotonic() - started:.0f} s",
-            f"KV check after the run: {chaos.kv_leaks(info) or 'clean'}",
-            f"server RSS after the run: {chaos.rss_kb(server.process.pid) / 1024:.0f} MiB (bound {MAX_RSS_MIB})",
-            f"server alive: {server.process.poll() is None}",
-        ]
+        verdict = check_run(records, run_context(info, args.workers, Path(server.log_path)))
+        problems = server_findings(server, info)
+        extra = [f"extra server flags: {args.server_args or 'none'}", f"run time {time.monotonic() - started:.0f} s",
+                 f"server RSS after the run: {chaos.rss_kb(server.process.pid) / 1024:.0f} MiB (bound {MAX_RSS_MIB})",
+                 f"server checks after the run (alive, KV, open sessions, RSS, log): {problems or 'clean'}"]
     finally:
         code = stop_server(server)
         shutil.rmtree(session_dir, ignore_errors=True)
     extra.append(f"server exit code after SIGTERM: {code}")
-    extra += [f"unexpected: {line}" for line in sorted(unexpected)[:10]]
-    text = report(outcomes, args.calls, args.seed, extra)
+    text = report(verdict, args.calls, args.seed, args.workers, extra, args.server_args)
     print(text)
-    if args.out:
-        body = args.out.read_text().split("<!-- combos -->")[0] if args.out.exists() else ""
-        rest = args.out.read_text().split("<!-- /combos -->")[1] if "<!-- /combos -->" in args.out.read_text() else ""
-        args.out.write_text(body + "<!-- combos -->\n" + text + "<!-- /combos -->" + rest)
+    if verdict.findings:
+        print(failure_text(verdict, all_plans, args.seed, args.server_args), file=sys.stderr)
+    if args.out and args.only is None:
+        write_section(args.out, args.server_args or "default flags", text)
+    return 1 if verdict.findings or problems or code != 0 else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
