@@ -134,6 +134,30 @@ def test_more_paused_streams_than_slots_and_every_reply_completes() -> None:
     assert_kv_mirrors_slots(executor, runner)
 
 
+def test_a_preempted_stream_whose_slot_kept_its_history_counts_it_as_cached() -> None:
+    executor, runner = make(n_parallel=2)
+    idle = ReaderSink()
+    idle_key = executor.open_session(params(max_tokens=5), idle)
+    executor.add_input(idle_key, PROMPT_A, True)
+    run_until(executor, turn_ends(idle))
+    busy = ReaderSink()
+    busy_key = executor.open_session(params(max_tokens=200), busy)  # holds the other slot
+    executor.add_input(busy_key, (BOS, 20), True)
+    steps(executor, 3)
+    waiter = ReaderSink()  # shares the idle stream's prompt: it takes that slot's cached prefix
+    waiter_key = executor.open_session(params(max_tokens=2), waiter)
+    executor.add_input(waiter_key, (*PROMPT_A, 60, 61), True)
+    run_until(executor, turn_ends(waiter))
+    assert executor.table.admission.num_preempted == 1
+    executor.close(waiter_key)
+    steps(executor, 1)
+    executor.add_input(idle_key, (30,), True)
+    run_until(executor, turn_ends(idle, 2))
+    second = idle.of(TurnEndEvent)[1]
+    assert second.cached_tokens == len(PROMPT_A)  # the prompt the waiter left in the slot; the reply was prefilled again
+    assert_kv_mirrors_slots(executor, runner)
+
+
 @pytest.mark.parametrize("reading", [False, True])
 def test_a_stream_between_turns_gives_up_its_slot_and_continues_its_conversation(reading: bool) -> None:
     """Paused or merely idle between turns: a waiting caller takes the slot; the next turn
@@ -156,6 +180,7 @@ def test_a_stream_between_turns_gives_up_its_slot_and_continues_its_conversation
     run_until(executor, turn_ends(slow, 2))
     ends = slow.of(TurnEndEvent)
     assert [e.finish_reason for e in ends] == [FinishReason.LENGTH, FinishReason.LENGTH]
+    assert ends[1].cached_tokens == 1  # the waiter took the slot over: only its BOS matched, the rest was prefilled again
     first_reply = [t for e in slow.of(TokenEvent) for t in e.token_ids][:5]
     history = [*PROMPT_A, *first_reply, 20, 21]
     assert runner.kv[0][: len(history)] == history  # the transcript, in order, once

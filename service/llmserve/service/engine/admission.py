@@ -98,6 +98,8 @@ class Admission:
         s.pending[:0] = [*history, *sampled]
         s.next_token = None
         s.draft = []
+        if s.turn is None or s.turn.t_first_token is None:
+            s.turn_cached = 0  # the coming turn's cached tokens: what the slot still holds at reattach
         if slot.shifted:  # positions moved: the cells are no prefix of anything
             self.kv.clear(slot)
             slot.shifted = False
@@ -119,6 +121,10 @@ class Admission:
         matched = slot.match(s.pending[:-1])
         del s.pending[:matched]
         s.num_accepted_ahead = max(0, s.num_accepted_ahead - matched)
+        if s.turn is None or s.turn.t_first_token is None:
+            s.turn_cached += matched
+            if s.turn is not None:
+                s.turn.cached_tokens = s.turn_cached
         log.info("session_resumed", request_id=s.params.request_id, num_cached=matched, num_prefill=len(s.pending))
 
     def expire_readers(self, reader_timeout_s: float | None, fail) -> None:  # type: ignore[no-untyped-def]
