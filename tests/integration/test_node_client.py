@@ -1,8 +1,9 @@
 """The TypeScript client (client/node: @bufbuild/protobuf + Connect, generated types) against
 the real server: its node:test suite, and the client scenario (tests/client_scenario.py).
 
-Needs node (>= 20), `npm ci` in client/node (`make tools`) and the generated code in
-client/node/src/gen (`make gen`); without them the tests skip and say which is missing.
+Needs node >= 20.10 (`make tools` installs one when the system's is older), `npm ci` in
+client/node (`make tools`) and the generated code in client/node/src/gen (`make gen`);
+without them the tests skip and say which is missing.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import client_scenario
-from tests import toolchains
+from tests import client_scenario, toolchains
 from tests.conftest import RunningServer, start_server, stop_server
 
 NODE_DIR = Path(__file__).resolve().parents[2] / "client" / "node"
@@ -28,11 +28,11 @@ NODE_TESTS = 19  # test/*.test.ts, the API-key one included
 def _missing() -> str | None:
     node = shutil.which("node")
     if node is None:
-        return toolchains.missing("node is not installed (client/node needs >= 20.10)", "apt-get install nodejs npm")
+        return toolchains.missing("node is not installed (client/node needs >= 20.10; npm fetches it)", "make tools")
     version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()
     major, minor = (int(part) for part in version.lstrip("v").split(".")[:2])
     if (major, minor) < (20, 10):
-        return toolchains.missing(f"node {version} is too old (client/node needs >= 20.10)", "a newer nodejs")
+        return toolchains.missing(f"node {version} is too old (client/node needs >= 20.10)", "make tools")
     if not (NODE_DIR / "node_modules" / ".bin" / "tsc").exists():
         return toolchains.missing("client/node has no node_modules", "make tools")
     if not (NODE_DIR / "src" / "gen" / "llmserve" / "v1" / "llmserve_pb.ts").exists():
