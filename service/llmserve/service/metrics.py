@@ -93,6 +93,9 @@ class Metrics:
             "llmserve_session_cache", "Saved-session lookups and writes", ["result"], registry=r
         )
         self.session_cache_bytes = Gauge("llmserve_session_cache_bytes", "Bytes of saved sessions on disk", registry=r)
+        self.session_dir_ok = Gauge(
+            "llmserve_session_dir_ok", "1 while --session-dir works, 0 after it failed until a save works", registry=r
+        )
         self.spec_draft_tokens = Counter("llmserve_spec_draft_tokens", "Speculative draft tokens verified", registry=r)
         self.spec_accepted_tokens = Counter(
             "llmserve_spec_accepted_tokens", "Speculative draft tokens accepted", registry=r

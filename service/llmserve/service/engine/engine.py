@@ -188,8 +188,14 @@ class Engine:
     def has_session_store(self) -> bool:
         return self._store is not None
 
+    @property
+    def session_store_fault(self) -> str | None:
+        """Why --session-dir fails, while it does (None: it works, or there is none)."""
+        return self._store.fault if self._store is not None else None
+
     def load_session(self, session_id: str) -> SavedSession | None:
-        """A named session's saved state, or None (blocking file IO: call off the event loop)."""
+        """A named session's saved state, or None (blocking file IO: call off the event loop).
+        StorageFault when the directory fails (its lock or its file cannot be read)."""
         if self._store is None:
             raise PreconditionFailed("named sessions need the server to run with --session-dir", field="config.session_id")
         return self._store.load(session_id)

@@ -1,12 +1,9 @@
 """Saved sessions: KV state on disk, so a named session survives the stream and restarts.
 
-File layout: MAGIC, sha256 of the rest, u32 header length, JSON header (session id,
-tokens in the KV, pending tokens, chat messages, and the fingerprint of the model
-and KV layout it was made with), then the bytes of `llama_state_seq_get_data`.
-Writes are atomic (temporary file + rename) and happen on a writer thread; the
-directory is kept under `max_bytes` by deleting the least recently used files. A
-file that is corrupt or was made with another model or KV layout is discarded and
-logged, never loaded, and so is one whose tokens do not fit this server's slots or
+The file format and the atomic write are in `session_file.py`. Writes happen on a writer
+thread; the directory is kept under `max_bytes` by deleting the least recently used
+files. A file that is corrupt or was made with another model or KV layout is discarded
+and logged, never loaded, and so is one whose tokens do not fit this server's slots or
 vocabulary.
 
 A session id is saved at most once at a time and never read while a save of it is
@@ -18,45 +15,38 @@ Servers may share the directory (replicas on one volume): `load` takes an flock 
 `locks/<id>.lock` and holds it until the stream's save settles, so another server that
 opens the id meanwhile gets FAILED_PRECONDITION with a retry hint instead of a stale
 state, and two servers never write one session at once.
+
+The directory is the environment's and may fail (not a directory, read-only, full, gone).
+A named session needs it to hold its lock and read its state: when either fails the call
+gets `StorageFault` (FAILED_PRECONDITION naming the directory and the error), never
+INTERNAL, and never a turn served without a history that may exist. A save that fails
+after its turn was served leaves the previous file as it was (`write_atomically`), so the
+next stream goes on from that. The log says `session_dir_unusable` once when the
+directory starts failing and `session_dir_recovered` once when a save works again, not
+once per call; `llmserve_session_dir_ok` and `..._cache_total{result="dir_fault"}` count it.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
-import json
 import os
-import struct
-import tempfile
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import structlog
 
 from ..domain import PreconditionFailed, SavedSession
 from ..metrics import Metrics
+from .session_file import SUFFIX, StorageFault, decode, encode, model_fingerprint, write_atomically
+
+__all__ = ["SessionStore", "StorageFault", "model_fingerprint"]
 
 log = structlog.get_logger("llmserve.sessions")
 
-MAGIC = b"LLMSERVE-SESSION-1\n"
-SUFFIX = ".session"
-
-
-def model_fingerprint(model_path: Path, meta: Any, cache_type_k: str, cache_type_v: str) -> dict[str, object]:
-    """What a saved state depends on: the model file and the KV layout."""
-    with model_path.open("rb") as f:
-        head = hashlib.sha256(f.read(1 << 20)).hexdigest()
-    return {
-        "model_bytes": model_path.stat().st_size,
-        "model_head_sha256": head,
-        "architecture": meta.architecture,
-        "n_embd": meta.n_embd,
-        "cache_type_k": cache_type_k,
-        "cache_type_v": cache_type_v,
-        "swa_full": True,
-    }
+FAULT_RETRY_S = 5.0  # the retry hint of a call refused for a failing directory
 
 
 class SessionStore:
@@ -64,21 +54,60 @@ class SessionStore:
         self, directory: Path, max_bytes: int, fingerprint: dict[str, object], metrics: Metrics,
         max_tokens: int, n_vocab: int,
     ) -> None:
-        """`max_tokens`, `n_vocab`: a saved session must fit one slot and the vocabulary."""
+        """`max_tokens`, `n_vocab`: a saved session must fit one slot and the vocabulary.
+        A directory that cannot be made or written is logged (the server serves on)."""
         self.max_tokens = max_tokens
         self.n_vocab = n_vocab
         self.directory = directory
         self.max_bytes = max_bytes
         self.fingerprint = fingerprint
         self.metrics = metrics
-        directory.mkdir(parents=True, exist_ok=True)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmserve-session-writer")
         self._lock = threading.Lock()
         self._saves = threading.Condition()
         self._num_saving: dict[str, int] = {}  # session id -> saves to come
         self._claims: dict[str, tuple[int, int]] = {}  # session id -> (lock file fd, claims)
-        (directory / "locks").mkdir(exist_ok=True)
-        self._update_bytes()
+        self.fault: str | None = None  # why the directory fails, while it does
+        kind, _, value = os.environ.get("LLMSERVE_INJECT_FAULT", "").partition(":")
+        self._fail_saves_of = value if kind == "save_halfway" else None  # test only, see _save
+        self._saved_once = False  # (of that id)
+        metrics.session_dir_ok.set(1)
+        for result in ("dir_fault", "save_failed"):
+            metrics.session_cache.labels(result)  # exported at 0 from the start
+        try:
+            (directory / "locks").mkdir(parents=True, exist_ok=True)
+            write_atomically(directory / ".probe", b"")  # it takes files, renames and fsyncs
+            self._update_bytes()
+        except OSError as exc:
+            self._failing("opening it", exc)
+
+    # ------------------------------------------------------------ faults
+
+    def _failing(self, operation: str, exc: OSError) -> StorageFault:
+        """The directory failed: say so once (until it works again), count it, and return
+        the error a call that needed it gets."""
+        reason = f"{operation}: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+        message = (
+            f"--session-dir {str(self.directory)!r} is unusable ({reason}); named sessions cannot be "
+            "resumed or saved until it is fixed (calls without session_id are served)"
+        )
+        with self._lock:
+            first, self.fault = self.fault is None, message
+        if first:
+            log.error("session_dir_unusable", path=str(self.directory), operation=operation,
+                      error=exc.strerror or str(exc), errno=errno.errorcode.get(exc.errno or 0, ""))
+            self.metrics.session_dir_ok.set(0)
+        self.metrics.session_cache.labels("dir_fault").inc()
+        return StorageFault(message, str(self.directory), retry_after_s=FAULT_RETRY_S)
+
+    def _works(self) -> None:
+        with self._lock:
+            was, self.fault = self.fault, None
+        if was is not None:
+            log.info("session_dir_recovered", path=str(self.directory))
+            self.metrics.session_dir_ok.set(1)
+
+    # ------------------------------------------------------------ claims
 
     def _claim(self, session_id: str) -> None:
         """Hold the id's lock file (flock) until its stream's save settles, so servers that
@@ -88,17 +117,32 @@ class SessionStore:
                 fd, count = self._claims[session_id]
                 self._claims[session_id] = (fd, count + 1)
                 return
-            fd = os.open(self.directory / "locks" / self.path_for(session_id).with_suffix(".lock").name,
-                         os.O_RDWR | os.O_CREAT, 0o600)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise PreconditionFailed(
-                    f"session {session_id!r} is open on another server that shares --session-dir; retry",
-                    field="config.session_id", retry_after_s=1.0,
-                ) from None
-            self._claims[session_id] = (fd, 1)
+                fd = self._open_lock(session_id)
+            except OSError as exc:
+                error = exc
+            else:
+                error = None
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    raise PreconditionFailed(
+                        f"session {session_id!r} is open on another server that shares --session-dir; retry",
+                        field="config.session_id", retry_after_s=1.0,
+                    ) from None
+                self._claims[session_id] = (fd, 1)
+        if error is not None:
+            raise self._failing(f"taking the lock of session {session_id!r}", error) from None
+
+    def _open_lock(self, session_id: str) -> int:
+        locks = self.directory / "locks"
+        name = self.path_for(session_id).with_suffix(".lock").name
+        try:
+            return os.open(locks / name, os.O_RDWR | os.O_CREAT, 0o600)
+        except FileNotFoundError:  # the directory was made or replaced after the start (never its parents)
+            locks.mkdir(exist_ok=True)
+            return os.open(locks / name, os.O_RDWR | os.O_CREAT, 0o600)
 
     def _release(self, session_id: str) -> None:
         with self._lock:
@@ -134,7 +178,8 @@ class SessionStore:
     def load(self, session_id: str, wait_s: float = 10.0) -> SavedSession | None:
         """The saved session, or None (missing, or discarded because it cannot be trusted).
         Waits up to `wait_s` for a save of the id still on its way, else PreconditionFailed.
-        Claims the id (see `_claim`) until the stream that opens it settles."""
+        Claims the id (see `_claim`) until the stream that opens it settles. StorageFault
+        when the directory fails."""
         self._claim(session_id)
         try:
             return self._load(session_id, wait_s)
@@ -156,6 +201,8 @@ class SessionStore:
         except FileNotFoundError:
             self.metrics.session_cache.labels("miss").inc()
             return None
+        except OSError as exc:  # the state may exist: serving without it would drop a history
+            raise self._failing(f"reading session {session_id!r}", exc) from None
         try:
             record = self._decode(blob, session_id)
         except ValueError as exc:
@@ -163,45 +210,27 @@ class SessionStore:
             self.metrics.session_cache.labels("discarded").inc()
             self.discard(session_id)
             return None
-        os.utime(path)  # least recently used goes first
+        try:
+            os.utime(path)  # least recently used goes first
+        except OSError:
+            pass  # only the eviction order: a read-only directory fails at the save, said there
         self.metrics.session_cache.labels("hit").inc()
         return record
 
     def _decode(self, blob: bytes, session_id: str) -> SavedSession:
-        try:
-            record = self._parse(blob, session_id)
-        except (KeyError, TypeError, IndexError, struct.error, UnicodeDecodeError) as exc:
-            raise ValueError(f"malformed header ({type(exc).__name__})") from None
+        record = decode(blob, session_id, self.fingerprint)
         if len(record.tokens) > self.max_tokens:  # pending input that does not fit ends its turn CONTEXT_FULL
             raise ValueError(f"{len(record.tokens)} tokens do not fit a slot of {self.max_tokens}")
         if any(not 0 <= t < self.n_vocab for t in (*record.tokens, *record.pending)):
             raise ValueError("token ids outside the vocabulary")
         return record
 
-    def _parse(self, blob: bytes, session_id: str) -> SavedSession:
-        if not blob.startswith(MAGIC):
-            raise ValueError("not a session file")
-        body = blob[len(MAGIC) + 32 :]
-        if hashlib.sha256(body).digest() != blob[len(MAGIC) : len(MAGIC) + 32]:
-            raise ValueError("checksum mismatch (corrupt file)")
-        (header_len,) = struct.unpack("<I", body[:4])
-        header = json.loads(body[4 : 4 + header_len])
-        if header.get("fingerprint") != self.fingerprint:
-            raise ValueError("made with another model or KV layout")
-        if header.get("session_id") != session_id:
-            raise ValueError("belongs to another session id")
-        chat = header.get("chat")
-        return SavedSession(
-            session_id=session_id,
-            tokens=tuple(header["tokens"]),
-            pending=tuple(header["pending"]),
-            chat=tuple((m[0], m[1]) for m in chat) if chat is not None else None,
-            state=body[4 + header_len :],
-        )
-
     def discard(self, session_id: str) -> None:
-        self.path_for(session_id).unlink(missing_ok=True)
-        self._update_bytes()
+        try:
+            self.path_for(session_id).unlink(missing_ok=True)
+            self._update_bytes()
+        except OSError as exc:
+            self._failing(f"deleting the untrusted file of session {session_id!r}", exc)
 
     # ------------------------------------------------------------------ save
 
@@ -217,47 +246,49 @@ class SessionStore:
             self.settle(record.session_id)
 
     def _save(self, record: SavedSession) -> None:
-        header = json.dumps(
-            {
-                "session_id": record.session_id,
-                "tokens": list(record.tokens),
-                "pending": list(record.pending),
-                "chat": [list(m) for m in record.chat] if record.chat is not None else None,
-                "fingerprint": self.fingerprint,
-            }
-        ).encode()
-        body = struct.pack("<I", len(header)) + header + record.state
-        blob = MAGIC + hashlib.sha256(body).digest() + body
-        tmp_path: str | None = None
+        """Test only: `LLMSERVE_INJECT_FAULT=save_halfway:<session id>` fails every save of
+        that id after its first one halfway through the write (ENOSPC)."""
+        blob = encode(record, self.fingerprint)
+        inject = record.session_id == self._fail_saves_of
         try:
-            with tempfile.NamedTemporaryFile(dir=self.directory, suffix=".tmp", delete=False) as tmp:
-                tmp_path = tmp.name
-                tmp.write(blob)
-                tmp.flush()
-                os.fsync(tmp.fileno())
-            os.replace(tmp_path, self.path_for(record.session_id))
+            write_atomically(self.path_for(record.session_id), blob, fail_halfway=inject and self._saved_once)
         except OSError as exc:
-            log.error("session_save_failed", session_id=record.session_id, error=str(exc))
-            if tmp_path is not None:
-                Path(tmp_path).unlink(missing_ok=True)
+            self._failing(f"saving session {record.session_id!r}", exc)
+            self.metrics.session_cache.labels("save_failed").inc()
             return
+        self._saved_once |= inject
+        self._works()
         self.metrics.session_cache.labels("saved").inc()
         log.info("session_saved", session_id=record.session_id, tokens=len(record.tokens), bytes=len(blob))
-        self._evict()
+        try:
+            self._evict()
+        except OSError as exc:
+            self._failing("evicting the least recently used sessions", exc)
+
+    def _sizes(self) -> list[tuple[float, int, Path]]:
+        """(mtime, bytes, path) of the saved files; one another server deletes meanwhile is skipped."""
+        found = []
+        for path in self.directory.glob("*" + SUFFIX):
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                continue
+            found.append((stat.st_mtime, stat.st_size, path))
+        return sorted(found)
 
     def _evict(self) -> None:
         with self._lock:
-            files = sorted(self.directory.glob("*" + SUFFIX), key=lambda p: p.stat().st_mtime)
-            total = sum(p.stat().st_size for p in files)
+            files = self._sizes()
+            total = sum(size for _, size, _ in files)
             while files and total > self.max_bytes:
-                oldest = files.pop(0)
-                total -= oldest.stat().st_size
+                _, size, oldest = files.pop(0)
+                total -= size
                 oldest.unlink(missing_ok=True)
                 self.metrics.session_cache.labels("evicted").inc()
             self.metrics.session_cache_bytes.set(total)
 
     def _update_bytes(self) -> None:
-        self.metrics.session_cache_bytes.set(sum(p.stat().st_size for p in self.directory.glob("*" + SUFFIX)))
+        self.metrics.session_cache_bytes.set(sum(size for _, size, _ in self._sizes()))
 
     def close(self) -> None:
         """Finish pending writes."""

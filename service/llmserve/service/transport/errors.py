@@ -1,8 +1,9 @@
 """Every gRPC status the service returns is decided here.
 
-Handlers raise `ServiceError` subclasses (or the engine's `InvalidRequest` and
-`PreconditionFailed`); `rpc_errors` turns them into a status with google.rpc details
-(BadRequest field violations, RetryInfo, and for RESOURCE_EXHAUSTED and UNAVAILABLE
+Handlers raise `ServiceError` subclasses (or the engine's `InvalidRequest`,
+`PreconditionFailed` and `StorageFault`); `rpc_errors` turns them into a status
+with google.rpc details (BadRequest field violations, PreconditionFailure naming what in
+the environment failed, RetryInfo, and for RESOURCE_EXHAUSTED and UNAVAILABLE
 the `grpc-retry-pushback-ms` trailer that gRPC retry policies honour), and turns any other exception into
 INTERNAL, logged with its traceback: INTERNAL means a bug. A request message that
 did not parse reaches the handler as `Undecodable` (see handlers.py) and becomes
@@ -27,6 +28,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from ..domain import InvalidRequest, PreconditionFailed
+from ..engine.session_file import StorageFault
 
 log = structlog.get_logger("llmserve.errors")
 
@@ -34,14 +36,27 @@ log = structlog.get_logger("llmserve.errors")
 class ServiceError(Exception):
     code = grpc.StatusCode.INTERNAL
 
-    def __init__(self, message: str, *, field: str | None = None, retry_after_s: float | None = None):
+    def __init__(
+        self, message: str, *, field: str | None = None, retry_after_s: float | None = None,
+        violation: tuple[str, str] | None = None,
+    ):
+        """`violation`: (type, subject) of a PreconditionFailure detail (what in the server's
+        environment is not as it must be, e.g. ("SESSION_DIR", its path))."""
         super().__init__(message)
         self.message = message
         self.field = field
         self.retry_after_s = retry_after_s
+        self.violation = violation
 
     def to_status(self) -> grpc.Status:
         details = []
+        if self.violation is not None:
+            kind, subject = self.violation
+            failure = error_details_pb2.PreconditionFailure(
+                violations=[error_details_pb2.PreconditionFailure.Violation(
+                    type=kind, subject=subject, description=self.message)]
+            )
+            details.append(_pack(failure))
         if self.field is not None:
             bad = error_details_pb2.BadRequest(
                 field_violations=[
@@ -108,7 +123,11 @@ _BY_NAME = {
 
 
 def from_domain(error: InvalidRequest) -> ServiceError:
-    """The engine's refusals, as statuses."""
+    """The engine's refusals, as statuses. A failing environment (StorageFault) is
+    FAILED_PRECONDITION with a PreconditionFailure naming it: not the request's fault
+    (no BadRequest), not a bug (not INTERNAL)."""
+    if isinstance(error, StorageFault):
+        return FailedPrecondition(str(error), retry_after_s=error.retry_after_s, violation=("SESSION_DIR", error.path))
     cls = FailedPrecondition if isinstance(error, PreconditionFailed) else InvalidArgument
     return cls(str(error), field=error.field, retry_after_s=error.retry_after_s)
 

@@ -225,6 +225,8 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         try:
             async for response in stream.run(first, params, request_iterator, deadline):
                 yield response
+            if params.session_id and (fault := engine.session_store_fault):  # served; its save may fail too
+                context.set_trailing_metadata((("llmserve-session-store-fault", fault.encode("ascii", "replace").decode()),))
         finally:
             self._streams.discard(stream)
             self._sessions_in_use.discard(params.session_id)
