@@ -47,9 +47,11 @@ $(NODE_CLIENT): client/node/package.json client/node/package-lock.json | node-to
 	cd client/node && npm ci --no-audit --no-fund
 
 # docker-compose (Debian package) validates docker-compose.yml in the tests; installed when we can.
+# `docker-compose config` needs no engine: without recommends apt leaves docker.io and containerd out.
 compose-tool:
 	@command -v docker-compose >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-		(apt-get update -qq && apt-get install -y -qq docker-compose) || echo "docker-compose not installed: its test will skip"; }
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose) \
+		|| echo "docker-compose not installed: its test will skip"; }
 
 # Toolchains of the generated Go, C++ and Java clients (Debian 12 packages; docs/clients.md
 # says why each is needed). Installed as root when missing; otherwise those tests skip.
