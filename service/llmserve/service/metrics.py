@@ -93,6 +93,10 @@ class Metrics:
             "llmserve_session_cache", "Saved-session lookups and writes", ["result"], registry=r
         )
         self.session_cache_bytes = Gauge("llmserve_session_cache_bytes", "Bytes of saved sessions on disk", registry=r)
+        self.constraint_cache = Counter(
+            "llmserve_constraint_cache", "Grammar / JSON schema compiles: hit (kept), shared (joined one running), "
+            "miss (compiled), refused (too many waiting)", ["result"], registry=r,
+        )
         self.session_dir_ok = Gauge(
             "llmserve_session_dir_ok", "1 while --session-dir works, 0 after it failed until a save works", registry=r
         )

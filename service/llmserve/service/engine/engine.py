@@ -10,6 +10,7 @@ session store; nothing here knows gRPC.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import structlog
@@ -33,6 +34,7 @@ from ..model.runner import LlamaRunner, RunnerConfig
 from ..model.sampler import SAMPLER_NAMES
 from ..model.tokenizer import Vocab
 from .chat import ChatMessage
+from .constraints import ConstraintCache
 from .executor import Executor, ExecutorConfig
 from .loading import chat_template, log_loaded
 from .saved_sessions import SessionStore, model_fingerprint
@@ -141,7 +143,10 @@ class Engine:
             )
         self.pooling = self.embedding_model.pooling if self.embedding_model else "none"
         self.samplers = SAMPLER_NAMES
-        self._grammars = GrammarCompiler(model_path, runner.vocab, config.grammar_timeout_s, config.grammar_max_mb << 20)
+        self._constraints = ConstraintCache(
+            GrammarCompiler(model_path, runner.vocab, config.grammar_timeout_s, config.grammar_max_mb << 20),
+            metrics or Metrics(),
+        )
         log_loaded(config, self.meta, embedder)
 
     # ------------------------------------------------------------- lifecycle
@@ -152,7 +157,7 @@ class Engine:
     def stop(self, timeout: float | None = None) -> bool:
         """Stop the executor after its current step; open sessions end UNAVAILABLE.
         False if it did not stop within `timeout`."""
-        self._grammars.close()
+        self._constraints.close()
         return self._executor.stop(timeout)
 
     def close(self) -> None:
@@ -200,12 +205,14 @@ class Engine:
             raise PreconditionFailed("named sessions need the server to run with --session-dir", field="config.session_id")
         return self._store.load(session_id)
 
-    def compile_constraint(self, kind: str, text: str) -> tuple[str, object]:
+    def compile_constraint(self, kind: str, text: str) -> Future[tuple[str, object]]:
         """A "grammar" or "json_schema" as GBNF, and compiled (an opaque object for
-        `open_session`): proven in the grammar worker within the time and memory budget,
-        then parsed here. GrammarError otherwise. Blocks: call off the event loop."""
-        compiled = self._grammars.compile(kind, text)
-        return compiled.gbnf, compiled
+        `open_session`), when ready: proven in the grammar worker within its CPU-time and
+        memory budget, then parsed, on a thread of its own; kept by content, so a repeated
+        text compiles once. The future fails with GrammarError (the text's fault) or
+        Overloaded (the machine's); this call raises Overloaded when too many compiles
+        wait. Shared: never cancel it."""
+        return self._constraints.get(kind, text)
 
     def render_chat(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
         """The conversation rendered with the chat template, as tokens (the template must exist)."""

@@ -4,21 +4,24 @@ llama.cpp's grammar parser recurses without bound (a deep grammar overflows the
 stack: SIGSEGV), llama-cpp-python's schema converter can build strings of any size
 (`minItems: 100000000` grows RSS by gigabytes), and both run for as long as they
 like. Run in a process of their own, with a memory limit (RLIMIT_DATA), a smaller
-stack than the server's executor thread, and a deadline kept by the parent
-(`grammar_compiler.py`), none of that can reach the server.
+stack than the server's executor thread, and a budget of its own CPU time for each
+request (RLIMIT_CPU, raised before each one to what the worker has used plus the budget:
+past it the kernel ends the worker with SIGXCPU), none of that can reach the server.
+CPU time, not the wall clock: waiting for a busy machine's CPU is not the schema's cost.
 
-Protocol: one JSON object per line on stdin ({"kind": "grammar"|"json_schema",
+Protocol: {"ready": true} once the vocabulary is loaded; then one JSON object per line on stdin ({"kind": "grammar"|"json_schema",
 "text": ...}); one per line on the protocol fd ({"ok": true, "gbnf": ...} or
 {"ok": false, "error": ...}). llama.cpp's own output (fd 1 and 2, and its log
 callback) is captured and becomes the error's reason.
 
-    python -m llmserve.service.model.grammar_worker MODEL_PATH MAX_DATA_BYTES
+    python -m llmserve.service.model.grammar_worker MODEL_PATH MAX_DATA_BYTES CPU_SECONDS
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import resource
 import sys
@@ -28,7 +31,16 @@ import threading
 STACK_BYTES = 2 << 20  # the executor thread has the default 8 MiB: what parses here fits there
 
 
-def _serve(model_path: str, protocol: int) -> None:
+def _cpu_budget(seconds: float) -> None:
+    """SIGXCPU once this process has used `seconds` more CPU time (whole seconds: the
+    kernel counts RLIMIT_CPU in seconds, so the budget is `seconds` to `seconds` + 1)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = math.ceil(usage.ru_utime + usage.ru_stime + seconds)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+
+
+def _serve(model_path: str, protocol: int, cpu_seconds: float) -> None:
     import llama_cpp
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
@@ -51,8 +63,10 @@ def _serve(model_path: str, protocol: int) -> None:
     os.dup2(captured.fileno(), 1)
     os.dup2(captured.fileno(), 2)
     out = os.fdopen(protocol, "w", buffering=1)
+    out.write('{"ready": true}\n')  # loaded: from here on, the CPU time is the requests'
     for line in sys.stdin:
         request = json.loads(line)
+        _cpu_budget(cpu_seconds)
         log.clear()
         captured.seek(0)
         captured.truncate()
@@ -74,12 +88,13 @@ def _serve(model_path: str, protocol: int) -> None:
 
 def main() -> None:
     os.nice(10)  # yield the CPU to the server's decode threads
-    model_path, max_data = sys.argv[1], int(sys.argv[2])
+    model_path, max_data, cpu_seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     protocol = os.dup(1)
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
     resource.setrlimit(resource.RLIMIT_DATA, (max_data, hard))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGXCPU and SIGSEGV would dump a core
     threading.stack_size(STACK_BYTES)
-    worker = threading.Thread(target=_serve, args=(model_path, protocol), name="grammar-worker")
+    worker = threading.Thread(target=_serve, args=(model_path, protocol, cpu_seconds), name="grammar-worker")
     worker.start()
     worker.join()
 

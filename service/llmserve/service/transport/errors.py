@@ -1,7 +1,7 @@
 """Every gRPC status the service returns is decided here.
 
 Handlers raise `ServiceError` subclasses (or the engine's `InvalidRequest`,
-`PreconditionFailed` and `StorageFault`); `rpc_errors` turns them into a status
+`PreconditionFailed`, `StorageFault` and `Overloaded`); `rpc_errors` turns them into a status
 with google.rpc details (BadRequest field violations, PreconditionFailure naming what in
 the environment failed, RetryInfo, and for RESOURCE_EXHAUSTED and UNAVAILABLE
 the `grpc-retry-pushback-ms` trailer that gRPC retry policies honour), and turns any other exception into
@@ -28,6 +28,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from ..domain import InvalidRequest, PreconditionFailed
+from ..engine.offload import Overloaded
 from ..engine.session_file import StorageFault
 
 log = structlog.get_logger("llmserve.errors")
@@ -122,17 +123,19 @@ _BY_NAME = {
 }
 
 
-def from_domain(error: InvalidRequest) -> ServiceError:
+def from_domain(error: InvalidRequest | Overloaded) -> ServiceError:
     """The engine's refusals, as statuses. A failing environment (StorageFault) is
     FAILED_PRECONDITION with a PreconditionFailure naming it: not the request's fault
     (no BadRequest), not a bug (not INTERNAL)."""
+    if isinstance(error, Overloaded):
+        return ResourceExhausted(str(error), retry_after_s=error.retry_after_s)
     if isinstance(error, StorageFault):
         return FailedPrecondition(str(error), retry_after_s=error.retry_after_s, violation=("SESSION_DIR", error.path))
     cls = FailedPrecondition if isinstance(error, PreconditionFailed) else InvalidArgument
     return cls(str(error), field=error.field, retry_after_s=error.retry_after_s)
 
 
-def _as_status(error: ServiceError | InvalidRequest) -> ServiceError:
+def _as_status(error: ServiceError | InvalidRequest | Overloaded) -> ServiceError:
     return error if isinstance(error, ServiceError) else from_domain(error)
 
 
@@ -190,7 +193,7 @@ def rpc_errors(method: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 async for response in method(self, request, context):
                     yield response
-            except (ServiceError, InvalidRequest) as error:
+            except (ServiceError, InvalidRequest, Overloaded) as error:
                 status = _as_status(error)
                 code = status.code.name
                 await _abort(context, status)
@@ -212,7 +215,7 @@ def rpc_errors(method: Callable[..., Any]) -> Callable[..., Any]:
         code = "OK"
         try:
             return await method(self, check_decoded(request), context)
-        except (ServiceError, InvalidRequest) as error:
+        except (ServiceError, InvalidRequest, Overloaded) as error:
             status = _as_status(error)
             code = status.code.name
             await _abort(context, status)

@@ -156,8 +156,10 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         if constraint is None:
             return params, None
         kind, text = constraint
+        compiling = asyncio.wrap_future(engine.compile_constraint(kind, text))  # Overloaded: RESOURCE_EXHAUSTED
+        compiling.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, if this call is gone
         try:
-            gbnf, compiled = await asyncio.to_thread(engine.compile_constraint, kind, text)
+            gbnf, compiled = await asyncio.shield(compiling)  # shared with identical texts: never cancelled
         except GrammarError as exc:
             raise InvalidArgument(str(exc), field=f"config.constraint.{kind}") from None
         return replace(params, sampling=replace(params.sampling, grammar=gbnf)), compiled

@@ -1,0 +1,94 @@
+"""Work too heavy for the event loop that must not starve decoding: tokenizing and
+detokenizing megabytes, compiling a grammar.
+
+`OffloadPool` runs it on threads of its own, not asyncio's default pool (which loading a
+saved session and rendering chat need too), few of them, and at a lower CPU priority
+than the executor: on Linux a thread's nice value is its own (setpriority on its thread
+id; raising it needs no privilege), so on a machine with as many cores as the executor
+has threads, heavy work gets the CPU the decode leaves, instead of taking it turn about.
+At most `max_waiting` calls wait for a thread; more are `Overloaded` with a retry hint
+from how long recent calls took. Thread-safe; `submit` never blocks.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import structlog
+
+log = structlog.get_logger("llmserve.offload")
+
+T = TypeVar("T")
+
+
+class Overloaded(Exception):
+    """Valid work the server is too busy to take now (RESOURCE_EXHAUSTED with a retry
+    hint): never blamed on the request."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def lower_thread_priority(nice: int) -> None:
+    """Raise the calling thread's nice value by `nice` (Linux: per thread); elsewhere nothing."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except (AttributeError, OSError):
+        pass
+
+
+class OffloadPool:
+    def __init__(self, name: str, num_threads: int, max_waiting: int, nice: int = 10) -> None:
+        """`name`: the threads' name prefix and what an Overloaded message calls the work."""
+        self.name = name
+        self.num_threads = num_threads
+        self.max_waiting = max_waiting
+        self._pool = ThreadPoolExecutor(num_threads, f"llmserve-{name}", lower_thread_priority, (nice,))
+        self._lock = threading.Lock()
+        self._num_pending = 0  # waiting or running
+        self._mean_s = 0.5  # moving average of one call's run time (the retry hint)
+
+    @property
+    def num_pending(self) -> int:
+        return self._num_pending
+
+    def submit(self, fn: Callable[..., T], *args: Any, may_refuse: bool = True) -> Future[T]:
+        """Run `fn(*args)` on the pool. With `may_refuse`, Overloaded when `max_waiting`
+        calls wait already (work that is part of an admitted session passes `False`: it
+        waits its turn). Cancelling the future before it starts drops the call."""
+        with self._lock:
+            waiting = self._num_pending - self.num_threads
+            if may_refuse and waiting >= self.max_waiting:
+                retry = min(max(self._mean_s * (waiting + 1) / self.num_threads, 0.1), 30.0)
+                raise Overloaded(
+                    f"{self._num_pending} {self.name} calls are running or waiting, the limit is "
+                    f"{self.num_threads} running plus {self.max_waiting} waiting; retry later",
+                    retry_after_s=round(retry, 1),
+                )
+            self._num_pending += 1
+        future = self._pool.submit(self._timed, fn, *args)
+        future.add_done_callback(self._done)
+        return future
+
+    def _timed(self, fn: Callable[..., T], *args: Any) -> T:
+        started = time.monotonic()
+        try:
+            return fn(*args)
+        finally:
+            with self._lock:
+                self._mean_s = 0.8 * self._mean_s + 0.2 * (time.monotonic() - started)
+
+    def _done(self, _future: Future[Any]) -> None:
+        with self._lock:
+            self._num_pending -= 1
+
+    def close(self) -> None:
+        """Drop what has not started; let what runs finish."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
