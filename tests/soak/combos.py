@@ -48,7 +48,9 @@ SERVER_ARGS = [
     "--chat-template-file", str(ROOT / "templates" / "gemma3.jinja"),
 ]
 WORKERS = NUM_SLOTS + MAX_QUEUE  # sized to fill the queue: RESOURCE_EXHAUSTED may happen, rarely
-CALL_TIMEOUT = 120.0  # a 3-turn call behind a full queue on a busy 2-core machine (1 token/s seen)
+# Only a guard against hangs: 3 turns behind a full queue took over 120 s on a 2-core machine
+# shared with other servers (queue 63 s, 0.4 tokens/s per stream).
+CALL_TIMEOUT = 300.0
 MAX_RSS_MIB = 2048
 
 
@@ -231,6 +233,7 @@ def main() -> int:
         code = stop_server(server)
         shutil.rmtree(session_dir, ignore_errors=True)
     extra.append(f"server exit code after SIGTERM: {code}")
+    extra += [f"finding, plan {f.index}: {f.text}" for f in verdict.findings[:10]]
     text = report(verdict, args.calls, args.seed, args.workers, extra, args.server_args)
     print(text)
     if verdict.findings:

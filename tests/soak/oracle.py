@@ -119,13 +119,14 @@ def sample_turns(responses: list[pb.GenerateResponse], num_samples: int) -> tupl
 def check_status(rec: CallRecord, ctx: RunContext) -> list[str]:
     plan, st = rec.plan, rec.status
     got = f"{st.code} {st.message!r}"
+    refused_late = [f"{got} after {len(rec.responses)} responses"] if rec.responses else []
     if st.code == "RESOURCE_EXHAUSTED":
         if not ctx.fills_queue:
             return [f"{got}: the run was not sized to fill the queue"]
-        return [] if st.retry_after_s is not None else [f"{got} without RetryInfo"]
+        return refused_late + ([] if st.retry_after_s is not None else [f"{got} without RetryInfo"])
     if plan.adversarial:
         name = ADVERSARIAL[plan.adversarial][1]
-        problems = [f"{len(rec.responses)} responses before the refusal"] if rec.responses else []
+        problems = list(refused_late)
         if st.code == "INVALID_ARGUMENT":
             if not any(f == name or f.startswith((name + "[", name + ".")) for f in st.fields):
                 problems.append(f"{got} names fields {st.fields}, not {name}")
@@ -134,7 +135,7 @@ def check_status(rec: CallRecord, ctx: RunContext) -> list[str]:
         return problems
     if plan.config.session_id and st.code == "FAILED_PRECONDITION" and any(
             r.search(st.message) for r in NAMED_SESSION_REFUSALS):
-        problems = [] if st.retry_after_s is not None else [f"{got} without RetryInfo"]
+        problems = refused_late + ([] if st.retry_after_s is not None else [f"{got} without RetryInfo"])
         return problems + ([] if "config.session_id" in st.fields else [f"{got} names fields {st.fields}"])
     expected = ENDING_STATUS[plan.ending]
     if plan.ending in ("cancel_call", "disconnect") and not rec.acted:

@@ -123,7 +123,8 @@ def check_named_sessions(records: list[CallRecord], v: Verdict) -> None:
             if cached < floor - 1:
                 v.findings.append(Finding(s.plan.index, (
                     f"named session {s.plan.config.session_id!r}: the first turn cached {cached} tokens, the stream "
-                    f"before it (plan {p.plan.index}, ended OK) left at least {floor}"), s.responses[0].request_id))
+                    f"before it (plan {p.plan.index}, request id {p.responses[0].request_id}, ended OK) left at least "
+                    f"{floor}"), s.responses[0].request_id))
 
 
 def _entries(text: str) -> list[dict]:  # type: ignore[type-arg]
