@@ -117,21 +117,21 @@ class SessionStore:
                 fd, count = self._claims[session_id]
                 self._claims[session_id] = (fd, count + 1)
                 return
+            fd, error = -1, None
             try:
                 fd = self._open_lock(session_id)
-            except OSError as exc:
-                error = exc
-            else:
-                error = None
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    raise PreconditionFailed(
-                        f"session {session_id!r} is open on another server that shares --session-dir; retry",
-                        field="config.session_id", retry_after_s=1.0,
-                    ) from None
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 self._claims[session_id] = (fd, 1)
+            except BlockingIOError:
+                os.close(fd)
+                raise PreconditionFailed(
+                    f"session {session_id!r} is open on another server that shares --session-dir; retry",
+                    field="config.session_id", retry_after_s=1.0,
+                ) from None
+            except OSError as exc:  # no such directory, read-only, no locks on this volume (ENOLCK)
+                error = exc
+                if fd >= 0:
+                    os.close(fd)
         if error is not None:
             raise self._failing(f"taking the lock of session {session_id!r}", error) from None
 
