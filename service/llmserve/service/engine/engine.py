@@ -9,9 +9,10 @@ session store; nothing here knows gRPC.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import structlog
 
@@ -37,10 +38,14 @@ from .chat import ChatMessage
 from .constraints import ConstraintCache
 from .executor import Executor, ExecutorConfig
 from .loading import chat_template, log_loaded
+from .offload import OffloadPool
 from .saved_sessions import SessionStore, model_fingerprint
 from .speculation import SpecConfig
 
 log = structlog.get_logger("llmserve.engine")
+
+T = TypeVar("T")
+HEAVY_MAX_WAITING = 8  # heavy unary calls (Tokenize, Detokenize of megabytes) that may wait
 
 
 @dataclass(frozen=True)
@@ -147,6 +152,7 @@ class Engine:
             GrammarCompiler(model_path, runner.vocab, config.grammar_timeout_s, config.grammar_max_mb << 20),
             metrics or Metrics(),
         )
+        self._heavy = OffloadPool("heavy unary", 1, HEAVY_MAX_WAITING)
         log_loaded(config, self.meta, embedder)
 
     # ------------------------------------------------------------- lifecycle
@@ -158,6 +164,7 @@ class Engine:
         """Stop the executor after its current step; open sessions end UNAVAILABLE.
         False if it did not stop within `timeout`."""
         self._constraints.close()
+        self._heavy.close()
         return self._executor.stop(timeout)
 
     def close(self) -> None:
@@ -213,6 +220,12 @@ class Engine:
         Overloaded (the machine's); this call raises Overloaded when too many compiles
         wait. Shared: never cancel it."""
         return self._constraints.get(kind, text)
+
+    def offload(self, fn: Callable[..., T], *args: Any, may_refuse: bool = True) -> Future[T]:
+        """Run heavy work (tokenizing or rendering megabytes) on a low-priority thread so
+        that it never starves decoding; Overloaded when `HEAVY_MAX_WAITING` calls wait
+        (unless not `may_refuse`: work of an admitted session waits its turn)."""
+        return self._heavy.submit(fn, *args, may_refuse=may_refuse)
 
     def render_chat(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
         """The conversation rendered with the chat template, as tokens (the template must exist)."""

@@ -10,13 +10,15 @@ from ..engine.engine import Engine
 from . import validation
 from .errors import InvalidArgument
 
-LARGE_TEXT_BYTES = 16 * 1024  # longer texts are tokenized on a worker thread, not the event loop
+LARGE_TEXT_BYTES = 16 * 1024  # longer texts are tokenized on the engine's offload thread, not the event loop
 
 
 async def tokenize(engine: Engine, text: str, add_special: bool, parse_special: bool, embedding_model: bool) -> list[int]:
-    """Tokenize; a large text on a worker thread (llama_tokenize releases the GIL)."""
+    """Tokenize; a large text on the engine's offload thread (llama_tokenize releases the GIL;
+    a session's input waits its turn there, it is never refused)."""
     if len(text) > LARGE_TEXT_BYTES:
-        return await asyncio.to_thread(engine.tokenize, text, add_special, parse_special, embedding_model)
+        future = engine.offload(engine.tokenize, text, add_special, parse_special, embedding_model, may_refuse=False)
+        return await asyncio.wrap_future(future)
     return engine.tokenize(text, add_special, parse_special, embedding_model)
 
 

@@ -21,7 +21,7 @@ from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 from ..domain import GrammarError, SavedSession, SessionParams
 from ..engine.engine import Engine
 from ..metrics import Metrics
-from . import protos, validation
+from . import protos, unary, validation
 from .embed_call import EmbedCall
 from .errors import (
     DeadlineExceeded,
@@ -33,7 +33,6 @@ from .errors import (
     rpc_errors,
 )
 from .generate_call import Drain, GenerateCall
-from .inputs import tokenize
 
 log = structlog.get_logger("llmserve.servicer")
 
@@ -266,16 +265,11 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
 
     @rpc_errors
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:  # type: ignore[no-untyped-def]
-        engine, model = self._engine(), request.embedding_model
-        ids = await tokenize(engine, request.text, request.add_special, request.parse_special, model)
-        pieces = engine.pieces(ids, model) if request.with_pieces else []
-        return pb.TokenizeResponse(ids=ids, pieces=pieces)
+        return await unary.tokenize(self._engine(), request)
 
     @rpc_errors
     async def Detokenize(self, request: pb.DetokenizeRequest, context) -> pb.DetokenizeResponse:  # type: ignore[no-untyped-def]
-        engine, model = self._engine(), request.embedding_model
-        ids = validation.token_ids(request.ids, engine.n_vocab(model), "ids")
-        return pb.DetokenizeResponse(text=engine.detokenize(ids, request.render_special, model))
+        return await unary.detokenize(self._engine(), request)
 
     @rpc_errors
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:  # type: ignore[no-untyped-def]
