@@ -12,6 +12,7 @@ from llmserve.service import cli
 FLAGS = [
     "--model", "--ctx-size", "--parallel", "--batch-size", "--ubatch-size", "--threads", "--host", "--port",
     "--embeddings", "--embedding-model", "--max-queue", "--max-input-tokens", "--max-message-bytes", "--shutdown-grace",
+    "--drain-delay",
     "--metrics-port", "--metrics-host", "--tls-cert", "--tls-key", "--tls-client-ca", "--api-key",
     "--log-format", "--verbose", "--otlp-traces-endpoint",
 ]

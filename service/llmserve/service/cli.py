@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add("--max-input-tokens", type=int, help="input tokens per session (default and cap: the slot's context)")
     f.add("--max-message-bytes", type=int, default=d.max_message_bytes, help="largest request message accepted")
     f.add("--shutdown-grace", type=float, default=d.shutdown_grace_s, help="seconds in-flight turns get on SIGTERM")
+    f.add("--drain-delay", type=float, default=d.drain_delay_s,
+          help="on SIGTERM, seconds the server still takes new calls after readiness turns NOT_SERVING, so that "
+               "load balancers stop routing to it first (behind the shipped Envoy config: 8); then it refuses them")
     f.add("--first-message-timeout", type=float, default=d.first_message_timeout_s,
           help="seconds a Generate stream may take to send its first message (then DEADLINE_EXCEEDED)")
     f.add("--reader-timeout", type=float, default=d.reader_timeout_s,
@@ -131,6 +134,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         max_input_tokens=args.max_input_tokens,
         max_message_bytes=args.max_message_bytes,
         shutdown_grace_s=args.shutdown_grace,
+        drain_delay_s=args.drain_delay,
         first_message_timeout_s=args.first_message_timeout,
         reader_timeout_s=args.reader_timeout,
         watchdog_timeout_s=args.watchdog_timeout,

@@ -63,6 +63,7 @@ class ServerConfig:
     max_input_tokens: int | None = None  # per session; None: the slot's context
     max_message_bytes: int = 16 * 1024 * 1024
     shutdown_grace_s: float = 10.0
+    drain_delay_s: float = 0.0  # on SIGTERM: not ready but still serving this long (load balancers' view)
     first_message_timeout_s: float = 5.0  # a Generate stream's first message must come by then
     reader_timeout_s: float = 60.0  # a stream whose client reads nothing this long ends (0: never)
     watchdog_timeout_s: float = 60.0  # no executor progress this long with work waiting: exit (0: off)
@@ -129,6 +130,8 @@ class ServerConfig:
             raise ValueError("--prefill-max-slowdown must be >= 1")
         if self.watchdog_timeout_s < 0 or self.reader_timeout_s < 0:
             raise ValueError("--watchdog-timeout and --reader-timeout must be >= 0")
+        if self.drain_delay_s < 0 or self.shutdown_grace_s < 0:
+            raise ValueError("--drain-delay and --shutdown-grace must be >= 0")
         if min(self.keepalive_time_s, self.keepalive_timeout_s, self.keepalive_min_time_s) <= 0 or min(
             self.max_connection_age_s, self.max_connection_age_grace_s) < 0:
             raise ValueError("--keepalive-* must be positive, --max-connection-age(-grace) >= 0")

@@ -5,10 +5,16 @@ executor dies; `llmserve.v1.LLMService` (readiness) is SERVING only while the mo
 loaded, the server is not draining and the executor steps.
 
 Start-up: listen at once (ready: NOT_SERVING), load the model off the event
-loop, then ready. Shutdown on SIGTERM/SIGINT: not ready, new calls
-UNAVAILABLE, in-flight turns get `--shutdown-grace` seconds to finish, the rest
-end UNAVAILABLE, the executor is joined, the model freed, exit 0. Whatever is stuck,
-the process is gone `STOP_MARGIN_S` after the grace period (exit 1).
+loop, then ready. An address it cannot listen on ends it at once: one line naming the
+address and --host/--port, exit 1.
+
+Shutdown on SIGTERM/SIGINT: not ready; for `--drain-delay` seconds (the lame duck) new
+calls are still served, so that load balancers take the replica out of rotation
+before it refuses anything; then new calls get UNAVAILABLE trailers-only (no response
+headers first, so Envoy's and the SDKs' retry policies send them elsewhere), in-flight
+turns get `--shutdown-grace` seconds to finish, the rest end UNAVAILABLE, the executor
+is joined, the model freed, exit 0. Whatever is stuck, the process is gone
+`STOP_MARGIN_S` after the delay and the grace period (exit 1).
 
 Supervision: if the executor thread dies, or does not move for `--watchdog-timeout`
 seconds while work waits, health turns NOT_SERVING and the process exits 70 at
@@ -20,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
 import threading
 
@@ -137,14 +144,42 @@ def _build_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     enable_reflection((SERVICE_NAME, HEALTH_NAME), server)
     address = f"{config.host}:{config.port}"
-    if config.tls_cert and config.tls_key:
-        creds = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
-        bound = server.add_secure_port(address, creds)
-    else:
-        bound = server.add_insecure_port(address)
+    _check_bindable(config.host, config.port, "--host/--port")  # before grpc logs its own error lines
+    try:
+        if config.tls_cert and config.tls_key:
+            creds = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+            bound = server.add_secure_port(address, creds)
+        else:
+            bound = server.add_insecure_port(address)
+    except RuntimeError:  # grpc: "Failed to bind to address ..."
+        bound = 0
     if bound == 0:
-        raise RuntimeError(f"cannot listen on {address}")
+        raise ListenError(f"cannot listen on {address}: choose another address with --host/--port")
     return server
+
+
+class ListenError(Exception):
+    """An address the server cannot listen on: said in one line, no traceback."""
+
+
+def _check_bindable(host: str, port: int, flags: str) -> None:
+    """Bind `host:port` as gRPC will (every address the name resolves to, SO_REUSEADDR; one
+    that binds is enough), so that a port in use is named with the OS's reason."""
+    try:
+        addresses = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {host}:{port}: {exc}: choose another address with {flags}") from None
+    reasons = []
+    for family, kind, proto, _, sockaddr in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+                return
+            except OSError as exc:
+                reasons.append(exc.strerror or str(exc))
+    raise ListenError(f"cannot listen on {host}:{port} ({reasons[0] if reasons else 'no address'}): "
+                      f"choose another address with {flags}")
 
 
 async def _load_engine(config: ServerConfig, metrics: Metrics) -> Engine:
@@ -161,12 +196,22 @@ async def serve(config: ServerConfig) -> None:
     llm = LLMServicer(metrics, config.max_queue, config.max_input_tokens)
     health_servicer = health.aio.HealthServicer()
     tracing = Tracing(config.otlp_traces_endpoint) if config.otlp_traces_endpoint else None
-    server = _build_server(config, llm, health_servicer, tracing)
+    try:
+        if config.metrics_port is not None:
+            _check_bindable(config.metrics_host, config.metrics_port, "--metrics-host/--metrics-port")
+        server = _build_server(config, llm, health_servicer, tracing)
+    except ListenError as exc:
+        raise SystemExit(f"llmserve: {exc}") from None
     await _set_health(health_servicer, _SERVING, ("",))  # alive while the model loads
     await _set_health(health_servicer, _NOT_SERVING, (SERVICE_NAME,))
     await server.start()
     if config.metrics_port is not None:
-        metrics.serve(config.metrics_host, config.metrics_port)
+        try:
+            metrics.serve(config.metrics_host, config.metrics_port)
+        except OSError as exc:  # taken since the check above (or by --port itself)
+            await server.stop(0)
+            raise SystemExit(f"llmserve: cannot listen on {config.metrics_host}:{config.metrics_port} "
+                             f"({exc.strerror or exc}): choose another address with --metrics-host/--metrics-port") from None
     log.info(
         "listening",
         host=config.host,
@@ -203,10 +248,17 @@ async def serve(config: ServerConfig) -> None:
         log.info("serving", model=engine.meta.name)
         await stop.wait()
 
-    _hard_deadline(config.shutdown_grace_s + STOP_MARGIN_S)
-    log.info("draining", grace_s=config.shutdown_grace_s)
+    lame_duck_s = config.drain_delay_s if llm.engine is not None else 0.0  # it never served: nothing to hand over
+    _hard_deadline(lame_duck_s + config.shutdown_grace_s + STOP_MARGIN_S)
+    log.info("draining", grace_s=config.shutdown_grace_s, drain_delay_s=lame_duck_s)
     draining.set()
     await _set_health(health_servicer, _NOT_SERVING, (SERVICE_NAME,))  # not ready; still alive
+    if lame_duck_s > 0:
+        # Still serving: a balancer routes here until its health check sees NOT_SERVING (Envoy:
+        # up to one `interval`), and a replica refusing calls at once draws them (LEAST_REQUEST
+        # prefers the host with the fewest active requests), which can exhaust Envoy's retries.
+        await asyncio.sleep(lame_duck_s)
+        log.info("refusing_new_calls")
     llm.begin_drain()
     finished = await llm.wait_idle(config.shutdown_grace_s)
     if not finished:
