@@ -15,6 +15,7 @@ from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 from .connection import ConnectionOptions, Target, open_channel
 from .errors import from_rpc_error
 from .requests import Prompt, embed_requests, make_input, session_config
+from .resets import ResetRetry, retried_async
 from .results import GenerateResult, collect
 from .turns import CANCEL_GRACE_S, TurnTracker
 
@@ -50,8 +51,11 @@ class AsyncClient:
     async def stream(self, prompt: Prompt, *, timeout: float | None = None,
                      **config: Any) -> AsyncIterator[pb.GenerateResponse]:
         request = pb.GenerateRequest(config=session_config(**config), input=make_input(prompt), end_of_turn=True)
+        kwargs = self.options.call_kwargs(timeout, request.config.session_id)
+        retry = ResetRetry(self.options.retries, kwargs["timeout"])  # see `resets`
         try:
-            async for response in self.stub.Generate(iter([request]), **self.options.call_kwargs(timeout, request.config.session_id)):
+            async for response in retried_async(
+                    lambda t: self.stub.Generate(iter([request]), **{**kwargs, "timeout": t}), retry):
                 yield response
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
@@ -73,10 +77,16 @@ class AsyncClient:
             raise from_rpc_error(err) from None
 
     async def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
+        kwargs = self.options.call_kwargs(timeout)
+
+        async def attempt(t: float | None) -> AsyncIterator[Any]:
+            yield await method(request, **{**kwargs, "timeout": t})
+
         try:
-            return await method(request, **self.options.call_kwargs(timeout))
+            [response] = [r async for r in retried_async(attempt, ResetRetry(self.options.retries, kwargs["timeout"]))]
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
+        return response
 
     async def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True,
                        embedding_model: bool = False, timeout: float | None = None) -> list[int]:

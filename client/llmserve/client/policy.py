@@ -12,7 +12,9 @@ attempt takes one, a success gives back 0.1) and retries nothing while half or l
 left, so an overloaded server is not hit five times harder. gRPC retries a call only
 until the first response arrives (or more than 256 KiB of requests were sent): the
 unary calls; Embed; Generate before its first response, i.e. a session that was
-refused, never a turn that has streamed tokens.
+refused, never a turn that has streamed tokens. The policy cannot see one case: a proxy
+(Envoy) that resets a stream before any response because its replica died reports
+INTERNAL; the SDK's one-shot calls make that call again themselves (`resets`).
 
 waitForReady: while the server is down or restarting a call waits for the channel to
 connect, until its deadline, instead of failing at once. (A call without a deadline

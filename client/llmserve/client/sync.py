@@ -16,6 +16,7 @@ from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 from .connection import ConnectionOptions, Target, open_channel
 from .errors import from_rpc_error
 from .requests import Prompt, embed_requests, make_input, session_config
+from .resets import ResetRetry, retried
 from .results import GenerateResult, collect
 from .turns import CANCEL_GRACE_S, TurnTracker
 
@@ -61,8 +62,10 @@ class Client:
         """One-turn Generate: yields every response (chunks, then the turn end; with
         n > 1 each sample's, told apart by `index`). `config`: see `session_config`."""
         request = pb.GenerateRequest(config=session_config(**config), input=make_input(prompt), end_of_turn=True)
+        kwargs = self.options.call_kwargs(timeout, request.config.session_id)
         try:
-            yield from self.stub.Generate(iter([request]), **self.options.call_kwargs(timeout, request.config.session_id))
+            yield from retried(lambda t: self.stub.Generate(iter([request]), **{**kwargs, "timeout": t}),
+                               self._reset_retry(kwargs))
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 
@@ -72,18 +75,17 @@ class Client:
     def stream_once(self, prompt: Prompt, *, timeout: float | None = None, **config: Any) -> Iterator[pb.GenerateOnceResponse]:
         """`stream` over the one-shot server-streaming GenerateOnce RPC (no bidi stream)."""
         request = pb.GenerateOnceRequest(config=session_config(**config), input=make_input(prompt))
+        kwargs = self.options.call_kwargs(timeout, request.config.session_id)
         try:
-            yield from self.stub.GenerateOnce(request, **self.options.call_kwargs(timeout, request.config.session_id))
+            yield from retried(lambda t: self.stub.GenerateOnce(request, **{**kwargs, "timeout": t}),
+                               self._reset_retry(kwargs))
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 
     def generate_text(self, prompt: Prompt, *, timeout: float | None = None, **config: Any) -> pb.GenerateTextResponse:
         """One turn over the unary GenerateText RPC: each sample's whole text and turn end."""
         request = pb.GenerateTextRequest(config=session_config(**config), input=make_input(prompt))
-        try:
-            return self.stub.GenerateText(request, **self.options.call_kwargs(timeout, request.config.session_id))
-        except grpc.RpcError as err:
-            raise from_rpc_error(err) from None
+        return self._unary(self.stub.GenerateText, request, timeout, request.config.session_id)
 
     def session(self, *, timeout: float | None = None, **config: Any) -> Session:
         """A multi-turn session on one Generate stream (the KV stays on the server's slot).
@@ -103,9 +105,14 @@ class Client:
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 
-    def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
+    def _reset_retry(self, kwargs: dict[str, Any]) -> ResetRetry:
+        """A one-shot call cut by a proxy before its first response is made again (`resets`)."""
+        return ResetRetry(self.options.retries, kwargs["timeout"])
+
+    def _unary(self, method: Any, request: Any, timeout: float | None, session_id: str = "") -> Any:
+        kwargs = self.options.call_kwargs(timeout, session_id)
         try:
-            return method(request, **self.options.call_kwargs(timeout))
+            return next(retried(lambda t: [method(request, **{**kwargs, "timeout": t})], self._reset_retry(kwargs)))
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 
