@@ -144,6 +144,7 @@ def test_pod_environment_parses_into_a_valid_server_config(monkeypatch: pytest.M
     assert (config.host, config.port) == ("0.0.0.0", int(env["LLMSERVE_PORT"]))
     assert config.metrics_port == int(env["LLMSERVE_METRICS_PORT"])
     assert config.shutdown_grace_s == float(env["LLMSERVE_SHUTDOWN_GRACE"])
+    assert config.drain_delay_s == float(env["LLMSERVE_DRAIN_DELAY"])
     assert config.embeddings and config.log_format == "json"
 
 
@@ -157,11 +158,12 @@ def test_chat_template_file_is_one_the_image_copies() -> None:
 def test_termination_grace_covers_prestop_shutdown_grace_and_stop_margin() -> None:
     pod = _pod("llmserve")
     grace = float(effective_env()["LLMSERVE_SHUTDOWN_GRACE"])
-    stop_margin = module_constant(SERVER_PY, "STOP_MARGIN_S")  # the server is gone by grace + margin
+    drain_delay = float(effective_env()["LLMSERVE_DRAIN_DELAY"])  # the lame duck comes first
+    stop_margin = module_constant(SERVER_PY, "STOP_MARGIN_S")  # the server is gone by delay + grace + margin
     command = container("llmserve", "llmserve")["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep"
     pre_stop = float(command[1])
-    assert pod["terminationGracePeriodSeconds"] >= pre_stop + grace + stop_margin
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain_delay + grace + stop_margin
 
 
 def test_containers_run_non_root_on_a_read_only_root() -> None:
