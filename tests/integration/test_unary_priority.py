@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import grpc
 import pytest
@@ -25,7 +25,7 @@ from tests.conftest import RunningServer, start_server, stop_server
 OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 TEXT_4MB = ("The committee reviewed the proposal and postponed the vote until next week. " * 60_000)[: 4 << 20]
 MAX_GAP_S = 1.0  # the bound the issue sets; a decode step of this model takes ~15-40 ms here
-WINDOW_S = 20.0  # the gaps are measured until the first call is answered, at most this long
+WINDOW_S = 20.0  # the gaps are measured until the calls are answered, at most this long
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +73,10 @@ class _Decoding:
         self._reader.join()
 
 
-def _tokenize(stub: pb_grpc.LLMServiceStub) -> tuple[grpc.StatusCode, int, float | None]:
+def _tokenize(stub: pb_grpc.LLMServiceStub, text: str = TEXT_4MB) -> tuple[grpc.StatusCode, int, float | None]:
     """(status, number of ids, retry hint in seconds)."""
     try:
-        reply = stub.Tokenize(pb.TokenizeRequest(text=TEXT_4MB), timeout=300)
+        reply = stub.Tokenize(pb.TokenizeRequest(text=text), timeout=300)
         return grpc.StatusCode.OK, len(reply.ids), None
     except grpc.RpcError as err:
         retry = None
@@ -88,8 +88,8 @@ def _tokenize(stub: pb_grpc.LLMServiceStub) -> tuple[grpc.StatusCode, int, float
 
 
 def test_eight_4mb_tokenize_calls_keep_a_decoding_stream_under_a_second(heavy_server: RunningServer) -> None:
-    """The stream's gaps are measured while all 8 calls are in the server (at most WINDOW_S);
-    then the stream stops and the calls must still all succeed."""
+    """The stream's gaps are measured while the calls are in the server (the first WINDOW_S
+    seconds); then the stream stops and the calls must all succeed."""
     with grpc.insecure_channel(heavy_server.address, options=OPTIONS) as channel:
         stub = pb_grpc.LLMServiceStub(channel)
         stream = _Decoding(stub)
@@ -98,7 +98,7 @@ def test_eight_4mb_tokenize_calls_keep_a_decoding_stream_under_a_second(heavy_se
         with ThreadPoolExecutor(8) as pool:
             started = time.monotonic()
             calls = [pool.submit(_tokenize, stub) for _ in range(8)]
-            done = wait(calls, timeout=WINDOW_S, return_when=FIRST_COMPLETED).done
+            done = wait(calls, timeout=WINDOW_S).done
             ended = time.monotonic()
             stream.stop()
             results = [call.result(timeout=600) for call in calls]
@@ -107,14 +107,14 @@ def test_eight_4mb_tokenize_calls_keep_a_decoding_stream_under_a_second(heavy_se
           f"({len(done)} calls done by then; alone {quiet * 1000:.0f} ms)")
     assert [code for code, _, _ in results] == [grpc.StatusCode.OK] * 8
     assert all(n > 500_000 for _, n, _ in results)
-    assert ended - started > 2.0 and gap < MAX_GAP_S
+    assert ended - started > 1.0 and gap < MAX_GAP_S
 
 
 def test_heavy_calls_past_the_queue_are_resource_exhausted_with_a_retry_hint(heavy_server: RunningServer) -> None:
     with grpc.insecure_channel(heavy_server.address, options=OPTIONS) as channel:
         stub = pb_grpc.LLMServiceStub(channel)
         with ThreadPoolExecutor(16) as pool:
-            results = list(pool.map(lambda _: _tokenize(stub), range(16)))
+            results = list(pool.map(lambda _: _tokenize(stub, TEXT_4MB[: 1 << 20]), range(16)))
         codes = [code for code, _, _ in results]
         assert set(codes) == {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
         assert codes.count(grpc.StatusCode.OK) >= 9  # one running plus 8 waiting
