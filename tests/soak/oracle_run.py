@@ -56,8 +56,6 @@ def check_run(records: list[CallRecord], ctx: RunContext) -> Verdict:
         rid = rec.responses[0].request_id if rec.responses else ""
         v.num_preempted += rid in ctx.preempted
         v.findings += [Finding(rec.plan.index, p, rid) for p in problems]
-        if problems:
-            v.failed[rec.plan.label] += 1
         if not rec.plan.adversarial:
             v.num_valid += 1
             v.num_refused += rec.status.code == "RESOURCE_EXHAUSTED"
@@ -71,6 +69,8 @@ def check_run(records: list[CallRecord], ctx: RunContext) -> Verdict:
     if v.cancels_sent >= 5 and v.cancels_effective == 0:
         v.findings.append(Finding(None, f"{v.cancels_sent} in-band cancels were sent and no turn ended CANCELLED"))
     check_named_sessions(records, v)
+    labels = {rec.plan.index: rec.plan.label for rec in records}
+    v.failed.update(labels[i] for i in {f.index for f in v.findings if f.index is not None})
     return v
 
 

@@ -165,6 +165,7 @@ def test_a_named_session_that_forgot_its_history_is_caught() -> None:
                     + turn([10, 12, EOG], FR.FINISH_REASON_STOP, cached=4), t_start=2.0, t_end=3.0)
     findings = check_run([first, forgot], CTX).findings
     assert [f.index for f in findings] == [1] and "left at least 12" in findings[0].text
+    assert check_run([first, forgot], CTX).failed == {"valid, ends by close": 1}
     kept = record(plan(1, session_id="s-text"), turn([10, EOG], FR.FINISH_REASON_STOP, cached=11)
                   + turn([10, 12, EOG], FR.FINISH_REASON_STOP, cached=15), t_start=2.0, t_end=3.0)
     verdict = check_run([first, kept], CTX)
