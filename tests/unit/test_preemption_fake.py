@@ -201,3 +201,37 @@ def test_a_stream_that_reads_nothing_for_reader_timeout_ends_deadline_exceeded()
     failed = slow.of(SessionFailed)
     assert failed and failed[0].status == "DEADLINE_EXCEEDED" and "--reader-timeout" in failed[0].message
     assert key not in executor.table.sessions
+
+
+def test_a_named_session_that_gave_its_slot_up_is_saved_at_close_and_restored() -> None:
+    """Found by the combination oracle: a named session preempted after its last turn
+    closed with no slot and was not saved; its next stream lost the conversation."""
+    from dataclasses import replace
+
+    from .test_engine_sessions_fake import RecordingStore
+
+    runner, store = FakeRunner(n_batch=64), RecordingStore()
+    executor = Executor(runner, ExecutorConfig(1, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4), store=store)  # type: ignore[arg-type]
+    named = ReaderSink()
+    key = executor.open_session(replace(params(max_tokens=5), session_id="s"), named)
+    executor.add_input(key, PROMPT_A, True)
+    run_until(executor, turn_ends(named))
+    waiter = ReaderSink()
+    waiter_key = executor.open_session(params(max_tokens=2), waiter)
+    executor.add_input(waiter_key, (BOS, 40), True)
+    run_until(executor, turn_ends(waiter))
+    assert executor.table.admission.num_preempted == 1
+    executor.close(key)
+    executor.drain(block=False)
+    assert len(store.saved) == 1
+    saved = store.saved[0]
+    reply = named.token_ids()
+    assert [*saved.tokens, *saved.pending] == [*PROMPT_A, *reply]  # type: ignore[attr-defined]
+    assert saved.state == b""  # type: ignore[attr-defined]  # its KV left with the slot: a restore prefills it
+    again = ReaderSink()
+    executor2, runner2 = make(n_parallel=1)
+    key2 = executor2.open_session(replace(params(max_tokens=3), session_id="s"), again, restore=saved)  # type: ignore[arg-type]
+    executor2.add_input(key2, (30,), True)
+    run_until(executor2, turn_ends(again))
+    assert runner2.kv[0][: len(PROMPT_A) + len(reply) + 1] == [*PROMPT_A, *reply, 30]
+    assert_kv_mirrors_slots(executor2, runner2)

@@ -67,7 +67,7 @@ class Admission:
                 session.resume(slot, saved, loaded)
                 accept_later(session)  # a chat rendering now matches against the restored KV
                 continue
-            if session.preempted:
+            if session.preempted_history is not None:
                 self._reattach(session)
             else:
                 session.attach(self.allocator.allocate(session.pending), self.allocator.reusable)
@@ -105,7 +105,7 @@ class Admission:
             slot.shifted = False
         self.allocator.free(slot)
         s.slot = None
-        s.preempted = True
+        s.preempted_history = len(history)
         self.waiting.append(s)
         self.num_preempted += 1
         self.metrics.preemptions.labels("paused" if s.paused else "idle").inc()
@@ -117,7 +117,7 @@ class Admission:
         least one token to decode for the logits the turn samples from next."""
         slot = self.allocator.allocate(s.pending)
         s.slot = slot
-        s.preempted = False
+        s.preempted_history = None
         matched = slot.match(s.pending[:-1])
         del s.pending[:matched]
         s.num_accepted_ahead = max(0, s.num_accepted_ahead - matched)

@@ -74,7 +74,7 @@ class Session:
         self.turn_cached = 0  # of the upcoming turn's history, tokens already in the KV
         self.num_accepted_ahead = 0  # leading pending tokens the sampler already accepted
         self.overflowed = False  # the upcoming turn's input does not fit the context
-        self.preempted = False  # gave up its slot while paused; its history is in `pending` (admission.py)
+        self.preempted_history: int | None = None  # gave its slot up: its first pending tokens are this much history
         self.t_paused: float | None = None  # since when its client has read nothing (paused)
 
     def fork(self, key: int, slot: Slot, make_sampler: Callable[..., TokenSampler]) -> Session:

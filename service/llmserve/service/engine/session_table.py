@@ -198,6 +198,11 @@ class SessionTable:
         if self.store is None or not session_id or session.parent is not None:
             return
         slot = session.slot
+        if slot is None and session.preempted_history:  # its KV went with the slot: restoring prefills it again
+            n = session.preempted_history
+            self.store.save_async(SavedSession(session_id, tuple(session.pending[:n]), tuple(session.pending[n:]),
+                                               session.chat, b""))
+            return
         history: tuple[int, ...] = tuple(slot.tokens[: slot.num_confirmed]) if slot is not None else ()
         if slot is None or not history:  # nothing in it: the saved file stays as it was
             self.store.settle(session_id)

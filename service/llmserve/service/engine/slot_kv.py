@@ -95,6 +95,8 @@ class SlotKV:
         self.clear(slot)
         if not saved.tokens:
             return slot, True
+        if not saved.state:  # saved without its KV (the session had given its slot up)
+            return slot, False
         if self.runner.set_seq_state(slot.seq_id, saved.state):
             slot.tokens[:] = saved.tokens
             if self.holds_window(slot):
