@@ -133,9 +133,10 @@ def run_combos(address: str, plans: list[Plan], workers: int = WORKERS) -> list[
 
 
 def run_context(info: pb.ModelInfo, workers: int, log_path: Path) -> RunContext:
+    log = log_path.read_text()
     return RunContext(frozenset(info.eog_token_ids), info.n_ctx_per_slot,
                       fills_queue=workers >= info.n_parallel + info.max_queue,
-                      preempted=preempted_requests(log_path.read_text()))
+                      preempted=preempted_requests(log), closed_preempted=preempted_requests(log, at_close=True))
 
 
 def server_findings(server, info: pb.ModelInfo) -> list[str]:  # type: ignore[no-untyped-def]
@@ -183,7 +184,8 @@ def report(verdict: Verdict, calls: int, seed: int, workers: int, extra: list[st
         f"{NUM_SLOTS} slots + {MAX_QUEUE} queue)",
         f"valid calls refused RESOURCE_EXHAUSTED: {verdict.num_refused} of {verdict.num_valid} ({refused:.1f}%, bound 5%)",
         f"named-session continuations checked: {verdict.sessions_checked} "
-        f"(order unknown, not checked: {verdict.sessions_unknown})",
+        f"(order unknown, not checked: {verdict.sessions_unknown}; text sessions saved without KV after a "
+        f"preemption, not checked: {verdict.sessions_recomputed})",
         f"in-band cancels that ended a turn CANCELLED: {verdict.cancels_effective} of {verdict.cancels_sent}",
         f"calls whose stream the server preempted (cached_tokens over turns not checked): {verdict.num_preempted}",
         f"oracle findings: {len(verdict.findings)}",

@@ -65,6 +65,9 @@ class RunContext:
     # Request ids of streams the server logged `session_preempted` for: their slot went to a
     # waiting caller between turns, so a later turn may prefill the history again.
     preempted: frozenset[str] = frozenset()
+    # Of them, those that were still without a slot when they closed: a named one is saved
+    # without its KV, and the next stream on the id prefills the history again.
+    closed_preempted: frozenset[str] = frozenset()
 
 
 @dataclass

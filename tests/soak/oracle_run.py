@@ -43,6 +43,7 @@ class Verdict:
     num_refused: int = 0
     sessions_checked: int = 0
     sessions_unknown: int = 0
+    sessions_recomputed: int = 0  # text sessions whose stream before closed preempted: nothing to check
     cancels_sent: int = 0
     cancels_effective: int = 0
     num_preempted: int = 0  # calls whose stream the server preempted (cached_tokens not checked over turns)
@@ -68,7 +69,7 @@ def check_run(records: list[CallRecord], ctx: RunContext) -> Verdict:
                                         f"(at most {MAX_REFUSED:.0%})"))
     if v.cancels_sent >= 5 and v.cancels_effective == 0:
         v.findings.append(Finding(None, f"{v.cancels_sent} in-band cancels were sent and no turn ended CANCELLED"))
-    check_named_sessions(records, v)
+    check_named_sessions(records, v, ctx)
     labels = {rec.plan.index: rec.plan.label for rec in records}
     v.failed.update(labels[i] for i in {f.index for f in v.findings if f.index is not None})
     return v
@@ -98,7 +99,7 @@ def first_ends(rec: CallRecord) -> list[pb.TurnEnd]:
     return ends
 
 
-def check_named_sessions(records: list[CallRecord], v: Verdict) -> None:
+def check_named_sessions(records: list[CallRecord], v: Verdict, ctx: RunContext) -> None:
     by_id: dict[str, list[CallRecord]] = {}
     for rec in records:
         if rec.plan.config.session_id:
@@ -116,6 +117,18 @@ def check_named_sessions(records: list[CallRecord], v: Verdict) -> None:
             p_ends = first_ends(p)
             if p.status.code != "OK" or len(p_ends) != p.plan.turns or any(held(r) is not False for r in others):
                 v.sessions_unknown += 1
+                continue
+            if p.responses[0].request_id in ctx.closed_preempted:  # saved without KV: prefilled again
+                if not s.plan.chat:
+                    v.sessions_recomputed += 1  # the history is in the prompt, which usage does not show
+                    continue
+                v.sessions_checked += 1
+                if ends[0].usage.prompt_tokens < p_ends[-1].usage.prompt_tokens:
+                    v.findings.append(Finding(s.plan.index, (
+                        f"named session {s.plan.config.session_id!r}: the first rendering has "
+                        f"{ends[0].usage.prompt_tokens} tokens, the conversation before it (plan {p.plan.index}, "
+                        f"request id {p.responses[0].request_id}) had {p_ends[-1].usage.prompt_tokens}"),
+                        s.responses[0].request_id))
                 continue
             v.sessions_checked += 1
             floor = history_floor(p.plan, p_ends)
@@ -139,9 +152,14 @@ def _entries(text: str) -> list[dict]:  # type: ignore[type-arg]
     return entries
 
 
-def preempted_requests(log_text: str) -> frozenset[str]:
-    """Request ids of the streams the server preempted (`session_preempted` in its log)."""
-    return frozenset(e.get("request_id", "") for e in _entries(log_text) if e.get("event") == "session_preempted")
+def preempted_requests(log_text: str, at_close: bool = False) -> frozenset[str]:
+    """Request ids of the streams the server preempted (`session_preempted` in its log);
+    `at_close`: only those whose last preemption no `session_resumed` followed."""
+    slotless: dict[str, bool] = {}
+    for e in _entries(log_text):
+        if e.get("event") in ("session_preempted", "session_resumed"):
+            slotless[e.get("request_id", "")] = e["event"] == "session_preempted"
+    return frozenset(rid for rid, last in slotless.items() if last or not at_close)
 
 
 def log_problems(text: str) -> list[str]:

@@ -170,6 +170,17 @@ def test_a_named_session_that_forgot_its_history_is_caught() -> None:
                   + turn([10, 12, EOG], FR.FINISH_REASON_STOP, cached=15), t_start=2.0, t_end=3.0)
     verdict = check_run([first, kept], CTX)
     assert verdict.findings == [] and verdict.sessions_checked == 1
+    # The stream before closed preempted: saved without its KV, so the next one prefills it again.
+    closed = RunContext(CTX.eog_ids, CTX.n_ctx_per_slot, CTX.fills_queue, frozenset({"r1"}), frozenset({"r1"}))
+    assert check_run([first, forgot], closed).sessions_recomputed == 1
+    first.plan.chat = True  # a chat session's next rendering must still hold the conversation
+    lost = record(plan(1, session_id="s-text"), turn([10, EOG], FR.FINISH_REASON_STOP, prompt=2)
+                  + turn([10, 12, EOG], FR.FINISH_REASON_STOP, cached=4, prompt=9), t_start=2.0, t_end=3.0)
+    lost.plan.chat = True
+    assert "the first rendering has 2 tokens" in check_run([first, lost], closed).findings[0].text
+    log = "\n".join(json.dumps({"event": e, "request_id": r}) for e, r in [
+        ("session_preempted", "a"), ("session_resumed", "a"), ("session_preempted", "b")])
+    assert (preempted_requests(log), preempted_requests(log, at_close=True)) == ({"a", "b"}, {"b"})
 
 
 def test_an_adversarial_value_must_be_refused_naming_its_field() -> None:
