@@ -20,6 +20,7 @@ class SessionStream:
         self._requests.put(pb.GenerateRequest(config=session_config(**config)))  # type: ignore[arg-type]
         self.call = pb_grpc.LLMServiceStub(channel).Generate(self._iter(), timeout=timeout)
         self._responses: Iterator[pb.GenerateResponse] = iter(self.call)
+        self.turn_logprobs: list[pb.TokenLogprob] = []  # the last turn's, when asked (top_logprobs)
 
     def _iter(self) -> Iterator[pb.GenerateRequest]:
         while True:
@@ -46,12 +47,15 @@ class SessionStream:
         return next(self._responses)
 
     def read_turn(self) -> tuple[str, list[int], pb.TurnEnd]:
+        """The next turn's text, token ids and end; its logprobs (if asked) go to `turn_logprobs`."""
         text: list[str] = []
         ids: list[int] = []
+        self.turn_logprobs = []
         for response in self._responses:
             if response.HasField("chunk"):
                 text.append(response.chunk.text)
                 ids.extend(response.chunk.token_ids)
+                self.turn_logprobs.extend(response.chunk.logprobs)
             else:
                 return "".join(text), ids, response.turn_end
         raise AssertionError("stream ended before the turn end")
