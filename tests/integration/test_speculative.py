@@ -1,6 +1,15 @@
 """Speculative decoding against the real model: greedy output with `--spec-type
-ngram-simple` is token for token the output without it, drafts are accepted on
-extractive prompts, and every feature still works with drafts in the batch."""
+ngram-simple` is the output without it, drafts are accepted on extractive prompts, and
+every feature still works with drafts in the batch.
+
+"The output without it" as far as the numerics allow: a row verified beside draft rows
+goes through llama.cpp's kernels in another batch shape than a lone row, which moves its
+logits in the last digits (CPU dependent), so the two greedy replies are compared by
+their logprobs (tests/greedy.py), not as token lists. Measured here (AVX2): the same
+tokens' logprobs differed by up to 0.10 nats over 3 x 64 tokens and 0.15 with a grammar,
+and the code passage parted at token 10, where the plain run's two best were 0.009 apart.
+A repeat on the speculative server gave the same digits and tokens (like with like).
+"""
 
 from __future__ import annotations
 
@@ -12,9 +21,12 @@ from llmserve.client import make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
 from tests.conftest import RunningServer, start_server, stop_server
+from tests.greedy import parting
 from tests.soak import chaos
 
 ARGS = ["-np", "4", "-c", "8192", "-t", "2"]
+TOP = 4  # logprob alternatives asked for: where two greedy replies part, both picks show
+SPEC_TOL = 0.3  # twice the largest difference measured (0.15, see above)
 PASSAGES = [
     "The river runs past the old mill, under the stone bridge, and into the harbor where the boats wait.",
     "def area(width, height):\n    return width * height\n\ndef perimeter(width, height):\n    return 2 * (width + height)\n",
@@ -43,8 +55,16 @@ def _run(address: str, config: pb.SessionConfig, text: str) -> list[pb.GenerateR
         return list(pb_grpc.LLMServiceStub(channel).Generate(iter([request]), timeout=120))
 
 
+def _text(responses: list[pb.GenerateResponse]) -> str:
+    return "".join(r.chunk.text for r in responses if r.HasField("chunk") and r.chunk.index == 0)
+
+
 def _ids(responses: list[pb.GenerateResponse], index: int = 0) -> list[int]:
     return [t for r in responses if r.HasField("chunk") and r.chunk.index == index for t in r.chunk.token_ids]
+
+
+def _logprobs(responses: list[pb.GenerateResponse]) -> list[pb.TokenLogprob]:
+    return [lp for r in responses if r.HasField("chunk") for lp in r.chunk.logprobs]
 
 
 def _copy_prompt(passage: str) -> str:
@@ -55,10 +75,12 @@ def _copy_prompt(passage: str) -> str:
 def test_greedy_speculative_output_is_the_plain_output(
     spec_server: RunningServer, plain_server: RunningServer, passage: str
 ) -> None:
-    config = session_config(max_tokens=64, temperature=0, ignore_eos=True)
+    config = session_config(max_tokens=64, temperature=0, ignore_eos=True, top_logprobs=TOP)
     spec = _run(spec_server.address, config, _copy_prompt(passage))
     plain = _run(plain_server.address, config, _copy_prompt(passage))
-    assert _ids(spec) == _ids(plain)
+    assert len(_ids(spec)) == len(_logprobs(spec)) == len(_ids(plain)) == 64
+    parted = parting(_logprobs(plain), _logprobs(spec), SPEC_TOL)
+    print(f"speculative vs plain: parted at {parted}")
     usage = spec[-1].turn_end.usage
     assert usage.draft_tokens > 0 and usage.accepted_draft_tokens > 0
     assert plain[-1].turn_end.usage.draft_tokens == 0
@@ -68,20 +90,21 @@ def test_every_feature_works_with_drafts(spec_server: RunningServer, plain_serve
     prompt = _copy_prompt(PASSAGES[2])
     stop = session_config(max_tokens=64, temperature=0, stop=["Friday"])
     logprobs = session_config(max_tokens=24, temperature=0, ignore_eos=True)
-    logprobs.output.top_logprobs = 2
     grammar = session_config(max_tokens=40, temperature=0)
     grammar.constraint.grammar = 'root ::= "Alice" [a-zA-Z .]*'
     minimum = session_config(max_tokens=30, temperature=0)
     minimum.stopping.min_tokens = 20
     for config in (stop, logprobs, grammar, minimum):
+        config.output.top_logprobs = TOP
         spec, plain = _run(spec_server.address, config, prompt), _run(plain_server.address, config, prompt)
-        assert _ids(spec) == _ids(plain), config
-        assert spec[-1].turn_end.finish_reason == plain[-1].turn_end.finish_reason
-    spec_lp = [lp.logprob for r in _run(spec_server.address, logprobs, prompt) if r.HasField("chunk") for lp in r.chunk.logprobs]
-    plain_lp = [lp.logprob for r in _run(plain_server.address, logprobs, prompt) if r.HasField("chunk") for lp in r.chunk.logprobs]
-    # The same tokens; the values differ in the second decimal: a row verified in a batch
-    # of draft rows goes through llama.cpp's kernels in another shape than a lone row.
-    assert spec_lp == pytest.approx(plain_lp, abs=0.05)
+        assert len(_logprobs(spec)) == len(_ids(spec)) and len(_logprobs(plain)) == len(_ids(plain))
+        if parting(_logprobs(plain), _logprobs(spec), SPEC_TOL) is None:  # no near tie flipped: the same reply
+            assert _ids(spec) == _ids(plain), config
+            assert spec[-1].turn_end.finish_reason == plain[-1].turn_end.finish_reason
+        if config is grammar:
+            assert _text(spec).startswith("Alice")
+        if config is minimum:
+            assert spec[-1].turn_end.usage.completion_tokens >= 20
     two = session_config(max_tokens=40, temperature=0.7, seed=3, ignore_eos=True)
     two.n = 2
     responses = _run(spec_server.address, two, prompt)
