@@ -1,12 +1,12 @@
-"""Continuous batching: concurrent greedy streams agree with their solo runs."""
+"""Continuous batching: concurrent greedy streams agree with their solo runs (by logprobs)."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
-from llmserve.client import Client, make_input, pb, session_config
-from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+from llmserve.client import Client, pb
+
+from tests.greedy import parting
 
 PROMPTS = [
     "The capital of France is",
@@ -20,38 +20,31 @@ PROMPTS = [
 ]
 
 
-def _prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
+# Measured here (AVX2, these 8 prompts, 32 tokens, twice): a token's logprob moved by up
+# to 0.373 nats between its solo run and the run beside 7 others, and where two replies
+# parted the picks' order had moved by up to 0.51 nats. Twice that leaves room for another
+# CPU's kernels; sampling a neighbour's row, broken on purpose, moved them by over 10 nats.
+CONCURRENT_TOL = 0.75
+TOP = 4
 
 
-def _solo_with_gaps(address: str, prompt: str) -> tuple[tuple[int, ...], list[float]]:
-    """Greedy solo run, with the top-2 logprob gap at every step."""
-    config = session_config(max_tokens=32, temperature=0, ignore_eos=True)
-    config.output.top_logprobs = 2
-    request = pb.GenerateRequest(config=config, input=make_input(prompt), end_of_turn=True)
-    with grpc.insecure_channel(address) as channel:
-        responses = list(pb_grpc.LLMServiceStub(channel).Generate(iter([request]), timeout=120))
-    entries = [lp for r in responses if r.HasField("chunk") for lp in r.chunk.logprobs]
-    return tuple(lp.token_id for lp in entries), [lp.top[0].logprob - lp.top[1].logprob for lp in entries]
+def _greedy(client: Client, prompt: str) -> list[pb.TokenLogprob]:
+    result = client.generate(prompt, max_tokens=32, temperature=0, ignore_eos=True, top_logprobs=TOP)
+    assert result.turn_end.finish_reason == pb.FINISH_REASON_LENGTH
+    assert len(result.logprobs) == len(result.token_ids) == result.turn_end.usage.completion_tokens == 32
+    return list(result.logprobs)
 
 
 def test_eight_concurrent_streams_match_solo_runs_except_at_near_ties(server, fresh_server) -> None:  # type: ignore[no-untyped-def]
     """Solo runs on one server, the concurrent run on another (no prefix cache shared), so
     this measures batching alone. llama.cpp's CPU kernels round differently with batch
-    shape (measured in-process: up to ~0.7 logits between a row decoded alone and beside
-    another sequence), so greedy output may part where the solo run had a near tie."""
-    solo = [_solo_with_gaps(fresh_server.address, p) for p in PROMPTS]
-    kw = dict(max_tokens=32, temperature=0, ignore_eos=True)
+    shape, so a concurrent reply agrees with its solo run by logprobs within CONCURRENT_TOL
+    and may part from it only at a near tie (tests/greedy.py), not token for token."""
+    with Client(fresh_server.address, timeout=120) as client:
+        solo = [_greedy(client, p) for p in PROMPTS]
     with Client(server.address, timeout=120) as client, ThreadPoolExecutor(len(PROMPTS)) as pool:
-        together = list(pool.map(lambda p: client.generate(p, **kw), PROMPTS))
-    for result in together:
-        assert result.turn_end.finish_reason == pb.FINISH_REASON_LENGTH
-        assert result.turn_end.usage.completion_tokens == 32
-    prefixes = [_prefix(ids, t.token_ids) for (ids, _), t in zip(solo, together)]
-    gaps = [round(gaps[p], 3) for (_, gaps), p in zip(solo, prefixes) if p < 32]
-    print(f"common prefix lengths (of 32): {prefixes}; top-2 logprob gap where they part: {gaps}")
-    assert sum(p == 32 for p in prefixes) >= 3
-    assert all(gap < 1.0 for gap in gaps), gaps  # they part only at near ties
+        together = list(pool.map(lambda p: _greedy(client, p), PROMPTS))
+    parted = [parting(a, b, CONCURRENT_TOL) for a, b in zip(solo, together)]
+    worst = max((abs(x.logprob - y.logprob) for a, b, p in zip(solo, together, parted) for x, y in zip(a[:p], b[:p])),
+                default=0.0)
+    print(f"parted at {parted} (None: all 32 tokens alike); largest logprob difference before {worst:.3f} nats")
