@@ -26,6 +26,8 @@ def test_generate_once_streams_what_a_session_turn_gives(fresh_server) -> None: 
     once = collect(responses)
     assert all(isinstance(r, pb.GenerateOnceResponse) for r in responses)
     assert sum(r.HasField("chunk") for r in responses) >= 2  # streamed, not all at once
+    # Like with like: the second call lands on the slot the first one left, samples its first
+    # token from the logits saved there and decodes alone in the same cells.
     assert once.text == bidi.text and once.token_ids == bidi.token_ids
     assert once.turn_end.usage.completion_tokens == 12
     assert once.turn_end.finish_reason == pb.FINISH_REASON_LENGTH
@@ -41,6 +43,7 @@ def test_generate_text_answers_every_sample_at_once(fresh_server) -> None:  # ty
         assert sample.turn_end.usage.completion_tokens == len(sample.token_ids) > 0
         assert len(sample.logprobs) == len(sample.token_ids) and sample.text
     assert reply.request_id
+    # Like with like: bidi repeats greedy on the slot greedy left, from its saved logits.
     assert greedy.samples[0].text == bidi.text
 
 

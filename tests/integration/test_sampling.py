@@ -60,6 +60,9 @@ def test_every_sampler_runs_and_a_fixed_seed_repeats(server, case: str) -> None:
     first = _generate(server.address, config)
     second = _generate(server.address, config)
     assert len(_ids(first)) == 24
+    # Like with like: the second call lands on the slot the first one left (longest cached
+    # prefix, the most recent first), samples its first token from the logits saved there
+    # and decodes alone in the same cells: the same digits on any CPU, so the same draws.
     assert _ids(first) == _ids(second)
     assert first[-1].turn_end.seed == 1234
 
@@ -71,7 +74,7 @@ def test_fixed_seed_run_to_run_and_under_concurrent_load(server) -> None:  # typ
     sequence's tokens), which can move a draw: the common prefix is reported, not asserted."""
     config = _config(max_tokens=32, seed=42, temperature=0.7)
     solo = _ids(_generate(server.address, config))
-    for _ in range(2):
+    for _ in range(2):  # like with like: each repeat runs on the slot the last one left (see above)
         assert _ids(_generate(server.address, config)) == solo
     others = [f"Unrelated prompt number {i} about cooking:" for i in range(4)]
     with ThreadPoolExecutor(8) as pool:
@@ -116,6 +119,7 @@ def test_stop_token_ids(server) -> None:  # type: ignore[no-untyped-def]
     end = responses[-1].turn_end
     assert end.finish_reason == pb.FINISH_REASON_STOP_SEQUENCE
     assert end.matched_stop_token_id == stop_id
+    # Like with like: the second run repeats the first on its slot, from its saved logits.
     assert _ids(responses) == greedy[: greedy.index(stop_id) + 1]
 
 
@@ -123,7 +127,7 @@ def test_special_tokens_rendered_only_when_asked(server) -> None:  # type: ignor
     start_of_turn = 105
     with Client(server.address, timeout=30) as client:
         assert client.detokenize([start_of_turn], render_special=True) == "<start_of_turn>"
-    config = _config(max_tokens=3, temperature=0, logit_bias={start_of_turn: 100.0})
+    config = _config(max_tokens=3, temperature=0, logit_bias={start_of_turn: 100.0})  # forced, whatever the digits
     skipped = _generate(server.address, config)
     assert _ids(skipped) == [start_of_turn] * 3 and _text(skipped) == ""
     config.output.include_special = True

@@ -96,6 +96,7 @@ def test_session_config_fields_for_real(server) -> None:  # type: ignore[no-unty
         greedy = client.generate("Count: one, two, three,", max_tokens=4, temperature=0, ignore_eos=True)
         stopped = client.generate("Count: one, two, three,", max_tokens=4, temperature=0,
                                   stop_token_ids=[greedy.token_ids[1]])
+        # Like with like: `stopped` repeats `greedy` on the slot it left, from its saved logits.
         assert stopped.turn_end.finish_reason == pb.FINISH_REASON_STOP_SEQUENCE
         assert stopped.turn_end.matched_stop_token_id == greedy.token_ids[1]
         held = client.generate("Count: one, two, three,", max_tokens=4, temperature=0, min_tokens=3,

@@ -25,6 +25,8 @@ def test_stop_string_split_across_tokens(server) -> None:  # type: ignore[no-unt
                 end = response.turn_end
     text = "".join(streamed)
     assert stop not in text
+    # Like with like: the streamed call repeats the reference on the slot it left, from the
+    # logits saved there, decoding alone in the same cells: the same tokens up to the stop.
     assert text == expected
     assert end.finish_reason == pb.FINISH_REASON_STOP_SEQUENCE
     assert end.matched_stop == stop
