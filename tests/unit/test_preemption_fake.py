@@ -43,10 +43,12 @@ class ReaderSink(ListSink):
         self.backlog = 0
 
 
-def make(n_parallel: int = 1, reader_timeout_s: float | None = None) -> tuple[Executor, FakeRunner]:
+def make(n_parallel: int = 1, reader_timeout_s: float | None = None, idle_grace_s: float = 0.0) -> tuple[Executor, FakeRunner]:
     runner = FakeRunner(n_batch=64)
     config = ExecutorConfig(n_parallel, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4, reader_timeout_s=reader_timeout_s)
-    return Executor(runner, config), runner
+    executor = Executor(runner, config)
+    executor.table.admission.idle_grace_s = idle_grace_s
+    return executor, runner
 
 
 def params(max_tokens: int = 24) -> SessionParams:
@@ -219,6 +221,7 @@ def test_a_named_session_that_gave_its_slot_up_is_saved_at_close_and_restored() 
 
     runner, store = FakeRunner(n_batch=64), RecordingStore()
     executor = Executor(runner, ExecutorConfig(1, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4), store=store)  # type: ignore[arg-type]
+    executor.table.admission.idle_grace_s = 0.0
     named = ReaderSink()
     key = executor.open_session(replace(params(max_tokens=5), session_id="s"), named)
     executor.add_input(key, PROMPT_A, True)
@@ -242,3 +245,20 @@ def test_a_named_session_that_gave_its_slot_up_is_saved_at_close_and_restored() 
     run_until(executor2, turn_ends(again))
     assert runner2.kv[0][: len(PROMPT_A) + len(reply) + 1] == [*PROMPT_A, *reply, 30]
     assert_kv_mirrors_slots(executor2, runner2)
+
+
+def test_a_stream_idle_between_turns_keeps_its_slot_for_the_grace() -> None:
+    executor, _ = make(n_parallel=1, idle_grace_s=0.2)
+    idle = ReaderSink()
+    key = executor.open_session(params(max_tokens=3), idle)
+    executor.add_input(key, PROMPT_A, True)
+    run_until(executor, turn_ends(idle))
+    waiter = ReaderSink()
+    waiter_key = executor.open_session(params(max_tokens=2), waiter)
+    executor.add_input(waiter_key, (BOS, 40), True)
+    steps(executor, 5)
+    assert executor.table.sessions[key].slot is not None  # its next turn may be on its way
+    assert executor.table.idle_timeout(0.02) == 0.05  # the idle loop comes back to look
+    time.sleep(0.25)
+    run_until(executor, turn_ends(waiter))
+    assert executor.table.admission.num_preempted == 1

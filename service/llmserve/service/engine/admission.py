@@ -2,14 +2,15 @@
 
 Waiting sessions get free slots by priority, then FIFO. A session whose client stopped
 reading (its events pile up: `Session.paused`), or that sits between turns, would keep
-its slot for as long as the client likes, so when a session that can run waits for a
-slot, such sessions give theirs up (paused ones first): preemption by recompute, as
-vLLM does it. The preempted session's history
-goes back to its pending input and the slot goes idle with its KV as a prefix cache;
-when the client reads again the session waits for a slot like any other and, if the
-slot still caches its history, continues with no recompute, else prefills it again.
-Its sampler already saw that history, so nothing is fed to it twice. A stream that
-reads nothing for `reader_timeout_s` ends DEADLINE_EXCEEDED, naming the flag.
+its slot for as long as the client likes. So when a session that can run waits for a
+slot, such sessions give theirs up: paused ones first, idle ones once `IDLE_GRACE_S`
+has passed since their last token. This is preemption by recompute, as vLLM does it.
+The preempted session's history goes back to its pending input and the slot goes idle
+with its KV as a prefix cache; when the client reads again the session waits for a slot
+like any other and, if the slot still caches its history, continues with no recompute,
+else prefills it again. Its sampler already saw that history, so nothing is fed to it
+twice. A stream that reads nothing for `reader_timeout_s` ends DEADLINE_EXCEEDED,
+naming the flag.
 
 Sessions with n > 1 (forked samples, reserved slots) are not preempted. Executor thread only.
 """
@@ -28,9 +29,17 @@ from .slot_kv import SlotKV
 
 log = structlog.get_logger("llmserve.admission")
 
+# A stream idle between turns keeps its slot this long after its last token: a client's
+# next turn is usually on its way, and taking the slot then would prefill its history again.
+IDLE_GRACE_S = 1.0
+
 
 def _holds_one_slot(s: Session) -> bool:
     return s.slot is not None and s.parent is None and not s.children and not s.reserved and s.ready_logits is None
+
+
+def _last_active(s: Session) -> float:
+    return max(s.t_last_token, s.t_slot)
 
 
 def _idle(s: Session) -> bool:
@@ -48,6 +57,7 @@ class Admission:
         self.sessions = sessions
         self.waiting = waiting
         self.num_preempted = 0
+        self.idle_grace_s = IDLE_GRACE_S
 
     def admit(self, accept_later) -> bool:  # type: ignore[no-untyped-def]
         """Give free slots to waiting sessions that can run: higher priority first, then
@@ -80,7 +90,8 @@ class Admission:
         first), then those of streams idle between turns (the least recently active first)."""
         holders = [s for s in self.sessions.values() if _holds_one_slot(s)]
         paused = sorted((s for s in holders if s.paused), key=lambda s: s.t_paused or 0.0)
-        idle = sorted((s for s in holders if not s.paused and _idle(s)), key=lambda s: max(s.t_last_token, s.t_slot))
+        idle_since = time.monotonic() - self.idle_grace_s
+        idle = sorted((s for s in holders if not s.paused and _idle(s) and _last_active(s) <= idle_since), key=_last_active)
         victims = paused + idle
         for victim in victims:
             if self.allocator.num_idle >= need:

@@ -275,6 +275,8 @@ class SessionTable:
         reads (polled), and deadlines must be caught in time."""
         if any(s.paused for s in self.sessions.values()):
             return 0.005
+        if self.waiting:  # an idle stream's slot may become theirs (admission.IDLE_GRACE_S)
+            return 0.05
         deadlines = [s.deadline for s in self.sessions.values() if s.deadline is not None]
         if not deadlines:
             return None
