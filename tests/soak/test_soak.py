@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from llmserve.client import Client
 
 from tests.conftest import RunningServer, start_server, stop_server
 from tests.soak import chaos
@@ -20,6 +21,11 @@ def soak_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
 
 def test_short_chaos_run_leaves_the_server_clean(soak_server: RunningServer) -> None:
     pid = soak_server.process.pid
+    with Client(soak_server.address, timeout=120) as client:
+        # The grammar-compile and heavy-unary pools (one thread each) start on first use:
+        # start them before counting, so that what is counted after is a leak.
+        client.generate("Say yes:", max_tokens=2, grammar='root ::= "yes"')
+        client.tokenize("warm " * 5000)  # over 16 KiB: the heavy-unary thread
     threads_before = chaos.num_threads(pid)
     outcomes = chaos.run_chaos(soak_server.address, calls=200, seed=11)
     info = chaos.wait_until_idle(soak_server.address)
