@@ -39,7 +39,9 @@ from .constraints import ConstraintCache
 from .executor import Executor, ExecutorConfig
 from .loading import chat_template, log_loaded
 from .offload import OffloadPool
+from .offload import Overloaded as Overloaded  # the facade's errors, for the transport
 from .saved_sessions import SessionStore, model_fingerprint
+from .session_file import StorageFault as StorageFault
 from .speculation import SpecConfig
 
 log = structlog.get_logger("llmserve.engine")
