@@ -1,5 +1,5 @@
 // The API key against a server started with --api-key: LLMSERVE_API_KEY_ADDRESS and
-// LLMSERVE_API_KEY (tests/integration/test_node_client.py starts one); skipped without.
+// LLMSERVE_API_KEY (tests/integration/clients/test_node_client.py starts one); skipped without.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { Client, Unauthenticated } from "../src/index.js";

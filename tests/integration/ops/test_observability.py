@@ -16,7 +16,7 @@ import pytest
 from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_log_line_is_json_and_calls_carry_the_request_id(server) -> None:  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ from tests import toolchains
 from tests.client_scenario import check
 from tests.conftest import RunningServer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "client" / "examples" / "go"
 STUBS = ROOT / "gen" / "go" / "llmserve" / "v1"
 

@@ -173,7 +173,7 @@ def test_embed_and_generate_run_together(minilm_server: RunningServer, client: C
 
 def test_make_serve_uses_the_converted_model_and_says_so(tmp_path) -> None:  # type: ignore[no-untyped-def]
     convert()
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     port = free_port()
     log = tmp_path / "make-serve.log"
     with log.open("wb") as out:

@@ -14,7 +14,7 @@ from llmserve.client import Client, make_input, pb, session_config
 from llmserve.client.results import collect
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.integration.test_health_reflection import _buf
+from tests.integration.ops.test_health_reflection import _buf
 
 PROMPT = "List three colours:"
 

@@ -20,7 +20,7 @@ import pytest
 from tests import client_scenario, toolchains
 from tests.conftest import RunningServer, start_server, stop_server
 
-NODE_DIR = Path(__file__).resolve().parents[2] / "client" / "node"
+NODE_DIR = Path(__file__).resolve().parents[3] / "client" / "node"
 API_KEY = "node-client-key"
 NODE_TESTS = 19  # test/*.test.ts, the API-key one included
 

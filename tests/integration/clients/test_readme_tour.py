@@ -13,7 +13,7 @@ import pytest
 
 from tests import toolchains
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEFAULT = "127.0.0.1:50051"
 
 

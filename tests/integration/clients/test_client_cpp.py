@@ -14,7 +14,7 @@ import pytest
 from tests import toolchains
 from tests.client_scenario import check
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BUILD = ROOT / "client" / "examples" / "cpp" / "build.sh"
 GENERATED = ROOT / "gen" / "cpp" / "llmserve" / "v1" / "llmserve.grpc.pb.cc"
 

@@ -17,7 +17,7 @@ import pytest
 from tests import toolchains
 from tests.client_scenario import check
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BUILD = ROOT / "client" / "examples" / "java" / "build.sh"
 
 
