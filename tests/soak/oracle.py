@@ -287,7 +287,10 @@ def check_turn_sequence(plan: Plan, turns: dict[tuple[int, int], SampleTurn], ct
         if ends and not full and check_cached:
             floor = history_floor(plan, ends)
             # A chat reply is rendered again from its text (trimmed), so the KV may reuse none of it.
-            grew = plan.chat or usage.cached_tokens > ends[-1].usage.cached_tokens
+            # A turn whose whole input was cached and whose reply was one token (never decoded
+            # into the KV) leaves nothing new to reuse.
+            grew = (plan.chat or usage.cached_tokens > ends[-1].usage.cached_tokens
+                    or ends[-1].usage.cached_tokens >= floor - 1)
             if usage.cached_tokens < floor - 1 or not grew:
                 problems.append(f"turn {k}: cached_tokens {usage.cached_tokens}, the stream's history before it "
                                 f"is at least {floor} (turn {k - 1} cached {ends[-1].usage.cached_tokens})")

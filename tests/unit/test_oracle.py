@@ -140,6 +140,16 @@ def test_cached_tokens_must_grow_over_the_turns() -> None:
     assert any("turn 1: cached_tokens 0" in x for x in check_call(rec, CTX))
 
 
+def test_a_fully_cached_turn_with_a_one_token_reply_need_not_grow_the_cache() -> None:
+    # Plan 567 of the spec run: turn 0's prompt was all cached and its one sampled token
+    # never went into the KV, so turn 1 reuses the same 3 tokens.
+    one = plan(max_tokens=1)
+    rec = record(one, turn([13], FR.FINISH_REASON_LENGTH, cached=3) + turn([14], FR.FINISH_REASON_LENGTH, cached=3))
+    assert check_call(rec, CTX) == []
+    rec = record(one, turn([13], FR.FINISH_REASON_LENGTH, cached=3) + turn([14], FR.FINISH_REASON_LENGTH, cached=2))
+    assert any("turn 1: cached_tokens 2" in x for x in check_call(rec, CTX))
+
+
 def test_a_preempted_stream_may_prefill_its_history_again() -> None:
     rec = record(plan(), turn([10, 11, EOG], FR.FINISH_REASON_STOP) + turn([10, 12, EOG], FR.FINISH_REASON_STOP, cached=0))
     preempted = RunContext(CTX.eog_ids, CTX.n_ctx_per_slot, CTX.fills_queue, preempted=frozenset({"r1"}))
