@@ -7,7 +7,8 @@ the environment failed, RetryInfo, and for RESOURCE_EXHAUSTED and UNAVAILABLE
 the `grpc-retry-pushback-ms` trailer that gRPC retry policies honour), and turns any other exception into
 INTERNAL, logged with its traceback: INTERNAL means a bug. A request message that
 did not parse reaches the handler as `Undecodable` (see handlers.py) and becomes
-INVALID_ARGUMENT where it is read (`check_decoded`).
+INVALID_ARGUMENT where it is read (`check_decoded`). `call_status` names the status a
+finished call ended with, for every count and span of it.
 """
 
 from __future__ import annotations
@@ -172,10 +173,44 @@ def _bug(method: str, exc: BaseException) -> Internal:
     return Internal(f"internal error: {type(exc).__name__}")
 
 
-def _gone_code(context: grpc.aio.ServicerContext) -> str:
-    """The call ended from the client's side: its deadline, or a cancel/disconnect."""
-    remaining = context.time_remaining()
-    return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+def call_status(context: grpc.aio.ServicerContext, error: BaseException | None) -> str:
+    """The name of the gRPC status a call ends with ("OK", "CANCELLED", ...) when its
+    handler ended by raising `error` (None: it returned).
+
+    The one rule for a finished call: `rpc_errors` counts it by this
+    (`llmserve_requests_total`), and so do the per-RPC metrics (rpc_metrics.py) and the
+    server span (tracing.py), each with what reached it, so the three agree:
+
+    - returned: the code the handler set (`context.set_code`), else OK;
+    - aborted (`grpc.aio.AbortError`): the code it aborted with, read from the context;
+    - stopped by grpc (`asyncio.CancelledError`, or `GeneratorExit` when grpc stops
+      reading a response stream): DEADLINE_EXCEEDED when no time remains (grpc's own
+      deadline), else CANCELLED (the client cancelled or went away);
+    - a `ServiceError` or an engine refusal: the code `rpc_errors` aborts with;
+    - any other exception: `rpc_errors` never lets one out (it aborts with INTERNAL
+      instead); from a handler without it (health, reflection) grpc sends UNKNOWN.
+    """
+    if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
+        remaining = context.time_remaining()
+        return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+    if isinstance(error, (ServiceError, InvalidRequest, Overloaded)):
+        return _as_status(error).code.name
+    if error is None or isinstance(error, grpc.aio.AbortError):
+        code = context.code()  # None until set; a grpc.StatusCode after set_code or an abort
+        if code is not None:
+            return code.name
+        return "OK" if error is None else "UNKNOWN"
+    return "UNKNOWN"
+
+
+def _to_abort(method: str, error: BaseException) -> ServiceError | None:
+    """The status a handler's exception aborts the call with: a refusal's own, INTERNAL
+    (logged) for a bug; None for an abort, a cancel or a closed stream (they go on up)."""
+    if isinstance(error, (ServiceError, InvalidRequest, Overloaded)):
+        return _as_status(error)
+    if isinstance(error, Exception) and not isinstance(error, grpc.aio.AbortError):
+        return _bug(method, error)
+    return None
 
 
 def rpc_errors(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -188,45 +223,35 @@ def rpc_errors(method: Callable[..., Any]) -> Callable[..., Any]:
 
         @functools.wraps(method)
         async def stream_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
-            code = "OK"
+            error: BaseException | None = None
             try:
                 async for response in method(self, request, context):
                     yield response
-            except (ServiceError, InvalidRequest, Overloaded) as error:
-                status = _as_status(error)
-                code = status.code.name
+            except BaseException as exc:
+                status = _to_abort(name, exc)
+                error = status or exc
+                if status is None:
+                    raise
                 await _abort(context, status)
-            except grpc.aio.AbortError:
-                raise
-            except (asyncio.CancelledError, GeneratorExit):
-                code = _gone_code(context)
-                raise
-            except Exception as exc:  # noqa: BLE001 - anything else is a bug
-                code = "INTERNAL"
-                await _abort(context, _bug(name, exc))
             finally:
-                self.metrics.requests.labels(name, code).inc()
+                self.metrics.requests.labels(name, call_status(context, error)).inc()
+                error = None  # no cycle through its traceback to this frame
 
         return stream_wrapper
 
     @functools.wraps(method)
     async def unary_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        code = "OK"
+        error: BaseException | None = None
         try:
             return await method(self, check_decoded(request), context)
-        except (ServiceError, InvalidRequest, Overloaded) as error:
-            status = _as_status(error)
-            code = status.code.name
+        except BaseException as exc:
+            status = _to_abort(name, exc)
+            error = status or exc
+            if status is None:
+                raise
             await _abort(context, status)
-        except grpc.aio.AbortError:
-            raise
-        except asyncio.CancelledError:
-            code = _gone_code(context)
-            raise
-        except Exception as exc:  # noqa: BLE001 - anything else is a bug
-            code = "INTERNAL"
-            await _abort(context, _bug(name, exc))
         finally:
-            self.metrics.requests.labels(name, code).inc()
+            self.metrics.requests.labels(name, call_status(context, error)).inc()
+            error = None  # no cycle through its traceback to this frame
 
     return unary_wrapper

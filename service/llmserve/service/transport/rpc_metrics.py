@@ -9,24 +9,14 @@ as are the health and reflection services.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
 import grpc
 
 from ..metrics import Metrics
+from .errors import call_status
 from .method_handlers import kind_label, observed
-
-
-def _code(context: grpc.aio.ServicerContext, error: BaseException | None) -> str:
-    if isinstance(error, asyncio.CancelledError):
-        remaining = context.time_remaining()
-        return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
-    code = context.code()
-    if code is None or code == 0:
-        return "OK" if error is None or isinstance(error, GeneratorExit) else "UNKNOWN"
-    return code.name if isinstance(code, grpc.StatusCode) else grpc.StatusCode(code).name  # type: ignore[call-arg]
 
 
 class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
@@ -49,7 +39,7 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
             return time.perf_counter()
 
         def end(started: float, context: grpc.aio.ServicerContext, error: BaseException | None) -> None:
-            self.metrics.rpc_handled.labels(*labels, _code(context, error)).inc()
+            self.metrics.rpc_handled.labels(*labels, call_status(context, error)).inc()
             self.metrics.rpc_seconds.labels(*labels).observe(time.perf_counter() - started)
 
         return observed(handler, begin, end)

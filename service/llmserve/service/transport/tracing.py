@@ -16,7 +16,6 @@ start and end times: when a turn ends (`generate.turn` with `generate.queue`,
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -32,6 +31,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from .. import __version__
 from ..domain import EmbeddingModelInfo, EmbedResult, FinishReason, ModelMeta, SessionParams, TurnEndEvent
+from .errors import call_status
 from .method_handlers import observed
 
 SERVICE_NAME = "llmserve"
@@ -131,20 +131,10 @@ def _traced_handler(handler: grpc.RpcMethodHandler, tracer: trace.Tracer, detail
     return observed(handler, begin, _end)
 
 
-def _status_name(context: grpc.aio.ServicerContext, error: BaseException | None) -> str:
-    """The call's gRPC status as far as the handler saw it (the servicer aborts with it)."""
-    if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
-        return "CANCELLED"  # the client went away, or its deadline passed
-    if error is not None and not isinstance(error, grpc.aio.AbortError):
-        return "UNKNOWN"
-    code = context.code()
-    return code.name if isinstance(code, grpc.StatusCode) else "OK"
-
-
 def _end(rpc: _RpcTrace, context: grpc.aio.ServicerContext, error: BaseException | None) -> None:
     span = rpc.span
     _end_embed_batches(rpc)
-    status = _status_name(context, error)
+    status = call_status(context, error)
     span.set_attribute("rpc.grpc.status_code", getattr(grpc.StatusCode, status).value[0])
     request_id = structlog.contextvars.get_contextvars().get("request_id")
     if request_id:
