@@ -1,88 +1,16 @@
-"""The session table, the step, stop handling, multi-turn, cancel and n > 1 on a fake
-runner (tests/unit/fake_runner.py): no model, no threads, milliseconds per test.
-
-The executor is driven by hand: `drain` handles the queued commands, `step` runs one
-iteration of the loop. After every scenario the slots' token mirrors must equal what
-the fake KV holds.
+"""A turn's life on a fake runner (harness: tests/unit/engine_harness.py): the session
+table, the step, stop handling, multi-turn, cancel, n > 1, the prefix cache, a waiting
+session, embedding steps. Limits and failures: test_engine_limits_fake.py.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
-from llmserve.service.domain import (
-    EmbedInput,
-    EmbedResult,
-    FinishReason,
-    OutputParams,
-    SamplingParams,
-    SessionFailed,
-    SessionParams,
-    StoppingParams,
-    TokenEvent,
-    TurnEndEvent,
-)
-from llmserve.service.engine.executor import Executor, ExecutorConfig
+from llmserve.service.domain import EmbedInput, EmbedResult, FinishReason, SamplingParams, TurnEndEvent
 
-from .fake_runner import BOS, END_AFTER, EOG, FakeRunner, piece_of
-
-GREEDY = SamplingParams(temperature=0.0, seed=7)
-
-
-class ListSink:
-    backlog = 0
-
-    def __init__(self) -> None:
-        self.events: list[object] = []
-
-    def put(self, event: object) -> None:
-        self.events.append(event)
-
-    def of(self, kind: type) -> list:  # type: ignore[type-arg]
-        return [e for e in self.events if isinstance(e, kind)]
-
-    def text(self, index: int = 0) -> str:
-        return "".join(e.text for e in self.of(TokenEvent) if e.index == index)
-
-    def token_ids(self, index: int = 0) -> list[int]:
-        return [t for e in self.of(TokenEvent) if e.index == index for t in e.token_ids]
-
-
-def make(n_parallel: int = 2, n_ctx_per_slot: int = 256, shift_keep: int | None = None) -> tuple[Executor, FakeRunner]:
-    runner = FakeRunner(n_batch=64)
-    config = ExecutorConfig(n_parallel, n_ctx_per_slot, n_batch=64, n_ubatch=64, max_embed_seqs=4, shift_keep=shift_keep)
-    return Executor(runner, config), runner
-
-
-def params(**stopping: object) -> SessionParams:
-    return SessionParams("test", GREEDY, StoppingParams(**stopping))  # type: ignore[arg-type]
-
-
-def run_until(executor: Executor, done, max_steps: int = 500) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(max_steps):
-        executor.drain(block=False)
-        if done():
-            return
-        executor.step()
-    raise AssertionError("the scenario did not finish")
-
-
-def turn_ends(sink: ListSink, n: int = 1):  # type: ignore[no-untyped-def]
-    return lambda: len([e for e in sink.of(TurnEndEvent) if e.final]) >= n or sink.of(SessionFailed)
-
-
-def assert_kv_mirrors_slots(executor: Executor, runner: FakeRunner) -> None:
-    for slot, _ in executor.table.slot_states():
-        assert runner.kv.get(slot.seq_id, []) == slot.tokens, f"slot {slot.seq_id}"
-
-
-def one_turn(executor: Executor, prompt: tuple[int, ...], p: SessionParams) -> tuple[ListSink, int]:
-    sink = ListSink()
-    key = executor.open_session(p, sink)
-    executor.add_input(key, prompt, True)
-    run_until(executor, turn_ends(sink))
-    return sink, key
+from .engine_harness import GREEDY, ListSink, assert_kv_mirrors_slots, make, one_turn, params, run_until, turn_ends
+from .fake_runner import BOS, END_AFTER, EOG, piece_of
 
 
 def test_greedy_turn_runs_to_eog() -> None:
@@ -194,44 +122,6 @@ def test_closed_session_leaves_a_prefix_cache() -> None:
     assert_kv_mirrors_slots(executor, runner)
 
 
-def test_context_full_and_context_shift() -> None:
-    executor, _ = make(n_ctx_per_slot=16)
-    sink, _ = one_turn(executor, (BOS, 3), params(ignore_eos=True))
-    end = sink.of(TurnEndEvent)[0]
-    assert end.finish_reason == FinishReason.CONTEXT_FULL
-    executor, runner = make(n_ctx_per_slot=16, shift_keep=1)
-    sink, _ = one_turn(executor, (BOS, 3), params(ignore_eos=True, max_tokens=40))
-    assert sink.of(TurnEndEvent)[0].finish_reason == FinishReason.LENGTH
-    assert executor.metrics.context_shifts._value.get() > 0
-    assert_kv_mirrors_slots(executor, runner)
-
-
-def test_deadline_ends_the_session() -> None:
-    executor, _ = make()
-    sink = ListSink()
-    key = executor.open_session(params(), sink, deadline=time.monotonic() + 0.05)
-    executor.add_input(key, (BOS, 3), True)
-    time.sleep(0.06)
-    run_until(executor, lambda: sink.of(SessionFailed))
-    assert sink.of(TurnEndEvent)[0].finish_reason == FinishReason.DEADLINE
-    assert sink.of(SessionFailed)[0].status == "DEADLINE_EXCEEDED"
-    assert not any(slot.busy for slot, _ in executor.table.slot_states())
-
-
-def test_failed_decode_fails_only_the_sessions_in_it() -> None:
-    executor, runner = make()
-    sink = ListSink()
-    key = executor.open_session(params(), sink)
-    executor.add_input(key, (BOS, 10), True)
-    runner.fail_next_decode = True
-    run_until(executor, lambda: sink.of(SessionFailed))
-    assert sink.of(SessionFailed)[0].status == "INTERNAL"
-    assert not any(slot.busy for slot, _ in executor.table.slot_states())
-    other, _ = one_turn(executor, (BOS, 30), params(max_tokens=2))
-    assert other.token_ids() == [31, 32]
-    assert_kv_mirrors_slots(executor, runner)
-
-
 def test_waiting_session_gets_the_slot_when_one_frees() -> None:
     executor, _ = make(n_parallel=1)
     first, second = ListSink(), ListSink()
@@ -254,7 +144,6 @@ def test_embeddings_run_in_their_own_steps() -> None:
     assert [float(r.vector[0]) for r in sink.of(EmbedResult)] == [1.0, 2.0, 3.0]
 
 
-
 def test_no_allowed_token_ends_the_turn() -> None:
     executor, runner = make()
     everything = tuple((t, float("-inf")) for t in range(64))
@@ -264,48 +153,4 @@ def test_no_allowed_token_ends_the_turn() -> None:
     assert end.finish_reason == FinishReason.STOP and end.completion_tokens == 0 and "forbid" in end.message
     executor.add_input(key, (BOS,), True)  # the session goes on
     run_until(executor, turn_ends(sink, 2))
-    assert_kv_mirrors_slots(executor, runner)
-
-
-def test_a_full_slot_refuses_the_next_turn_without_growing() -> None:
-    executor, runner = make(n_ctx_per_slot=16)
-    sink = ListSink()
-    key = executor.open_session(params(ignore_eos=True), sink)
-    executor.add_input(key, (BOS, 3), True)
-    run_until(executor, turn_ends(sink, 1))
-    for n in range(2, 12):  # empty turns: nothing more fits
-        executor.add_input(key, (), True)
-        run_until(executor, turn_ends(sink, n))
-    ends = sink.of(TurnEndEvent)
-    assert all(e.finish_reason == FinishReason.CONTEXT_FULL for e in ends)
-    assert sum(e.completion_tokens for e in ends[1:]) <= len(ends) // 2
-    (slot,) = [slot for slot, _ in executor.table.slot_states() if slot.busy]
-    assert len(slot.tokens) <= 16 and len(runner.kv[slot.seq_id]) <= 16
-    assert_kv_mirrors_slots(executor, runner)
-
-
-def test_prompt_logprobs_run_in_bounded_chunks() -> None:
-    executor, runner = make()
-    p = replace(params(max_tokens=2), output=OutputParams(prompt_logprobs=True))
-    prompt = (BOS, *range(3, 50))
-    sink, _ = one_turn(executor, prompt, p)
-    scored = [lp for e in sink.events if hasattr(e, "tokens") for lp in e.tokens]
-    assert [lp.token_id for lp in scored] == list(prompt[1:])
-    assert runner.max_output_rows <= 32
-
-
-def test_input_sent_during_a_reply_that_no_longer_fits_ends_context_full() -> None:
-    executor, runner = make(n_parallel=1, n_ctx_per_slot=32)
-    sink = ListSink()
-    key = executor.open_session(params(max_tokens=20, ignore_eos=True), sink)
-    executor.add_input(key, (BOS, 10), True)
-    for _ in range(3):
-        executor.drain(block=False)
-        executor.step()
-    executor.add_input(key, tuple(range(12, 27)), False)  # 15 tokens: fits now, not after the reply
-    run_until(executor, turn_ends(sink))
-    executor.add_input(key, (), True)
-    run_until(executor, turn_ends(sink, 2))
-    assert sink.of(TurnEndEvent)[1].finish_reason == FinishReason.CONTEXT_FULL
-    assert len(runner.kv.get(0, [])) <= 32
     assert_kv_mirrors_slots(executor, runner)

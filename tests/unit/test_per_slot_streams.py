@@ -11,8 +11,8 @@ from llmserve.service.engine.executor import Executor, ExecutorConfig
 from llmserve.service.engine.scheduler import Scheduler, SeqDemand, StepPlan
 from llmserve.service.engine.speculation import SpecConfig
 
+from .engine_harness import ListSink, assert_kv_mirrors_slots, params, run_until, turn_ends
 from .fake_runner import BOS, FakeRunner, split_equal
-from .test_engine_fake import ListSink, assert_kv_mirrors_slots, params, run_until, turn_ends
 
 
 def split_rows(rows: list[tuple[int, int]], n_ubatch: int) -> list[list[tuple[int, int]]]:

@@ -23,8 +23,8 @@ from llmserve.service.domain import (
 from llmserve.service.engine.executor import Executor, ExecutorConfig
 from llmserve.service.engine.session import MAX_BACKLOG
 
+from .engine_harness import ListSink, assert_kv_mirrors_slots, run_until, turn_ends
 from .fake_runner import BOS, FakeRunner
-from .test_engine_fake import ListSink, assert_kv_mirrors_slots, run_until, turn_ends
 
 SEEDED = SamplingParams(temperature=0.8, seed=11)  # the fake draws among the two best: the rng must not replay
 

@@ -13,8 +13,8 @@ import json
 from llmserve.service.domain import SavedSession, SessionFailed, TurnEndEvent
 from llmserve.service.engine.executor import Executor, ExecutorConfig
 
+from .engine_harness import ListSink, assert_kv_mirrors_slots, one_turn, params, run_until, turn_ends
 from .fake_runner import BOS, END_AFTER, EOG, FakeRunner
-from .test_engine_fake import ListSink, assert_kv_mirrors_slots, one_turn, params, run_until, turn_ends
 
 N_SWA = 8
 LONG_PROMPT = (BOS, *range(10, 26))  # 17 tokens; the model then counts on to END_AFTER

