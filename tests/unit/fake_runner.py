@@ -21,6 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 from llmserve.service.domain import ModelMeta, SamplingParams
+from llmserve.service.model.batch_arrays import BatchArrays
 
 N_VOCAB = 64
 EOG = 1
@@ -67,29 +68,9 @@ def split_equal(rows: list[tuple[int, int]], n_ubatch: int) -> list[list[int]]:
     return ubatches
 
 
-class FakeBatch:
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.token = np.zeros(capacity, dtype=np.int32)
-        self.pos = np.zeros(capacity, dtype=np.int32)
-        self.seq = np.zeros(capacity, dtype=np.int32)
-        self.logits = np.zeros(capacity, dtype=np.int8)
-        self.num_tokens = 0
-
-    def clear(self) -> None:
-        self.num_tokens = 0
-
-    def add(self, tokens: Sequence[int], start_pos: int, seq_id: int, want_last_logits: bool) -> int:
-        i, n = self.num_tokens, len(tokens)
-        assert i + n <= self.capacity, "batch overflow"
-        self.token[i : i + n] = tokens
-        self.pos[i : i + n] = np.arange(start_pos, start_pos + n)
-        self.seq[i : i + n] = seq_id
-        self.logits[i : i + n] = 0
-        if want_last_logits:
-            self.logits[i + n - 1] = 1
-        self.num_tokens = i + n
-        return i + n - 1
+class FakeBatch(BatchArrays):
+    """The real runner's fill (model/batch_arrays.py) without the llama_batch struct: the
+    fake decode reads the arrays."""
 
 
 class FakeSampler:

@@ -94,6 +94,30 @@ def test_client_imports_neither_service_nor_bench() -> None:
             assert not name.startswith(("llmserve.service", "bench", "tests")), f"{path.name} imports {name}"
 
 
+def test_the_fake_runner_needs_no_llama_cpp() -> None:
+    """tests/unit/fake_runner.py shares the real batch fill (model/batch_arrays.py): nothing it
+    reaches in the service, package __init__ files included, may import llama_cpp."""
+    modules = {_module(p): p for p in _service_files()}
+    fake = ROOT / "tests" / "unit" / "fake_runner.py"
+    tree = ast.parse(fake.read_text())
+    own = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    own |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not any(str(n).split(".")[0] == "llama_cpp" for n in own)
+    todo = [n for n in own if n in modules]
+    assert "llmserve.service.model.batch_arrays" in todo
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in modules]
+        imported = _imports(modules[name])
+        assert not any(n.split(".")[0] == "llama_cpp" for n in imported), f"{name} imports llama_cpp"
+        todo += [n for n in imported if n in modules]
+
+
 def _short_rule_sources() -> list[Path]:
     """Every hand-written source the 300-line rule covers: the service, the Python client,
     bench, tools, the tests, the example clients (Go, C++, Java) and the TypeScript client
