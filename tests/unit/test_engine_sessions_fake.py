@@ -9,10 +9,11 @@ from dataclasses import replace
 
 import pytest
 from llmserve.service.domain import FinishReason, SavedSession, SessionFailed, TurnEndEvent
+from llmserve.service.engine.chat import Conversation
 from llmserve.service.engine.executor import Executor, ExecutorConfig
 
+from .engine_harness import ListSink, assert_kv_mirrors_slots, make, params, run_until, turn_ends
 from .fake_runner import BOS, FakeRunner
-from .test_engine_fake import ListSink, assert_kv_mirrors_slots, make, params, run_until, turn_ends
 
 
 def test_pending_input_is_never_prefilled_past_the_slot() -> None:
@@ -62,8 +63,8 @@ def test_a_session_the_executor_ends_is_saved_with_the_kept_chat(end: str) -> No
     executor = Executor(runner, config, store=store)  # type: ignore[arg-type]
     sink = ListSink()
     named = replace(params(max_tokens=200, ignore_eos=True), session_id="chat-1")
-    key = executor.open_session(named, sink, deadline=time.monotonic() + 0.05 if end == "deadline" else None)
-    executor.keep_chat(key, chat)
+    deadline = time.monotonic() + 0.05 if end == "deadline" else None
+    key = executor.open_session(named, sink, deadline, conversation=Conversation(chat))
     executor.add_input(key, (BOS, 3, 4), True)
     for _ in range(3):
         executor.drain(block=False)
@@ -74,7 +75,7 @@ def test_a_session_the_executor_ends_is_saved_with_the_kept_chat(end: str) -> No
     else:
         executor.table.fail_all("UNAVAILABLE", "the server is shutting down")
     assert [r.chat for r in store.saved] == [chat]  # type: ignore[attr-defined]
-    executor.close(key, None)  # the stream's close comes after: nothing more happens
+    executor.close(key)  # the stream's close comes after: nothing more happens
     executor.drain(block=False)
     assert len(store.saved) == 1 and not store.settled
 

@@ -258,7 +258,7 @@ def test_a_stream_idle_between_turns_keeps_its_slot_for_the_grace() -> None:
     executor.add_input(waiter_key, (BOS, 40), True)
     steps(executor, 5)
     assert executor.table.sessions[key].slot is not None  # its next turn may be on its way
-    assert executor.table.idle_timeout(0.02) == 0.05  # the idle loop comes back to look
+    assert executor.table.admission.idle_timeout(0.02) == 0.05  # the idle loop comes back to look
     time.sleep(0.25)
     run_until(executor, turn_ends(waiter))
     assert executor.table.admission.num_preempted == 1

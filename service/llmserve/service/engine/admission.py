@@ -151,3 +151,14 @@ class Admission:
                 fail(s, "DEADLINE_EXCEEDED",
                      f"the client read no response for {reader_timeout_s:g} s (--reader-timeout)")
 
+    def idle_timeout(self, step_s: float) -> float | None:
+        """How long the idle loop may sleep: paused sessions resume when their client
+        reads (polled), and deadlines must be caught in time."""
+        if any(s.paused for s in self.sessions.values()):
+            return 0.005
+        if self.waiting:  # an idle stream's slot may become theirs (admission.IDLE_GRACE_S)
+            return 0.05
+        deadlines = [s.deadline for s in self.sessions.values() if s.deadline is not None]
+        if not deadlines:
+            return None
+        return max(min(deadlines) - time.monotonic() - 1.5 * step_s - 0.005, 0.0)

@@ -1,14 +1,15 @@
 """Chat templates: the GGUF's `tokenizer.chat_template` (or `--chat-template-file`)
 rendered with jinja2 in a sandbox, as Hugging Face transformers does.
 
-A session that uses chat messages keeps the whole conversation on the server; each
-turn the client sends only its new messages, the server appends the assistant's
-replies, renders everything again, and the slot allocator reuses the KV prefix the
-previous rendering left, so only the new tokens are prefilled.
+A session that uses chat messages keeps the whole conversation on the server (a
+`Conversation`); each turn the client sends only its new messages, the server appends
+the assistant's replies, renders everything again, and the slot allocator reuses the KV
+prefix the previous rendering left, so only the new tokens are prefilled.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -19,6 +20,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from ..domain import InvalidRequest
 
 MAX_MESSAGES = 1024
+SavedChat = tuple[tuple[str, str], ...]  # (role, content) pairs, as a named session keeps them
 
 
 class TemplateError(ValueError):
@@ -65,3 +67,90 @@ class ChatTemplate:
             raise InvalidRequest(f"the chat template refused the conversation: {exc}", field="input.messages") from None
         except jinja2.TemplateError as exc:
             raise InvalidRequest(f"the chat template failed: {exc}", field="input.messages") from None
+
+
+class Conversation:
+    """A chat session's conversation: its messages, the reply under way, and messages that
+    arrived mid-reply (deferred: rendered once the reply is in the history).
+
+    The session's handle writes it on the event-loop thread; the executor reads `saved()`
+    when it saves a named session, which may be before the stream closes (a deadline, a
+    fault, shutdown). So `saved()` and every write hold a lock."""
+
+    def __init__(self, saved: SavedChat | None = None) -> None:
+        self._lock = threading.Lock()
+        self._messages: list[ChatMessage] | None = None if saved is None else [ChatMessage(r, c) for r, c in saved]
+        self._reply: list[str] = []  # sample 0's text of the running turn
+        self._answering = False  # a reply is under way
+        self._deferred: list[tuple[list[ChatMessage], bool]] = []
+
+    @property
+    def started(self) -> bool:
+        """The session uses chat messages (sent, or restored from a saved chat session)."""
+        return self._messages is not None
+
+    @property
+    def num_deferred_turns(self) -> int:
+        """Deferred messages that end a turn: turns queued behind the running reply."""
+        return sum(end_of_turn for _, end_of_turn in self._deferred)
+
+    def check(self, messages: list[ChatMessage]) -> None:
+        """InvalidRequest unless the messages may join: roles set, at most MAX_MESSAGES in all."""
+        if not messages:
+            raise InvalidRequest("messages must not be empty", field="input.messages")
+        num_held = len(self._messages or ()) + sum(len(m) for m, _ in self._deferred)
+        if num_held + len(messages) > MAX_MESSAGES:
+            raise InvalidRequest(f"a session holds at most {MAX_MESSAGES} messages", field="input.messages")
+        for i, m in enumerate(messages):
+            if not m.role:
+                raise InvalidRequest("every message needs a role", field=f"input.messages[{i}].role")
+
+    def defer(self, messages: list[ChatMessage], end_of_turn: bool) -> None:
+        self._deferred.append((messages, end_of_turn))
+
+    def next_deferred(self) -> tuple[list[ChatMessage], bool] | None:
+        return self._deferred.pop(0) if self._deferred else None
+
+    @property
+    def has_deferred(self) -> bool:
+        return bool(self._deferred)
+
+    def add(self, messages: list[ChatMessage], end_of_turn: bool) -> list[ChatMessage]:
+        """Append the messages; the whole conversation to render as the turn's input."""
+        with self._lock:
+            if self._messages is None:
+                self._messages = []
+            self._messages.extend(messages)
+            return list(self._messages)
+
+    def begin_reply(self) -> None:
+        """A turn starts: what sample 0 streams is the reply."""
+        with self._lock:
+            self._answering = True
+
+    def on_reply_text(self, text: str) -> None:
+        """Sample 0 streamed `text` (the reply as the client sees it)."""
+        with self._lock:
+            self._reply.append(text)
+
+    def end_reply(self) -> None:
+        """Sample 0's turn ended: its reply joins the conversation."""
+        with self._lock:
+            if self._messages is not None:
+                self._messages.append(ChatMessage("assistant", "".join(self._reply)))
+            self._reply.clear()
+            self._answering = False
+
+    def saved(self) -> SavedChat | None:
+        """What a named session keeps (None: not a chat session): a reply cut short as far as
+        the client saw it; input never answered is dropped, so the next stream's messages
+        alternate."""
+        with self._lock:
+            if self._messages is None:
+                return None
+            messages = list(self._messages)
+            if self._answering and self._reply:
+                messages.append(ChatMessage("assistant", "".join(self._reply)))
+        while messages and messages[-1].role != "assistant":
+            messages.pop()
+        return tuple((m.role, m.content) for m in messages)

@@ -1,7 +1,8 @@
 """Messages that cross into the executor thread.
 
 The transport puts commands on the executor's queue; the executor drains the
-queue once per step. All frozen: they cross threads.
+queue once per step. All frozen: they cross threads (`Open.conversation` is the one
+mutable object shared, behind its own lock).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..domain import EmbedInput, EventSink, SavedSession, SessionParams
+from .chat import Conversation
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,7 @@ class Open:
     deadline: float | None  # time.monotonic() by which the session must end
     restore: SavedSession | None = None  # a saved session to resume
     grammar: object | None = None  # params.sampling.grammar compiled (Engine.compile_constraint)
+    conversation: Conversation | None = None  # a chat session's, read when a named session is saved
 
 
 @dataclass(frozen=True)
@@ -37,16 +40,6 @@ class Cancel:
 @dataclass(frozen=True)
 class Close:
     key: int
-    chat: tuple[tuple[str, str], ...] | None = None  # the conversation, saved with a named session
-
-
-@dataclass(frozen=True)
-class KeepChat:
-    """The conversation a named session is saved with if the executor ends it (deadline,
-    fault, shutdown) before the stream's `Close` says it again."""
-
-    key: int
-    chat: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Drafting and verifying speculative tokens for one sequence (see speculation.py).
 
-`propose` fills `session.draft` before a step; after the step `verify` samples the
+`propose` fills `session.draft` before a step (`SessionTable.propose_drafts`);
+`demand` reads it; after the step `verify` samples the
 decode row and each granted draft row in order with the sequence's sampler, through the
 same `TokenPicker` as any token (stop rules, logprobs, grammar), keeps the draft
 tokens the sampler picks, stops at the first it does not, and cuts the rejected
@@ -45,7 +46,7 @@ class DraftVerifier:
         window-at-risk when long enough that its sliding window reaches back past cells a
         split draft could free (see scheduler._drafts_kept_whole)."""
         assert s.slot is not None
-        num_draft = self.propose(s)
+        num_draft = len(s.draft)
         n_swa = self.runner.meta.n_swa
         at_risk = num_draft > 0 and n_swa > 0 and len(s.slot.tokens) + 1 + num_draft >= n_swa
         acceptance = s.speculation.acceptance if s.speculation is not None else 0.0

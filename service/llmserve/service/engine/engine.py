@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import structlog
@@ -34,7 +33,7 @@ from ..model.grammar_compiler import GrammarCompiler
 from ..model.runner import LlamaRunner, RunnerConfig
 from ..model.sampler import SAMPLER_NAMES
 from ..model.tokenizer import Vocab
-from .chat import ChatMessage
+from .chat import ChatMessage, Conversation
 from .constraints import ConstraintCache
 from .executor import Executor, ExecutorConfig
 from .loading import chat_template, log_loaded
@@ -42,36 +41,13 @@ from .offload import OffloadPool
 from .offload import Overloaded as Overloaded  # the facade's errors, for the transport
 from .saved_sessions import SessionStore, model_fingerprint
 from .session_file import StorageFault as StorageFault
+from .session_handle import SessionHandle
 from .speculation import SpecConfig
 
 log = structlog.get_logger("llmserve.engine")
 
 T = TypeVar("T")
 HEAVY_MAX_WAITING = 8  # heavy unary calls (Tokenize, Detokenize of megabytes) that may wait
-
-
-@dataclass(frozen=True)
-class SessionHandle:
-    """One open Generate session; every method only queues a command (thread-safe)."""
-
-    executor: Executor
-    key: int
-
-    def add_input(self, tokens: tuple[int, ...], end_of_turn: bool, replace: bool = False) -> None:
-        """Append input (or, with `replace`, give the whole rendered history: chat)."""
-        self.executor.add_input(self.key, tokens, end_of_turn, replace)
-
-    def cancel(self) -> None:
-        """End the running turn CANCELLED; the session stays."""
-        self.executor.cancel(self.key)
-
-    def keep_chat(self, chat: tuple[tuple[str, str], ...]) -> None:
-        """The conversation to save if the engine ends the session before `close`."""
-        self.executor.keep_chat(self.key, chat)
-
-    def close(self, chat: tuple[tuple[str, str], ...] | None = None) -> None:
-        """The stream is over: free the slot (a named session is saved, with `chat`)."""
-        self.executor.close(self.key, chat)
 
 
 class Engine:
@@ -188,15 +164,20 @@ class Engine:
     # ------------------------------------------------------------- Generate
 
     def open_session(
-        self, params: SessionParams, sink: EventSink, deadline: float | None = None,
-        restore: SavedSession | None = None, grammar: object | None = None,
+        self, params: SessionParams, sink: EventSink, max_input_tokens: int, deadline: float | None = None,
+        restore: SavedSession | None = None, grammar: object | None = None, add_bos: bool = True,
     ) -> SessionHandle:
-        """Open a Generate session; its events go to `sink`. `deadline` is time.monotonic();
-        `restore` resumes a saved session (see `load_session`); `grammar` is what
-        `compile_constraint` returned for `params.sampling.grammar`."""
+        """Open a Generate session; its events go to `sink`. `max_input_tokens` bounds all the
+        input it is sent; `deadline` is time.monotonic(); `restore` resumes a saved session
+        (see `load_session`); `grammar` is what `compile_constraint` returned for
+        `params.sampling.grammar`; `add_bos`: the first text starts with BOS (if the model's does)."""
         if params.session_id and self._store is not None:
             self._store.begin(params.session_id)  # a reopen waits until this session is saved
-        return SessionHandle(self._executor, self._executor.open_session(params, sink, deadline, restore, grammar))
+        conversation = Conversation(restore.chat if restore is not None else None)
+        key = self._executor.open_session(params, sink, deadline, restore, grammar, conversation)
+        render = self.render_chat if self.chat_template is not None else None
+        return SessionHandle(self._executor, key, conversation, self.limits, render, max_input_tokens,
+                             params.stopping.max_tokens, add_bos and self.meta.add_bos, restore)
 
     @property
     def has_session_store(self) -> bool:

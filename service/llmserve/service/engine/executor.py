@@ -3,9 +3,7 @@
 The engine calls the thread-safe methods (`open_session`, `add_input`, `cancel`,
 `close`, `embed`, `drop_embeds`); each only puts a command on a queue. The thread
 drains that queue once per step, so a cancel or a disconnect frees the slot
-before the next decode. `step()` reads top to bottom: end expired sessions, admit
-waiting ones to free slots, sample turns whose logits are saved, schedule what
-this `llama_decode` holds, run it, and let the session table apply the output.
+before the next decode. `step()` reads top to bottom, one line per phase.
 Events go to each request's sink, which never blocks this thread.
 """
 
@@ -34,11 +32,12 @@ from ..domain import (
 )
 from ..metrics import Metrics
 from .allocator import SlotAllocator
-from .commands import STOP, AddInput, Cancel, Close, DropEmbeds, Embed, KeepChat, Open
+from .chat import Conversation
+from .commands import STOP, AddInput, Cancel, Close, DropEmbeds, Embed, Open
 from .draft_verifier import DraftVerifier
 from .runner_api import Runner
 from .saved_sessions import SessionStore
-from .scheduler import PrefillPacer, Scheduler
+from .scheduler import PrefillPacer, Scheduler, StepPlan
 from .session_table import SessionTable
 from .slot_kv import SlotKV
 from .speculation import SpecConfig
@@ -49,9 +48,8 @@ log = structlog.get_logger("llmserve.executor")
 
 
 class InjectedFault(BaseException):
-    """Test only: `LLMSERVE_INJECT_FAULT=die:<request_id>` kills the executor thread when a
-    session with that request id opens; `stall:<request_id>` blocks it. Supervision tests
-    use it to prove the process exits instead of hanging."""
+    """Test only: `LLMSERVE_INJECT_FAULT=die:<request_id>` kills the executor thread when that
+    session opens; `stall:<request_id>` blocks it (supervision tests: the process exits)."""
 
 
 @dataclass(frozen=True)
@@ -125,11 +123,13 @@ class Executor:
     def open_session(
         self, params: SessionParams, sink: EventSink, deadline: float | None = None,
         restore: SavedSession | None = None, grammar: object | None = None,
+        conversation: Conversation | None = None,
     ) -> int:
         """Open a session; `deadline` (time.monotonic) ends it with DEADLINE in time to tell the client;
-        `restore` resumes a saved session; `grammar` is the compiled constraint."""
+        `restore` resumes a saved session; `grammar` is the compiled constraint; `conversation`
+        is what a named chat session is saved with."""
         key = next(self._keys)
-        self._commands.put(Open(key, params, sink, deadline, restore, grammar))
+        self._commands.put(Open(key, params, sink, deadline, restore, grammar, conversation))
         return key
 
     def add_input(self, key: int, tokens: tuple[int, ...], end_of_turn: bool, replace: bool = False) -> None:
@@ -139,11 +139,8 @@ class Executor:
     def cancel(self, key: int) -> None:
         self._commands.put(Cancel(key))
 
-    def close(self, key: int, chat: tuple[tuple[str, str], ...] | None = None) -> None:
-        self._commands.put(Close(key, chat))
-
-    def keep_chat(self, key: int, chat: tuple[tuple[str, str], ...]) -> None:
-        self._commands.put(KeepChat(key, chat))
+    def close(self, key: int) -> None:
+        self._commands.put(Close(key))
 
     def embed(self, inputs: tuple[EmbedInput, ...], sink: EventSink) -> None:
         self._commands.put(Embed(inputs, sink))
@@ -167,7 +164,7 @@ class Executor:
                 self._publish()
                 if not worked:
                     self._idle = True
-                    if not self.drain(block=True, timeout=self.table.idle_timeout(self._step_s)):
+                    if not self.drain(block=True, timeout=self.table.admission.idle_timeout(self._step_s)):
                         break
         except BaseException:
             log.critical("executor_died", exc_info=True)  # the watchdog sees the dead thread
@@ -207,38 +204,48 @@ class Executor:
             self.table.fail_key(getattr(command, "key", -1), "INTERNAL", "internal error in the executor")
 
     def step(self) -> bool:
-        """One iteration of the loop; False when there was nothing to do."""
+        """One iteration of the loop; False when there was nothing to do. Each line is a
+        phase; only `generation.run` and `postprocess` touch the KV."""
         table = self.table
-        table.expire_deadlines(self._step_s)
-        table.expire_readers(self.config.reader_timeout_s)
-        if table.admit():
+        table.expire_deadlines(self._step_s)  # sessions out of time end
+        table.expire_readers(self.config.reader_timeout_s)  # and streams nobody reads
+        if table.admit():  # waiting sessions get free (or preempted) slots
             self._publish()  # slots taken before the first token streams out
-        table.sample_ready()
-        sizes = [len(item.tokens) for item, _ in itertools.islice(self._embeds, self.scheduler.max_embed_seqs)]
-        if self.pacer is not None:
-            self.scheduler.prefill_budget = self.pacer.budget()
-        plan = self.scheduler.plan(table.demands(), sizes)
+        table.sample_ready()  # turns whose prompt is cached with its logits: no decode
+        table.propose_drafts()  # speculation: drafts for the generating sequences
+        embed_sizes = self._embed_sizes()
+        budget = self.pacer.budget() if self.pacer is not None else None
+        plan = self.scheduler.plan(table.demands(), embed_sizes, budget)
         if plan.is_empty:
             return False
-        self._num_steps += 1
         start = time.perf_counter()
         if plan.is_embedding:
-            kind, num_tokens = "embed", sum(sizes[: plan.num_embed])
             self._run_embeddings(plan.num_embed)
         else:
-            kind, num_tokens = "generate", plan.num_tokens
-            output = self.generation.run(plan, table.sessions)
-            t_post = time.perf_counter()
-            table.postprocess(output)
-            self.profile.post_s += time.perf_counter() - t_post
+            output = self.generation.run(plan, table.sessions)  # fill, decode, collect
+            table.postprocess(output)  # record what entered the KV, sample, end turns
+        self._account(plan, embed_sizes, start)
+        return True
+
+    def _embed_sizes(self) -> list[int]:
+        """Token counts of the embedding inputs a step could take."""
+        return [len(item.tokens) for item, _ in itertools.islice(self._embeds, self.scheduler.max_embed_seqs)]
+
+    def _account(self, plan: StepPlan, embed_sizes: list[int], start: float) -> None:
+        """After a step: its time to the pacer, the deadline margin, metrics and profile."""
         elapsed = time.perf_counter() - start
+        if plan.is_embedding:
+            kind, num_tokens = "embed", sum(embed_sizes[: plan.num_embed])
+        else:
+            kind, num_tokens = "generate", plan.num_tokens
+            self.profile.post_s += time.perf_counter() - self.profile.t_decoded  # collect and postprocess
+        self._num_steps += 1
         if self.pacer is not None and not plan.is_embedding:
             num_prefill = sum(n for _, n in plan.prefill)
             self.pacer.observe(elapsed, len(plan.decode) + sum(n for _, n in plan.drafts), num_prefill)
         self._step_s = 0.9 * self._step_s + 0.1 * elapsed
         self.metrics.step_duration.labels(kind).observe(elapsed)
         self.metrics.batch_tokens.labels(kind).observe(num_tokens)
-        return True
 
     def _run_embeddings(self, count: int) -> None:
         items = [self._embeds.popleft() for _ in range(count)]

@@ -11,8 +11,8 @@ one after another instead of all together at the end, as equal shares made them)
 decodes, prompt chunks are capped at `prefill_budget` tokens per step so that a long
 prompt cannot stall every stream (vLLM's chunked prefill), times waiting prompts /
 decoding sequences when the prompts outnumber them (a burst of new requests); with
-nothing decoding a prompt gets all of `n_batch`. The executor may move `prefill_budget` every step
-(`PrefillPacer`). Embedding inputs run in steps of
+nothing decoding a prompt gets all of `n_batch`. The executor may pass each step a budget of its
+own (`PrefillPacer`). Embedding inputs run in steps of
 their own (never mixed with generation in one decode): several inputs packed into
 one ubatch, alternating fairly with generation steps when both are waiting.
 
@@ -81,8 +81,10 @@ class Scheduler:
         self._num_plans = 0
         self._prefill_since: dict[int, int] = {}  # key -> the plan its waiting prompt first showed up in
 
-    def plan(self, demands: Sequence[SeqDemand], embed_sizes: Sequence[int]) -> StepPlan:
-        """Plan one step. `embed_sizes` are the token counts of queued embedding inputs."""
+    def plan(self, demands: Sequence[SeqDemand], embed_sizes: Sequence[int], prefill_budget: int | None = None) -> StepPlan:
+        """Plan one step. `embed_sizes` are the token counts of queued embedding inputs;
+        `prefill_budget`: this step's cap on prompt tokens while others decode (the pacer's;
+        None: the scheduler's own)."""
         wants_generation = any(d.decode_token or d.num_prefill for d in demands)
         wants_embedding = bool(embed_sizes)
         if wants_embedding and (not wants_generation or not self._last_was_embedding):
@@ -91,7 +93,7 @@ class Scheduler:
         self._last_was_embedding = False
         if not wants_generation:
             return StepPlan()
-        return self._plan_generation(demands)
+        return self._plan_generation(demands, self.prefill_budget if prefill_budget is None else prefill_budget)
 
     def _pack_embeddings(self, sizes: Sequence[int]) -> int:
         used = count = 0
@@ -102,21 +104,21 @@ class Scheduler:
             count += 1
         return max(count, 1)  # inputs are validated to fit one ubatch
 
-    def _plan_generation(self, demands: Sequence[SeqDemand]) -> StepPlan:
+    def _plan_generation(self, demands: Sequence[SeqDemand], prefill_budget: int | None) -> StepPlan:
         decode = tuple(d.key for d in demands if d.decode_token)
         drafts = self._grant_drafts([d for d in demands if d.decode_token and d.num_draft > 0], len(decode))
         if self.per_slot_streams:
             drafts = _drafts_kept_whole(drafts, demands)
         budget = self.n_batch - len(decode) - sum(n for _, n in drafts)
         waiting = [d for d in demands if d.num_prefill > 0]
-        paced = bool(decode) and self.prefill_budget is not None
+        paced = bool(decode) and prefill_budget is not None
         outnumbered = paced and len(waiting) > len(decode)
         if paced:
             # A waiting prompt's share of a step is never less than a decoding stream's:
             # when prompts outnumber the decoding sequences (a burst of new requests) the
             # cap grows with the ratio, else one stream would hold a dozen prompts back.
             scale = max(1.0, len(waiting) / len(decode))
-            budget = min(budget, int(self.prefill_budget * scale))  # type: ignore[operator]
+            budget = min(budget, int(prefill_budget * scale))  # type: ignore[operator]
         # Per-slot streams: each prompt chunk beyond the decode rows' ubatch is a ubatch of
         # its own, so a paced step carries at most two prompts (a burst: as many as fit).
         max_prompts = MAX_PROMPTS_WHILE_DECODING if paced and not outnumbered and self.per_slot_streams else None

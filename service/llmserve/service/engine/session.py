@@ -5,9 +5,8 @@ appended as it arrives (and prefilled incrementally, always keeping the last
 token back until the end of the turn so that its logits can be requested).
 `end_of_turn` opens a `Turn`; the turn generates until a finish reason, then the
 last sampled token, which never entered the KV, becomes the first pending token
-of the next turn so that the KV always mirrors the transcript.
-
-Only the executor thread touches these objects.
+of the next turn so that the KV always mirrors the transcript. Only the executor
+thread touches these objects.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ import numpy as np
 
 from ..domain import EventSink, FinishReason, SavedSession, SessionParams, TokenEvent, TurnEndEvent
 from .allocator import Slot, common_prefix_length
+from .chat import Conversation
 from .runner_api import TokenSampler
 from .speculation import SeqSpeculation
 from .textstream import TextStream
@@ -33,16 +33,8 @@ PROMPT_LOGPROBS_CHUNK = 32
 
 
 class Session:
-    def __init__(
-        self,
-        key: int,
-        params: SessionParams,
-        sink: EventSink,
-        max_tokens: int,
-        deadline: float | None = None,
-        parent: Session | None = None,
-        index: int = 0,
-    ) -> None:
+    def __init__(self, key: int, params: SessionParams, sink: EventSink, max_tokens: int,
+                 deadline: float | None = None, parent: Session | None = None, index: int = 0) -> None:
         self.key = key
         self.index = index  # sample index (n > 1); children have a parent
         self.parent = parent
@@ -52,7 +44,7 @@ class Session:
         self.prompt_logits: np.ndarray | None = None  # last evaluated row, for prompt logprobs
         self.ready_logits: np.ndarray | None = None  # saved logits to sample the turn's first token from
         self.restore: SavedSession | None = None  # a saved session waiting for a slot
-        self.chat: tuple[tuple[str, str], ...] | None = None  # saved with it (KeepChat, Close)
+        self.conversation: Conversation | None = None  # read when a named session is saved
         self.params = params
         self.sink = sink
         self.deadline = deadline
@@ -222,20 +214,35 @@ class Session:
         # rows x vocabulary floats (1 MiB a row for 262k), so those prompts go in chunks.
         return min(ready, PROMPT_LOGPROBS_CHUNK) if self.params.output.prompt_logprobs else ready
 
+    # ----------------------------------------------------- after each decode
+
+    def record_decode(self, token: int) -> None:
+        """The sampled token entered the KV."""
+        assert self.slot is not None
+        self.slot.append([token])
+        self.next_token = None
+
+    def record_prefill(self, tokens: list[int], logits: np.ndarray | None) -> int:
+        """A prompt chunk entered the KV: it leaves `pending` and the sampler sees it (but
+        the leading tokens it already saw: returns how many). `logits`: of its last row,
+        kept for the next turn that ends its prompt here."""
+        assert self.slot is not None and self.sampler is not None
+        self.slot.append(tokens)
+        if logits is not None:
+            self.slot.save_logits(len(self.slot.tokens) - 1, logits.copy())
+        del self.pending[: len(tokens)]
+        num_seen = min(len(tokens), self.num_accepted_ahead)
+        self.num_accepted_ahead -= num_seen
+        self.sampler.accept(tokens[num_seen:])
+        return num_seen
+
     # ---------------------------------------------------------------- output
 
     def emit_tokens(self, text: str) -> None:
         turn = self.turn
         assert turn is not None
         if text or turn.held_ids:
-            self.sink.put(
-                TokenEvent(
-                    text=text,
-                    token_ids=tuple(turn.held_ids),
-                    logprobs=tuple(turn.held_logprobs),
-                    index=self.index,
-                )
-            )
+            self.sink.put(TokenEvent(text, tuple(turn.held_ids), tuple(turn.held_logprobs), index=self.index))
             turn.held_ids.clear()
             turn.held_logprobs.clear()
 
@@ -263,27 +270,14 @@ class Session:
             t_queued, t_ready = t_slot - self.queue_ms / 1000.0, turn.t_ready
         self.sink.put(
             TurnEndEvent(
-                finish_reason=reason,
-                prompt_tokens=turn.prompt_tokens,
-                cached_tokens=turn.cached_tokens,
-                completion_tokens=turn.completion_tokens,
-                queue_ms=self.queue_ms,
-                ttft_ms=(first - turn.t_end_of_input) * 1000.0,
-                prompt_ms=max(first - turn.t_ready, 0.0) * 1000.0,
-                decode_ms=decode_ms,
-                seed=self.params.sampling.seed,
-                matched_stop=finish.matched_stop,
-                message=finish.message,
-                index=self.index,
-                matched_stop_token_id=finish.matched_stop_token_id,
-                draft_tokens=turn.num_drafted,
-                accepted_draft_tokens=turn.num_accepted,
-                final=self.group.samples_open == 1,
-                t_queued=t_queued,
-                t_slot=t_slot,
-                t_ready=t_ready,
-                t_first_token=first,
-                t_end=now,
+                finish_reason=reason, prompt_tokens=turn.prompt_tokens, cached_tokens=turn.cached_tokens,
+                completion_tokens=turn.completion_tokens, queue_ms=self.queue_ms,
+                ttft_ms=(first - turn.t_end_of_input) * 1000.0, prompt_ms=max(first - turn.t_ready, 0.0) * 1000.0,
+                decode_ms=decode_ms, seed=self.params.sampling.seed, matched_stop=finish.matched_stop,
+                message=finish.message, index=self.index, matched_stop_token_id=finish.matched_stop_token_id,
+                draft_tokens=turn.num_drafted, accepted_draft_tokens=turn.num_accepted,
+                final=self.group.samples_open == 1, t_queued=t_queued, t_slot=t_slot, t_ready=t_ready,
+                t_first_token=first, t_end=now,
             )
         )
         self.group.samples_open -= 1

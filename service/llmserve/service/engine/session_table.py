@@ -15,8 +15,9 @@ import structlog
 from ..domain import FinishReason, GrammarError, SamplingParams, SavedSession, SessionFailed
 from .admission import Admission
 from .allocator import Slot, SlotAllocator
-from .commands import AddInput, Cancel, Close, KeepChat, Open
+from .commands import AddInput, Cancel, Close, Open
 from .draft_verifier import DraftVerifier
+from .prompt_logprobs import score_prompt_chunk
 from .runner_api import Runner, TokenSampler
 from .saved_sessions import SessionStore
 from .scheduler import SeqDemand
@@ -30,17 +31,13 @@ from .turn import TurnFinish
 log = structlog.get_logger("llmserve.sessions")
 
 
+def _saved_chat(session: Session) -> tuple[tuple[str, str], ...] | None:
+    return session.conversation.saved() if session.conversation is not None else None
+
+
 class SessionTable:
-    def __init__(
-        self,
-        runner: Runner,
-        allocator: SlotAllocator,
-        kv: SlotKV,
-        picker: TokenPicker,
-        keys: Iterator[int],
-        store: SessionStore | None,
-        verifier: DraftVerifier | None = None,
-    ) -> None:
+    def __init__(self, runner: Runner, allocator: SlotAllocator, kv: SlotKV, picker: TokenPicker, keys: Iterator[int],
+                 store: SessionStore | None, verifier: DraftVerifier | None = None) -> None:
         """`verifier`: speculative decoding (None: off)."""
         self.runner = runner
         self.verifier = verifier
@@ -73,10 +70,7 @@ class SessionTable:
             for sample in (*session.children, session):
                 if sample.turn is not None:
                     self._finish(sample, TurnFinish(FinishReason.CANCELLED, sample.next_token))
-        elif isinstance(command, KeepChat):
-            session.chat = command.chat
         elif isinstance(command, Close):
-            session.chat = command.chat if command.chat is not None else session.chat
             self._release(session)
 
     def _open(self, command: Open) -> None:
@@ -91,7 +85,7 @@ class SessionTable:
             if params.session_id and self.store is not None:
                 self.store.settle(params.session_id)
             return
-        session.restore, session.chat = command.restore, command.restore.chat if command.restore else None
+        session.restore, session.conversation = command.restore, command.conversation
         self.sessions[command.key] = session
         self.waiting.append(session)
 
@@ -119,7 +113,7 @@ class SessionTable:
     # ----------------------------------------------------------- each step
 
     def demands(self) -> list[SeqDemand]:
-        """What each session with a slot could put in the next decode."""
+        """What each session with a slot could put in the next decode (reads only)."""
         v = self.verifier
         return [
             v.demand(s) if v and s.generating else SeqDemand(s.key, s.generating, s.num_prefill_ready, seq_id=s.slot.seq_id)
@@ -127,10 +121,30 @@ class SessionTable:
             if s.slot is not None and not s.paused
         ]
 
+    def propose_drafts(self) -> None:
+        """Speculation: each generating sequence drafts the tokens it hopes the step accepts."""
+        if self.verifier is not None:
+            for s in self.sessions.values():
+                if s.slot is not None and not s.paused and s.generating:
+                    self.verifier.propose(s)
+
     def postprocess(self, output: StepOutput) -> None:
-        """Apply a step's output: fail what the decode lost, sample every ready row."""
-        for s in output.failed:
-            self.fail(s, "INTERNAL", output.error)
+        """Apply a step's output: record what entered each slot, sample every ready row
+        (a failed decode: the sequences in it are dropped and their sessions fail)."""
+        if output.error:
+            for e in output.entries:
+                if e.session.slot is not None:
+                    self.kv.clear(e.session.slot)
+                self.fail(e.session, "INTERNAL", output.error)
+            return
+        for e in output.entries:
+            if e.is_decode:
+                e.session.record_decode(e.tokens[0])
+                continue
+            logits = self.runner.logits_row(e.sample_row) if e.sample_row is not None else None
+            num_seen = e.session.record_prefill(e.tokens, logits)
+            if e.session.params.output.prompt_logprobs:
+                score_prompt_chunk(self.runner, e.session, e.tokens, e.first, num_seen)
         for ready in output.ready:
             if self.verifier is not None and ready.session.draft and not ready.turn_start:
                 finish = self.verifier.verify(ready)
@@ -201,7 +215,7 @@ class SessionTable:
         if slot is None and session.preempted_history:  # its KV went with the slot: restoring prefills it again
             n = session.preempted_history
             self.store.save_async(SavedSession(session_id, tuple(session.pending[:n]), tuple(session.pending[n:]),
-                                               session.chat, b""))
+                                               _saved_chat(session), b""))
             return
         history: tuple[int, ...] = tuple(slot.tokens[: slot.num_confirmed]) if slot is not None else ()
         if slot is None or not history:  # nothing in it: the saved file stays as it was
@@ -209,7 +223,7 @@ class SessionTable:
             return
         history, state = self.kv.export(slot)
         pending = (*session.pending, *([session.next_token] if session.next_token is not None else []))
-        self.store.save_async(SavedSession(session_id, history, pending, session.chat, state))
+        self.store.save_async(SavedSession(session_id, history, pending, _saved_chat(session), state))
 
     def _release(self, session: Session) -> None:
         """The stream is gone: free the slot now; its KV stays as a prefix cache."""
@@ -269,18 +283,6 @@ class SessionTable:
             yield slot, slot.seq_id in paused
 
     # ------------------------------------------------------------ deadlines
-
-    def idle_timeout(self, step_s: float) -> float | None:
-        """How long the idle loop may sleep: paused sessions resume when their client
-        reads (polled), and deadlines must be caught in time."""
-        if any(s.paused for s in self.sessions.values()):
-            return 0.005
-        if self.waiting:  # an idle stream's slot may become theirs (admission.IDLE_GRACE_S)
-            return 0.05
-        deadlines = [s.deadline for s in self.sessions.values() if s.deadline is not None]
-        if not deadlines:
-            return None
-        return max(min(deadlines) - time.monotonic() - 1.5 * step_s - 0.005, 0.0)
 
     def expire_deadlines(self, step_s: float) -> None:
         """End sessions whose deadline falls before the next step could finish."""

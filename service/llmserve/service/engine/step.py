@@ -1,13 +1,14 @@
-"""One generation step: fill the batch from the plan, decode, and hand back the rows
-whose next token is to be sampled.
+"""One generation step: fill the batch from the plan, decode, and collect what went in
+and which rows are to be sampled.
 
 Rows: a decode token (and any draft tokens) per generating sequence, a prompt chunk
 per prefilling one; in sequence-id order with one KV stream per slot, else decode
 rows first; logits are requested only for rows that are sampled (or when prompt logprobs are
-asked). After the decode each sequence's slot records what entered the KV, prompt
-tokens feed the sampler's history, and prompt logprobs go out. Sampling and the
-stopping rules are not done here: the step returns a `StepOutput` and the session
-table applies it (`SessionTable.postprocess`). Executor thread only.
+asked). Nothing changes after the decode here: the step returns a `StepOutput` and the
+session table applies it (`SessionTable.postprocess`: slots record what entered the KV,
+prompt tokens feed the sampler, prompt logprobs go out, ready rows are sampled).
+Before the decode, filling may find a slot whose stale cells could not be cut: its KV
+is dropped and its history queued to prefill again. Executor thread only.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 import structlog
 
-from ..domain import PromptLogprobsEvent, TokenLogprob
-from .logprobs import log_softmax, token_logprob
 from .runner_api import Runner
 from .scheduler import StepPlan
 from .session import Session
@@ -38,6 +37,7 @@ class StepProfile:
     decode_s: float = 0.0  # llama_decode
     sample_s: float = 0.0  # sampler chains
     post_s: float = 0.0  # everything after the decode, sampling included
+    t_decoded: float = 0.0  # perf_counter() when the last decode returned
 
     def as_dict(self) -> dict[str, float]:
         total = self.fill_s + self.decode_s + self.post_s
@@ -54,6 +54,18 @@ class StepProfile:
 
 
 @dataclass(frozen=True)
+class BatchEntry:
+    """One sequence's rows in the step's batch."""
+
+    session: Session
+    tokens: list[int]  # what enters the KV: the decode token, or a prompt chunk
+    first: int  # the batch row of tokens[0]
+    sample_row: int | None  # the row its next token is sampled from (None: none this step)
+    is_decode: bool  # a generating sequence's decode row (else a prompt chunk)
+    draft: tuple[int, ...] = ()  # draft tokens in rows first+1.. (to verify; not yet in the slot)
+
+
+@dataclass(frozen=True)
 class ReadyRow:
     """A sequence whose next token can be sampled from `logits`."""
 
@@ -66,9 +78,9 @@ class ReadyRow:
 
 @dataclass(frozen=True)
 class StepOutput:
+    entries: tuple[BatchEntry, ...] = ()  # what the batch held, in batch order
     ready: tuple[ReadyRow, ...] = ()
-    failed: tuple[Session, ...] = ()  # the decode failed: these sequences were dropped
-    error: str = ""
+    error: str = ""  # the decode failed: every entry's sequence is to be dropped
 
 
 def _by_seq_id(rows: list[tuple[int, int]], sessions: dict[int, Session]) -> list[tuple[int, int]]:
@@ -91,11 +103,26 @@ class GenerationStep:
 
     def run(self, plan: StepPlan, sessions: dict[int, Session]) -> StepOutput:
         t0 = time.perf_counter()
+        entries = self._fill(plan, sessions)
+        t1 = time.perf_counter()
+        status = self.runner.decode()
+        t2 = time.perf_counter()
+        profile = self.profile
+        profile.steps += 1
+        profile.tokens += self.runner.batch.num_tokens
+        profile.fill_s += t1 - t0
+        profile.decode_s += t2 - t1
+        profile.t_decoded = t2
+        if status != 0:
+            log.error("decode_failed", status=status, num_tokens=self.runner.batch.num_tokens)
+            return StepOutput(tuple(entries), error=f"llama_decode failed with status {status}")
+        return StepOutput(tuple(entries), self._collect(entries))
+
+    def _fill(self, plan: StepPlan, sessions: dict[int, Session]) -> list[BatchEntry]:
         batch = self.runner.batch
         batch.clear()
-        entries: list[tuple[Session, list[int], int | None, int]] = []  # session, tokens, sample row, first row
+        entries: list[BatchEntry] = []
         granted = dict(plan.drafts)
-        drafts: dict[int, tuple[int, ...]] = {}
         rows = [(key, 0) for key in plan.decode] + list(plan.prefill)
         if self.order_by_seq_id:
             rows = _by_seq_id(rows, sessions)
@@ -109,8 +136,7 @@ class GenerationStep:
                 first = row - len(draft)
                 if draft:
                     batch.logits[first : row + 1] = 1  # every draft row is verified
-                    drafts[key] = draft
-                entries.append((s, [s.next_token], first, first))
+                entries.append(BatchEntry(s, [s.next_token], first, first, True, draft))
                 continue
             s.prefill_again(self.kv.trim_stale_tail(s.slot))
             chunk = s.pending[:n]
@@ -119,58 +145,13 @@ class GenerationStep:
             row = batch.add(chunk, len(s.slot.tokens), s.slot.seq_id, wants_logits)
             if s.params.output.prompt_logprobs:
                 batch.logits[first : row + 1] = 1
-            entries.append((s, chunk, row if wants_logits else None, first))
-        t1 = time.perf_counter()
-        status = self.runner.decode()
-        t2 = time.perf_counter()
-        profile = self.profile
-        profile.steps += 1
-        profile.tokens += batch.num_tokens
-        profile.fill_s += t1 - t0
-        profile.decode_s += t2 - t1
-        if status != 0:
-            log.error("decode_failed", status=status, num_tokens=batch.num_tokens)
-            failed = tuple(s for s, _, _, _ in entries)
-            for s in failed:
-                if s.slot is not None:
-                    self.kv.clear(s.slot)
-            return StepOutput(failed=failed, error=f"llama_decode failed with status {status}")
-        ready: list[ReadyRow] = []
-        for s, tokens, row, first in entries:
-            assert s.slot is not None and s.sampler is not None
-            s.slot.append(tokens)
-            if s.generating:
-                s.next_token = None
-                if row is not None:
-                    draft = drafts.get(s.key, ())
-                    ready.append(ReadyRow(s, self.runner.logits_row(row), row, turn_start=False, draft=draft))
-                continue
-            del s.pending[: len(tokens)]
-            seen = min(len(tokens), s.num_accepted_ahead)
-            s.num_accepted_ahead -= seen
-            s.sampler.accept(tokens[seen:])
-            if s.params.output.prompt_logprobs:
-                self._prompt_logprobs(s, tokens, first, num_seen=seen)
-            if row is not None:
-                logits = self.runner.logits_row(row)
-                s.slot.save_logits(len(s.slot.tokens) - 1, logits.copy())
-                ready.append(ReadyRow(s, logits, row, turn_start=True))
-        profile.post_s += time.perf_counter() - t2
-        return StepOutput(ready=tuple(ready))
+            entries.append(BatchEntry(s, chunk, first, row if wants_logits else None, False))
+        return entries
 
-    def _prompt_logprobs(self, s: Session, tokens: list[int], first: int, num_seen: int = 0) -> None:
-        """Score each prompt token of the chunk with the row before it; the first `num_seen`
-        were scored when they first entered the KV (this is a recompute of them)."""
-        scored: list[TokenLogprob] = []
-        previous = s.prompt_logits
-        top_n = s.params.output.top_logprobs or 0
-        for j, token in enumerate(tokens):
-            if previous is not None and j >= num_seen:
-                scored.append(token_logprob(log_softmax(previous), token, top_n, self._text))
-            previous = self.runner.logits_row(first + j)
-        s.prompt_logits = previous.copy() if previous is not None else None
-        if scored:
-            s.sink.put(PromptLogprobsEvent(tuple(scored)))
-
-    def _text(self, token: int) -> str:
-        return self.runner.piece(token, True).decode("utf-8", "replace")
+    def _collect(self, entries: list[BatchEntry]) -> tuple[ReadyRow, ...]:
+        """The rows to sample: each decode row (with its drafts), and each prompt that ended."""
+        return tuple(
+            ReadyRow(e.session, self.runner.logits_row(e.sample_row), e.sample_row, not e.is_decode, e.draft)
+            for e in entries
+            if e.sample_row is not None
+        )

@@ -1,0 +1,179 @@
+"""One open Generate session, as its transport sees it: input in, events observed.
+
+The handle lives on the event-loop thread. It keeps the session's input rules (token
+limits, the turn queue, text vs chat) and its `Conversation`, and queues commands to the
+executor thread. A transport only translates: it tokenizes what the client sent, hands it
+here, and tells the handle each event before it sends it on. Refusals are
+`InvalidRequest` / `PreconditionFailed` naming the request field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from ..domain import InvalidRequest, Limits, PreconditionFailed, SavedSession, TokenEvent, TurnEndEvent
+from .chat import ChatMessage, Conversation
+from .executor import Executor
+
+MAX_TURNS_PENDING = 2  # the running turn and one queued behind it
+
+RenderChat = Callable[[Sequence[ChatMessage]], tuple[int, ...]]
+
+
+class SessionHandle:
+    """Every method runs on the event-loop thread and only queues commands for the executor."""
+
+    def __init__(self, executor: Executor, key: int, conversation: Conversation, limits: Limits,
+                 render_chat: RenderChat | None, max_input_tokens: int, max_tokens: int | None,
+                 add_bos: bool, restore: SavedSession | None) -> None:
+        """`key`: the executor's name for the session; `conversation`: the one the executor
+        saves with a named session; `render_chat`: the chat template as tokens (None: the
+        model has none); `max_tokens`: the per-turn limit; `add_bos`: whether the first text
+        starts with BOS; `restore`: the saved session it goes on from."""
+        self._executor = executor
+        self.key = key
+        self.conversation = conversation
+        self._limits = limits
+        self._render_chat = render_chat
+        self._max_input_tokens = max_input_tokens
+        self._max_tokens = max_tokens
+        self.num_turns_open = 0
+        self._turn_tokens = 0  # input of the turn being sent
+        # All input the session was sent, with a restored history (already in the KV, BOS first).
+        self._session_tokens = len(restore.tokens) + len(restore.pending) if restore is not None else 0
+        self._has_history = restore is not None
+        self.needs_bos = add_bos and restore is None
+
+    @property
+    def num_turns_pending(self) -> int:
+        """Turns open in the engine plus chat turns waiting to be rendered."""
+        return self.num_turns_open + self.conversation.num_deferred_turns
+
+    # ------------------------------------------------------------------ input
+
+    def check_takes_tokens(self) -> None:
+        """Text or token ids may come (InvalidRequest once the session uses chat messages)."""
+        if self.conversation.started:
+            raise InvalidRequest("a session that uses chat messages must keep to messages", field="input")
+
+    def add_tokens(self, tokens: tuple[int, ...], end_of_turn: bool) -> None:
+        """Input tokens (possibly none: a bare end_of_turn); the turn runs on `end_of_turn`."""
+        if tokens:
+            self.check_takes_tokens()
+            self.needs_bos = False
+            self._turn_tokens += len(tokens)
+            self._session_tokens += len(tokens)
+            self._check_sizes()
+        if end_of_turn:
+            self._end_turn(tokens)
+        elif tokens:
+            self._executor.add_input(self.key, tokens, False)
+
+    def end_input(self) -> None:
+        """The client half-closed: input sent without end_of_turn runs as a last turn."""
+        if self._turn_tokens:
+            self._end_turn(())
+
+    async def add_messages(self, messages: list[ChatMessage], end_of_turn: bool) -> None:
+        """Chat messages: rendered with the conversation once no reply runs (else deferred)."""
+        if self._render_chat is None:
+            raise PreconditionFailed(
+                "the model has no chat template (tokenizer.chat_template); start the server with "
+                "--chat-template-file, or send text or token ids"
+            )
+        if not self.conversation.started and (self._has_history or self._turn_tokens):
+            raise InvalidRequest("a session that started with text or tokens cannot switch to messages", field="input")
+        self.conversation.check(messages)
+        if end_of_turn and self.num_turns_pending >= MAX_TURNS_PENDING:
+            raise self._turn_queue_full()
+        if self.num_turns_open or self.conversation.has_deferred:
+            self.conversation.defer(messages, end_of_turn)
+        else:
+            await self._chat_turn(messages, end_of_turn)
+
+    async def _chat_turn(self, messages: list[ChatMessage], end_of_turn: bool) -> None:
+        """The whole rendering is the turn's input (the KV reuses its prefix, so only the new
+        tokens are prefilled)."""
+        assert self._render_chat is not None
+        conversation = self.conversation.add(messages, end_of_turn)
+        tokens = await asyncio.to_thread(self._render_chat, conversation)
+        self._turn_tokens = self._session_tokens = len(tokens)
+        self._check_sizes()
+        if end_of_turn:
+            self._end_turn(tokens, replace=True)
+        else:
+            self._executor.add_input(self.key, tokens, False, replace=True)
+
+    def _check_sizes(self) -> None:
+        if self._turn_tokens > self._limits.n_ctx_per_slot:
+            raise InvalidRequest(
+                f"the turn's input has {self._turn_tokens} tokens, more than the per-slot context "
+                f"of {self._limits.n_ctx_per_slot}",
+                field="input",
+            )
+        if self._session_tokens > self._max_input_tokens:
+            raise InvalidRequest(
+                f"the session's input reached {self._session_tokens} tokens, more than the limit "
+                f"of {self._max_input_tokens} (--max-input-tokens)",
+                field="input",
+            )
+
+    def _turn_queue_full(self) -> PreconditionFailed:
+        return PreconditionFailed(
+            "a turn is already queued behind the running one: wait for its turn_end before the next end_of_turn",
+            field="end_of_turn",
+        )
+
+    def _end_turn(self, tokens: tuple[int, ...], replace: bool = False) -> None:
+        limits = self._limits
+        if self._turn_tokens == 0 and not self._has_history:
+            raise InvalidRequest("the turn has no input: send text or token ids", field="input")
+        if self.num_turns_pending >= MAX_TURNS_PENDING:
+            raise self._turn_queue_full()
+        if not self._has_history and self._max_tokens and not limits.context_shift:
+            if self._turn_tokens + self._max_tokens > limits.n_ctx_per_slot:
+                raise InvalidRequest(
+                    f"the prompt ({self._turn_tokens} tokens) plus max_tokens ({self._max_tokens}) exceed the per-slot "
+                    f"context of {limits.n_ctx_per_slot} (n_kv_req > n_ctx); shorten them or start the server "
+                    "with --context-shift",
+                    field="config.stopping.max_tokens",
+                )
+        self.num_turns_open += 1
+        self._has_history = True
+        self._turn_tokens = 0
+        if self.conversation.started:
+            self.conversation.begin_reply()
+        self._executor.add_input(self.key, tokens, True, replace)
+
+    # ----------------------------------------------------------------- events
+
+    async def observe(self, event: object) -> None:
+        """The transport calls this with each event before sending it on: sample 0's text is
+        the chat's reply; a turn's end lets deferred chat messages run."""
+        chat = self.conversation.started
+        if isinstance(event, TokenEvent) and event.index == 0 and chat:
+            self.conversation.on_reply_text(event.text)
+        elif isinstance(event, TurnEndEvent):
+            if event.final:
+                self.num_turns_open -= 1
+            if event.index == 0 and chat:
+                self.conversation.end_reply()
+            if event.final:
+                await self._run_deferred()
+
+    async def _run_deferred(self) -> None:
+        while self.conversation.has_deferred and not self.num_turns_open:
+            deferred = self.conversation.next_deferred()
+            assert deferred is not None
+            await self._chat_turn(*deferred)
+
+    # --------------------------------------------------------------- controls
+
+    def cancel(self) -> None:
+        """End the running turn CANCELLED; the session stays."""
+        self._executor.cancel(self.key)
+
+    def close(self) -> None:
+        """The stream is over: free the slot (a named session is saved, with its conversation)."""
+        self._executor.close(self.key)
