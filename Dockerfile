@@ -53,7 +53,7 @@ RUN set -- /wheels/llmserve-*.whl \
 # run time. The GGUF carries no chat template: templates/gemma3.jinja is Gemma 3's, which
 # `make serve` and deploy/k8s pass as LLMSERVE_CHAT_TEMPLATE_FILE (not set here, so that
 # another model's own template applies when LLMSERVE_MODEL points elsewhere).
-RUN LLMSERVE_CACHE_DIR=/opt/llmserve python -m llmserve.service.model.files
+RUN LLMSERVE_CACHE_DIR=/opt/llmserve python -m llmserve.service.model.default_model
 COPY templates/gemma3.jinja /opt/llmserve/templates/gemma3.jinja
 RUN mkdir -p /var/cache/llmserve && chown 10001:10001 /var/cache/llmserve
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \

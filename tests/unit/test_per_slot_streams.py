@@ -73,7 +73,7 @@ def test_a_neighbours_prompt_holds_a_long_sequences_draft_back_but_not_a_far_one
 def test_busy_slots_stay_together_so_a_decode_step_is_one_ubatch() -> None:
     busy_ids = []
     for together in (True, False):
-        alloc = SlotAllocator(num_slots=8, max_tokens_per_slot=100, keep_busy_together=together)
+        alloc = SlotAllocator(num_slots=8, n_ctx_per_slot=100, keep_busy_together=together)
         slots = [alloc.allocate([]) for _ in range(8)]
         for seq_id in (4, 0, 6, 2, 7, 1, 5, 3):  # least recently used first: 4, 0, 6, ...
             slots[seq_id].append([100 + seq_id])  # no prefix anyone will share
@@ -100,7 +100,7 @@ def test_while_sequences_decode_a_step_carries_at_most_two_prompts() -> None:
 
 
 def test_a_new_session_fills_the_hole_a_finished_one_left() -> None:
-    alloc = SlotAllocator(num_slots=8, max_tokens_per_slot=100, keep_busy_together=True)
+    alloc = SlotAllocator(num_slots=8, n_ctx_per_slot=100, keep_busy_together=True)
     slots = [alloc.allocate([]) for _ in range(5)]  # 0..4 busy
     alloc.free(slots[2])  # the most recently used idle slot, between two busy ones
     assert alloc.allocate([7]).seq_id == 2  # not LRU slot 5: 0..4 stay one run

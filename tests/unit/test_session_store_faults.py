@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from llmserve.service.domain import SavedSession
-from llmserve.service.engine.saved_sessions import SessionStore, StorageFault
+from llmserve.service.engine.session_store import SessionStore, StorageFault
 from llmserve.service.metrics import Metrics
 from structlog.testing import capture_logs
 
@@ -18,7 +18,7 @@ FINGERPRINT = {"model": "test"}
 
 def _store(directory: Path) -> tuple[SessionStore, Metrics]:
     metrics = Metrics()
-    return SessionStore(directory, 1 << 30, FINGERPRINT, metrics, max_tokens=100, n_vocab=50), metrics
+    return SessionStore(directory, 1 << 30, FINGERPRINT, metrics, n_ctx_per_slot=100, n_vocab=50), metrics
 
 
 def _record(session_id: str, tokens: tuple[int, ...]) -> SavedSession:

@@ -211,7 +211,7 @@ def test_a_file_that_is_not_a_model_fails_the_start_cleanly(tmp_path) -> None:  
 
 def test_a_generative_gguf_as_embedding_model_is_mean_pooled(server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """No pooling in its metadata: its hidden states are mean-pooled, as with --embeddings alone."""
-    from llmserve.service.model.files import default_model_path
+    from llmserve.service.model.default_model import default_model_path
 
     running = start_server(["-np", "1", "-c", "1024", "-t", "2", "--embedding-model", str(default_model_path())],
                            tmp_path / "server.log")

@@ -1,7 +1,7 @@
 """KV slot allocator: maps sessions to llama.cpp sequence ids (pure, no llama_cpp).
 
 Each of the `num_slots` slots is one sequence id of the KV cache (one stream per
-slot, or one unified buffer) and holds at most `max_tokens_per_slot` cells, so all slots together never
+slot, or one unified buffer) and holds at most `n_ctx_per_slot` cells, so all slots together never
 need more cells than the context has: a decode never fails for lack of room.
 
 A slot whose session ended stays *idle* with its tokens still in the KV: a
@@ -106,16 +106,16 @@ class SlotAllocator:
     """Hands out sequence ids 0..num_slots-1 to sessions; idle slots cache prefixes."""
 
     def __init__(
-        self, num_slots: int, max_tokens_per_slot: int, min_prefix_reuse: int = MIN_PREFIX_REUSE,
+        self, num_slots: int, n_ctx_per_slot: int, min_prefix_reuse: int = MIN_PREFIX_REUSE,
         keep_busy_together: bool = False,
     ) -> None:
         """`keep_busy_together`: a session with no prefix to reuse takes the idle slot with the
         most busy neighbours (a hole between two busy slots first; the least recently used
         among equals), so busy sequence ids stay in runs: with one KV stream per slot each
         run of consecutive ids is one ubatch of a decode step."""
-        if num_slots < 1 or max_tokens_per_slot < 2:
+        if num_slots < 1 or n_ctx_per_slot < 2:
             raise ValueError("need at least one slot of at least two tokens")
-        self.max_tokens_per_slot = max_tokens_per_slot
+        self.n_ctx_per_slot = n_ctx_per_slot
         self.min_prefix_reuse = min_prefix_reuse
         self.keep_busy_together = keep_busy_together
         self.slots = [Slot(seq_id=i) for i in range(num_slots)]

@@ -11,11 +11,11 @@ rows from the KV before anything else can release the slot. Executor thread only
 from __future__ import annotations
 
 from ..metrics import Metrics
+from .generation_step import ReadyRow
 from .runner_api import Runner
 from .scheduler import SeqDemand
 from .session import Session
 from .speculation import SpecConfig
-from .step import ReadyRow
 from .token_picker import TokenPicker
 from .turn import TurnFinish
 
@@ -34,7 +34,7 @@ class DraftVerifier:
             return 0
         # Room: the slot must hold the decode token and every draft token, with one cell
         # to spare (a context shift never happens mid-draft); max_tokens counts them all.
-        room = s.max_context - len(s.slot.tokens) - 2
+        room = s.n_ctx_per_slot - len(s.slot.tokens) - 2
         max_tokens = s.params.stopping.max_tokens
         if max_tokens is not None:
             room = min(room, max_tokens - s.turn.completion_tokens - 1)

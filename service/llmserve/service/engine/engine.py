@@ -28,7 +28,7 @@ from ..domain import (
     SessionParams,
 )
 from ..metrics import Metrics
-from ..model.files import default_model_path
+from ..model.default_model import default_model_path
 from ..model.grammar_compiler import GrammarCompiler
 from ..model.runner import LlamaRunner, RunnerConfig
 from ..model.sampler import SAMPLER_NAMES
@@ -36,13 +36,13 @@ from ..model.tokenizer import Vocab
 from .chat import ChatMessage, Conversation
 from .constraints import ConstraintCache
 from .executor import Executor, ExecutorConfig
-from .loading import chat_template, log_loaded
 from .offload import OffloadPool
 from .offload import Overloaded as Overloaded  # the facade's errors, for the transport
-from .saved_sessions import SessionStore, model_fingerprint
 from .session_file import StorageFault as StorageFault
 from .session_handle import SessionHandle
+from .session_store import SessionStore, model_fingerprint
 from .speculation import SpecConfig
+from .startup import chat_template, log_loaded
 
 log = structlog.get_logger("llmserve.engine")
 

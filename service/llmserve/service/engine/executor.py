@@ -35,13 +35,13 @@ from .allocator import SlotAllocator
 from .chat import Conversation
 from .commands import STOP, AddInput, Cancel, Close, DropEmbeds, Embed, Open
 from .draft_verifier import DraftVerifier
+from .generation_step import GenerationStep, StepProfile
 from .runner_api import Runner
-from .saved_sessions import SessionStore
 from .scheduler import PrefillPacer, Scheduler, StepPlan
+from .session_store import SessionStore
 from .session_table import SessionTable
 from .slot_kv import SlotKV
 from .speculation import SpecConfig
-from .step import GenerationStep, StepProfile
 from .token_picker import TokenPicker
 
 log = structlog.get_logger("llmserve.executor")

@@ -33,7 +33,7 @@ PROMPT_LOGPROBS_CHUNK = 32
 
 
 class Session:
-    def __init__(self, key: int, params: SessionParams, sink: EventSink, max_tokens: int,
+    def __init__(self, key: int, params: SessionParams, sink: EventSink, n_ctx_per_slot: int,
                  deadline: float | None = None, parent: Session | None = None, index: int = 0) -> None:
         self.key = key
         self.index = index  # sample index (n > 1); children have a parent
@@ -49,7 +49,7 @@ class Session:
         self.sink = sink
         self.deadline = deadline
         self.t_last_token = 0.0
-        self.max_context = max_tokens  # KV cells this session may hold (per-slot limit)
+        self.n_ctx_per_slot = n_ctx_per_slot  # KV cells this session may hold
         self.t_open = time.monotonic()
         self.t_slot = 0.0  # when the slot was attached
         self.queue_ms = 0.0
@@ -75,7 +75,7 @@ class Session:
         index = len(self.children) + 1
         sampling = replace(self.params.sampling, seed=(self.params.sampling.seed + index) % 0xFFFFFFFF)
         params = replace(self.params, sampling=sampling, num_samples=1)
-        child = Session(key, params, self.sink, self.max_context, self.deadline, self, index)
+        child = Session(key, params, self.sink, self.n_ctx_per_slot, self.deadline, self, index)
         child.slot = slot
         child.sampler = make_sampler(sampling, params.stopping.ignore_eos)
         child.sampler.accept(slot.tokens)
@@ -111,7 +111,7 @@ class Session:
             self.turn_cached += matched
             tokens = tokens[matched:]
         self.pending.extend(tokens)
-        if self.num_context_tokens > self.max_context:
+        if self.num_context_tokens > self.n_ctx_per_slot:
             self.overflowed = True
 
     def attach(self, slot: Slot, reusable: Callable[[int, int], bool]) -> None:
@@ -169,7 +169,7 @@ class Session:
             self.sampler.begin_turn()
         now = time.monotonic()
         self.turn = Turn(
-            stream=TextStream(self.params.stopping.stop),
+            text=TextStream(self.params.stopping.stop),
             prompt_tokens=self.turn_input,
             cached_tokens=self.turn_cached,
             t_end_of_input=now,
@@ -207,7 +207,7 @@ class Session:
         """Pending tokens that may be prefilled now (the last one waits for end of turn).
         0 while history + pending exceed the slot: input sent during a reply fitted when
         it came, but the reply has grown the history since; its turn ends CONTEXT_FULL."""
-        if self.slot is None or self.generating or self.overflowed or self.num_context_tokens > self.max_context:
+        if self.slot is None or self.generating or self.overflowed or self.num_context_tokens > self.n_ctx_per_slot:
             return 0
         ready = len(self.pending) if self.turn is not None else max(len(self.pending) - 1, 0)
         # Prompt logprobs need logits for every row: llama.cpp's output buffer holds
@@ -257,7 +257,7 @@ class Session:
         assert turn is not None
         reason = finish.reason
         if reason != FinishReason.STOP_SEQUENCE:
-            self.emit_tokens(turn.stream.flush())
+            self.emit_tokens(turn.text.flush())
         elif turn.held_ids:
             self.emit_tokens("")
         now = time.monotonic()

@@ -17,14 +17,14 @@ from .admission import Admission
 from .allocator import Slot, SlotAllocator
 from .commands import AddInput, Cancel, Close, Open
 from .draft_verifier import DraftVerifier
+from .generation_step import StepOutput
 from .prompt_logprobs import score_prompt_chunk
 from .runner_api import Runner, TokenSampler
-from .saved_sessions import SessionStore
 from .scheduler import SeqDemand
 from .session import Session
+from .session_store import SessionStore
 from .slot_kv import SlotKV
 from .speculation import SeqSpeculation
-from .step import StepOutput
 from .token_picker import TokenPicker
 from .turn import TurnFinish
 
@@ -41,7 +41,7 @@ class SessionTable:
         """`verifier`: speculative decoding (None: off)."""
         self.runner = runner
         self.verifier = verifier
-        self.n_ctx_per_slot = allocator.max_tokens_per_slot
+        self.n_ctx_per_slot = allocator.n_ctx_per_slot
         self.store = store
         self.allocator = allocator
         self.kv = kv

@@ -17,11 +17,11 @@ import structlog
 
 from ..domain import FinishReason
 from ..metrics import Metrics
+from .generation_step import StepProfile
 from .logprobs import log_softmax, token_logprob
 from .runner_api import Runner
 from .session import Session
 from .slot_kv import SlotKV
-from .step import StepProfile
 from .turn import TurnFinish
 
 log = structlog.get_logger("llmserve.token_picker")
@@ -74,7 +74,7 @@ class TokenPicker:
             return TurnFinish(FinishReason.STOP, token)
         if token in stopping.stop_token_ids:
             return TurnFinish(FinishReason.STOP_SEQUENCE, token, matched_stop_token_id=token)
-        text, stop = turn.stream.push(self.runner.piece(token, output.include_special))
+        text, stop = turn.text.push(self.runner.piece(token, output.include_special))
         if stop is not None:
             s.emit_tokens(text)
             return TurnFinish(FinishReason.STOP_SEQUENCE, token, matched_stop=stop)
@@ -82,7 +82,7 @@ class TokenPicker:
             s.emit_tokens(text)
         if stopping.max_tokens is not None and turn.completion_tokens >= stopping.max_tokens:
             return TurnFinish(FinishReason.LENGTH, token)
-        if s.slot.num_confirmed + 1 > s.max_context:
+        if s.slot.num_confirmed + 1 > s.n_ctx_per_slot:
             if self.shift_keep is None:
                 return TurnFinish(FinishReason.CONTEXT_FULL, token, message="the slot's context is full")
             discard = self.kv.shift(s.slot, self.shift_keep)

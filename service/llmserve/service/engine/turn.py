@@ -23,7 +23,7 @@ class TurnFinish:
 class Turn:
     """Counters and text state of the turn being generated."""
 
-    stream: TextStream
+    text: TextStream
     prompt_tokens: int
     cached_tokens: int
     t_end_of_input: float
@@ -38,7 +38,7 @@ class Turn:
     def fork(self) -> Turn:
         """The same turn for another sample (n > 1): same input, its own output."""
         return Turn(
-            stream=TextStream(self.stream.stop),
+            text=TextStream(self.text.stop),
             prompt_tokens=self.prompt_tokens,
             cached_tokens=self.cached_tokens,
             t_end_of_input=self.t_end_of_input,

@@ -6,7 +6,7 @@ with google.rpc details (BadRequest field violations, PreconditionFailure naming
 the environment failed, RetryInfo, and for RESOURCE_EXHAUSTED and UNAVAILABLE
 the `grpc-retry-pushback-ms` trailer that gRPC retry policies honour), and turns any other exception into
 INTERNAL, logged with its traceback: INTERNAL means a bug. A request message that
-did not parse reaches the handler as `Undecodable` (see handlers.py) and becomes
+did not parse reaches the handler as `Undecodable` (see registration.py) and becomes
 INVALID_ARGUMENT where it is read (`check_decoded`). `call_status` names the status a
 finished call ended with, for every count and span of it.
 """

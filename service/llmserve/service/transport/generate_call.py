@@ -29,7 +29,7 @@ from ..metrics import Metrics
 from .errors import DeadlineExceeded, Unavailable, check_decoded, error_from_status_name
 from .inputs import input_tokens
 from .loop_sink import LoopSink
-from .protos import logprob_proto, turn_end_proto
+from .responses import logprob_proto, turn_end_proto
 from .turn_record import record_turn
 
 log = structlog.get_logger("llmserve.generate")

@@ -16,7 +16,7 @@ import grpc
 
 from ..metrics import Metrics
 from .errors import call_status
-from .method_handlers import kind_label, observed
+from .handler_kinds import kind_label, observed
 
 
 class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):

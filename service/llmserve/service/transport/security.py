@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from .errors import Unauthenticated
-from .method_handlers import with_behavior
+from .handler_kinds import with_behavior
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 

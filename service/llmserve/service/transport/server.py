@@ -38,8 +38,8 @@ from llmserve.v1 import llmserve_pb2
 from ..config import ServerConfig
 from ..engine.engine import Engine
 from ..metrics import Metrics
-from .handlers import add_servicer
 from .reflection import enable_reflection
+from .registration import add_servicer
 from .rpc_metrics import RpcMetricsInterceptor
 from .security import ApiKeyInterceptor, server_credentials
 from .servicer import LLMServicer

@@ -21,7 +21,7 @@ from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 from ..domain import GrammarError, SavedSession, SessionParams
 from ..engine.engine import Engine
 from ..metrics import Metrics
-from . import protos, unary, validation
+from . import responses, unary, validation
 from .embed_call import EmbedCall
 from .errors import (
     DeadlineExceeded,
@@ -79,7 +79,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         self._num_calls = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._streams: set[GenerateCall] = set()
+        self._calls: set[GenerateCall] = set()
         self._sessions_in_use: set[str] = set()
         self._session_s = 1.0  # moving average of a session's duration (retry hint)
 
@@ -95,8 +95,8 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     def begin_drain(self) -> None:
         """Refuse new calls; sessions end UNAVAILABLE once their open turn is done."""
         self.draining = True
-        for stream in self._streams:
-            stream.sink.put_local(Drain())
+        for call in self._calls:
+            call.sink.put_local(Drain())
 
     async def wait_idle(self, timeout: float) -> bool:
         try:
@@ -192,7 +192,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         engine = self._engine()
         self._enter()
         try:
-            return protos.text_response(
+            return responses.text_response(
                 [r async for r in self._session(engine, first, _no_more_input(), context, "GenerateText")]
             )
         finally:
@@ -219,17 +219,17 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         deadline = time.monotonic() + remaining if remaining is not None else None
         max_input = min(self.max_input_tokens or engine.limits.n_ctx_per_slot, engine.limits.n_ctx_per_slot)
         restore = await self._claim_session(engine, params.session_id)
-        stream = GenerateCall(engine, self.metrics, max_input, restore, grammar)
-        self._streams.add(stream)
+        call = GenerateCall(engine, self.metrics, max_input, restore, grammar)
+        self._calls.add(call)
         if self.draining:
-            stream.sink.put_local(Drain())
+            call.sink.put_local(Drain())
         try:
-            async for response in stream.run(first, params, request_iterator, deadline):
+            async for response in call.run(first, params, request_iterator, deadline):
                 yield response
             if params.session_id and (fault := engine.session_store_fault):  # served; its save may fail too
                 context.set_trailing_metadata((("llmserve-session-store-fault", fault.encode("ascii", "replace").decode()),))
         finally:
-            self._streams.discard(stream)
+            self._calls.discard(call)
             self._sessions_in_use.discard(params.session_id)
 
     async def _claim_session(self, engine: Engine, session_id: str) -> SavedSession | None:
@@ -257,7 +257,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         self._enter()
         try:
             async for result in EmbedCall(engine).run(request_iterator):
-                yield protos.embed_response(result)
+                yield responses.embed_response(result)
         finally:
             self._leave()
 
@@ -273,4 +273,4 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
 
     @rpc_errors
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:  # type: ignore[no-untyped-def]
-        return protos.model_info(self._engine(), self.max_queue)
+        return responses.model_info(self._engine(), self.max_queue)

@@ -32,7 +32,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from .. import __version__
 from ..domain import EmbeddingModelInfo, EmbedResult, FinishReason, ModelMeta, SessionParams, TurnEndEvent
 from .errors import call_status
-from .method_handlers import observed
+from .handler_kinds import observed
 
 SERVICE_NAME = "llmserve"
 _TRACED_PREFIX = "/llmserve.v1.LLMService/"  # health and reflection calls are not traced

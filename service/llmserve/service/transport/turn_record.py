@@ -6,7 +6,7 @@ import structlog
 
 from ..domain import FinishReason, SessionParams, TurnEndEvent
 from ..metrics import Metrics
-from .protos import tokens_per_second
+from .responses import tokens_per_second
 from .tracing import trace_turn
 
 log = structlog.get_logger("llmserve.generate")

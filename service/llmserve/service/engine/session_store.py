@@ -52,11 +52,11 @@ FAULT_RETRY_S = 5.0  # the retry hint of a call refused for a failing directory
 class SessionStore:
     def __init__(
         self, directory: Path, max_bytes: int, fingerprint: dict[str, object], metrics: Metrics,
-        max_tokens: int, n_vocab: int,
+        n_ctx_per_slot: int, n_vocab: int,
     ) -> None:
-        """`max_tokens`, `n_vocab`: a saved session must fit one slot and the vocabulary.
+        """`n_ctx_per_slot`, `n_vocab`: a saved session must fit one slot and the vocabulary.
         A directory that cannot be made or written is logged (the server serves on)."""
-        self.max_tokens = max_tokens
+        self.n_ctx_per_slot = n_ctx_per_slot
         self.n_vocab = n_vocab
         self.directory = directory
         self.max_bytes = max_bytes
@@ -219,8 +219,8 @@ class SessionStore:
 
     def _decode(self, blob: bytes, session_id: str) -> SavedSession:
         record = decode(blob, session_id, self.fingerprint)
-        if len(record.tokens) > self.max_tokens:  # pending input that does not fit ends its turn CONTEXT_FULL
-            raise ValueError(f"{len(record.tokens)} tokens do not fit a slot of {self.max_tokens}")
+        if len(record.tokens) > self.n_ctx_per_slot:  # pending input that does not fit ends its turn CONTEXT_FULL
+            raise ValueError(f"{len(record.tokens)} tokens do not fit a slot of {self.n_ctx_per_slot}")
         if any(not 0 <= t < self.n_vocab for t in (*record.tokens, *record.pending)):
             raise ValueError("token ids outside the vocabulary")
         return record

@@ -16,7 +16,7 @@ from google.protobuf.message import DecodeError
 from llmserve.v1 import llmserve_pb2 as pb
 
 from .errors import Undecodable
-from .method_handlers import handler_factory
+from .handler_kinds import handler_factory
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["LLMService"]
 
