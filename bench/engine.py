@@ -19,8 +19,8 @@ import time
 from llmserve.client.loadgen import PROMPTS
 from llmserve.service.domain import SamplingParams, SessionFailed, SessionParams, StoppingParams, TurnEndEvent
 from llmserve.service.engine.executor import Executor, ExecutorConfig
-from llmserve.service.engine.step import StepProfile
-from llmserve.service.model.files import default_model_path
+from llmserve.service.engine.generation_step import StepProfile
+from llmserve.service.model.default_model import default_model_path
 from llmserve.service.model.runner import LlamaRunner, RunnerConfig
 
 

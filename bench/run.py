@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from llmserve.client import loadgen
-from llmserve.service.model.files import default_model_path
+from llmserve.service.model.default_model import default_model_path
 
 from . import embed_model
 from .servers import CTX, DEFAULT_BUILD, NP, ROOT, THREADS, start_llama_server, start_llmserve, stop

@@ -239,7 +239,7 @@ def _plot(path: Path, table: dict[str, dict[str, str]], cols: list[str], mixed_i
 
 
 def _model() -> Path:
-    from llmserve.service.model.files import default_model_path
+    from llmserve.service.model.default_model import default_model_path
 
     return default_model_path()
 

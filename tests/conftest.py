@@ -112,7 +112,7 @@ def fresh_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSe
 
 @pytest.fixture(scope="session")
 def model_path() -> Path:
-    from llmserve.service.model.files import default_model_path
+    from llmserve.service.model.default_model import default_model_path
 
     return default_model_path()
 

@@ -25,7 +25,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from llmserve.service.model.files import cache_dir
+from llmserve.service.model.default_model import cache_dir
 
 EMBEDDING_MODEL_NAME = "all-MiniLM-L6-v2"
 OUTTYPE = "f16"  # the converter's "auto" for an f32 checkpoint; cosine ~1.0 to the f32 reference
