@@ -17,7 +17,8 @@ import threading
 import time
 
 from llmserve.client.loadgen import PROMPTS
-from llmserve.service.domain import SamplingParams, SessionFailed, SessionParams, StoppingParams, TurnEndEvent
+from llmserve.service.domain.events import SessionFailed, TurnEndEvent
+from llmserve.service.domain.requests import SamplingParams, SessionParams, StoppingParams
 from llmserve.service.engine.executor import Executor, ExecutorConfig
 from llmserve.service.engine.generation_step import StepProfile
 from llmserve.service.model.default_model import default_model_path

@@ -6,14 +6,8 @@ events; after every scenario the slots' token mirrors must equal what the fake K
 
 from __future__ import annotations
 
-from llmserve.service.domain import (
-    SamplingParams,
-    SessionFailed,
-    SessionParams,
-    StoppingParams,
-    TokenEvent,
-    TurnEndEvent,
-)
+from llmserve.service.domain.events import SessionFailed, TokenEvent, TurnEndEvent
+from llmserve.service.domain.requests import SamplingParams, SessionParams, StoppingParams
 from llmserve.service.engine.executor import Executor, ExecutorConfig
 
 from .fake_runner import FakeRunner

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
-from llmserve.service.domain import ModelMeta, SamplingParams
+from llmserve.service.domain.model_meta import ModelMeta
+from llmserve.service.domain.requests import SamplingParams
 from llmserve.service.model.batch_arrays import BatchArrays
 
 N_VOCAB = 64

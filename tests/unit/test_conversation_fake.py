@@ -13,7 +13,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
-from llmserve.service.domain import InvalidRequest, Limits, PreconditionFailed, SamplingParams, TurnEndEvent
+from llmserve.service.domain.errors import InvalidRequest, PreconditionFailed
+from llmserve.service.domain.events import TurnEndEvent
+from llmserve.service.domain.model_meta import Limits
+from llmserve.service.domain.requests import SamplingParams
 from llmserve.service.engine.chat import ChatMessage, Conversation
 from llmserve.service.engine.executor import Executor, ExecutorConfig
 from llmserve.service.engine.session_handle import SessionHandle

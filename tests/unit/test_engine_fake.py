@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from llmserve.service.domain import EmbedInput, EmbedResult, FinishReason, SamplingParams, TurnEndEvent
+from llmserve.service.domain.events import EmbedResult, FinishReason, TurnEndEvent
+from llmserve.service.domain.requests import EmbedInput, SamplingParams
 
 from .engine_harness import GREEDY, ListSink, assert_kv_mirrors_slots, make, one_turn, params, run_until, turn_ends
 from .fake_runner import BOS, END_AFTER, EOG, piece_of

@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from llmserve.service.domain import FinishReason, OutputParams, SessionFailed, TurnEndEvent
+from llmserve.service.domain.events import FinishReason, SessionFailed, TurnEndEvent
+from llmserve.service.domain.requests import OutputParams
 
 from .engine_harness import ListSink, assert_kv_mirrors_slots, make, one_turn, params, run_until, turn_ends
 from .fake_runner import BOS

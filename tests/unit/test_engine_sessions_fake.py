@@ -8,7 +8,8 @@ import time
 from dataclasses import replace
 
 import pytest
-from llmserve.service.domain import FinishReason, SavedSession, SessionFailed, TurnEndEvent
+from llmserve.service.domain.events import FinishReason, SessionFailed, TurnEndEvent
+from llmserve.service.domain.snapshots import SavedSession
 from llmserve.service.engine.chat import Conversation
 from llmserve.service.engine.executor import Executor, ExecutorConfig
 

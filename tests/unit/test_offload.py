@@ -10,7 +10,7 @@ from concurrent.futures import wait
 import grpc
 import pytest
 from google.rpc import error_details_pb2
-from llmserve.service.domain import GrammarError
+from llmserve.service.domain.errors import GrammarError
 from llmserve.service.engine.constraints import ConstraintCache
 from llmserve.service.engine.offload import OffloadPool, Overloaded
 from llmserve.service.engine.session_file import StorageFault

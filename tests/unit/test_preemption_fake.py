@@ -11,15 +11,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from llmserve.service.domain import (
-    FinishReason,
-    SamplingParams,
-    SessionFailed,
-    SessionParams,
-    StoppingParams,
-    TokenEvent,
-    TurnEndEvent,
-)
+from llmserve.service.domain.events import FinishReason, SessionFailed, TokenEvent, TurnEndEvent
+from llmserve.service.domain.requests import SamplingParams, SessionParams, StoppingParams
 from llmserve.service.engine.executor import Executor, ExecutorConfig
 from llmserve.service.engine.session import MAX_BACKLOG
 

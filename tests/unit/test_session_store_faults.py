@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from llmserve.service.domain import SavedSession
+from llmserve.service.domain.snapshots import SavedSession
 from llmserve.service.engine.session_store import SessionStore, StorageFault
 from llmserve.service.metrics import Metrics
 from structlog.testing import capture_logs

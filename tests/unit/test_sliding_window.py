@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 
-from llmserve.service.domain import SavedSession, SessionFailed, TurnEndEvent
+from llmserve.service.domain.events import SessionFailed, TurnEndEvent
+from llmserve.service.domain.snapshots import SavedSession
 from llmserve.service.engine.executor import Executor, ExecutorConfig
 
 from .engine_harness import ListSink, assert_kv_mirrors_slots, one_turn, params, run_until, turn_ends

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from llmserve.service.domain import FinishReason, SamplingParams, TurnEndEvent
+from llmserve.service.domain.events import FinishReason, TurnEndEvent
+from llmserve.service.domain.requests import SamplingParams
 from llmserve.service.engine.executor import Executor, ExecutorConfig
 from llmserve.service.engine.scheduler import Scheduler, SeqDemand
 from llmserve.service.engine.speculation import NgramIndex, SeqSpeculation, SpecConfig

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 
-from llmserve.service.domain import EmbedInput, EmbedResult, FinishReason, TurnEndEvent
+from llmserve.service.domain.events import EmbedResult, FinishReason, TurnEndEvent
+from llmserve.service.domain.requests import EmbedInput
 
 from .engine_harness import ListSink, make, params, run_until, turn_ends
 from .fake_runner import BOS

@@ -17,7 +17,7 @@ from pathlib import Path
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ..domain import InvalidRequest
+from ..domain.errors import InvalidRequest
 
 MAX_MESSAGES = 1024
 SavedChat = tuple[tuple[str, str], ...]  # (role, content) pairs, as a named session keeps them

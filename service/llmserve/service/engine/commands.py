@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..domain import EmbedInput, EventSink, SavedSession, SessionParams
+from ..domain.events import EventSink
+from ..domain.requests import EmbedInput, SessionParams
+from ..domain.snapshots import SavedSession
 from .chat import Conversation
 
 

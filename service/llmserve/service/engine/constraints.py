@@ -19,7 +19,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future
 
-from ..domain import GrammarError
+from ..domain.errors import GrammarError
 from ..metrics import Metrics
 from ..model.grammar_compiler import CompilerBusy, GrammarCompiler
 from .offload import OffloadPool, Overloaded

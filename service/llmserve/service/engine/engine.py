@@ -17,16 +17,11 @@ import structlog
 
 from .. import __version__
 from ..config import ServerConfig
-from ..domain import (
-    EmbeddingModelInfo,
-    EmbedInput,
-    EventSink,
-    ExecutorSnapshot,
-    Limits,
-    PreconditionFailed,
-    SavedSession,
-    SessionParams,
-)
+from ..domain.errors import PreconditionFailed
+from ..domain.events import EventSink
+from ..domain.model_meta import EmbeddingModelInfo, Limits
+from ..domain.requests import EmbedInput, SessionParams
+from ..domain.snapshots import ExecutorSnapshot, SavedSession
 from ..metrics import Metrics
 from ..model.default_model import default_model_path
 from ..model.grammar_compiler import GrammarCompiler

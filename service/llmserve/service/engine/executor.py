@@ -20,16 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 import structlog
 
-from ..domain import (
-    EmbedInput,
-    EmbedResult,
-    EventSink,
-    ExecutorSnapshot,
-    SavedSession,
-    SessionFailed,
-    SessionParams,
-    SlotSnapshot,
-)
+from ..domain.events import EmbedResult, EventSink, SessionFailed
+from ..domain.requests import EmbedInput, SessionParams
+from ..domain.snapshots import ExecutorSnapshot, SavedSession, SlotSnapshot
 from ..metrics import Metrics
 from .allocator import SlotAllocator
 from .chat import Conversation

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..domain import TokenLogprob
+from ..domain.events import TokenLogprob
 
 MAX_TOP_LOGPROBS = 20
 

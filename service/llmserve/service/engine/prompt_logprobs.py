@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..domain import PromptLogprobsEvent, TokenLogprob
+from ..domain.events import PromptLogprobsEvent, TokenLogprob
 from .logprobs import log_softmax, token_logprob
 from .runner_api import Runner
 from .session import Session

@@ -13,7 +13,8 @@ from typing import Protocol
 
 import numpy as np
 
-from ..domain import ModelMeta, SamplingParams
+from ..domain.model_meta import ModelMeta
+from ..domain.requests import SamplingParams
 
 
 class TokenSampler(Protocol):

@@ -18,9 +18,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..domain import EventSink, FinishReason, SavedSession, SessionParams, TokenEvent, TurnEndEvent
+from ..domain.events import EventSink, FinishReason, TokenEvent, TurnEndEvent
+from ..domain.requests import SessionParams
+from ..domain.snapshots import SavedSession
 from .allocator import Slot, common_prefix_length
-from .chat import Conversation
+from .chat import Conversation, SavedChat
 from .runner_api import TokenSampler
 from .speculation import SeqSpeculation
 from .textstream import TextStream
@@ -245,6 +247,10 @@ class Session:
             self.sink.put(TokenEvent(text, tuple(turn.held_ids), tuple(turn.held_logprobs), index=self.index))
             turn.held_ids.clear()
             turn.held_logprobs.clear()
+
+    def saved_chat(self) -> SavedChat | None:
+        """The conversation a named session is saved with (None: not a chat session)."""
+        return self.conversation.saved() if self.conversation is not None else None
 
     @property
     def group(self) -> Session:

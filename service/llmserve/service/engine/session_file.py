@@ -17,7 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..domain import PreconditionFailed, SavedSession
+from ..domain.errors import PreconditionFailed
+from ..domain.snapshots import SavedSession
 
 MAGIC = b"LLMSERVE-SESSION-1\n"
 SUFFIX = ".session"

@@ -12,7 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-from ..domain import InvalidRequest, Limits, PreconditionFailed, SavedSession, TokenEvent, TurnEndEvent
+from ..domain.errors import InvalidRequest, PreconditionFailed
+from ..domain.events import TokenEvent, TurnEndEvent
+from ..domain.model_meta import Limits
+from ..domain.snapshots import SavedSession
 from .chat import ChatMessage, Conversation
 from .executor import Executor
 

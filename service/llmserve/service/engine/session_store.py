@@ -2,9 +2,8 @@
 
 The file format and the atomic write are in `session_file.py`. Writes happen on a writer
 thread; the directory is kept under `max_bytes` by deleting the least recently used
-files. A file that is corrupt or was made with another model or KV layout is discarded
-and logged, never loaded, and so is one whose tokens do not fit this server's slots or
-vocabulary.
+files. A corrupt file, one made with another model or KV layout, or one whose tokens do
+not fit this server's slots or vocabulary is discarded and logged, never loaded.
 
 A session id is saved at most once at a time and never read while a save of it is
 on its way: `begin` (when a stream opens the id) counts a save to come, `settle`
@@ -38,7 +37,8 @@ from pathlib import Path
 
 import structlog
 
-from ..domain import PreconditionFailed, SavedSession
+from ..domain.errors import PreconditionFailed
+from ..domain.snapshots import SavedSession
 from ..metrics import Metrics
 from .session_file import SUFFIX, StorageFault, decode, encode, model_fingerprint, write_atomically
 

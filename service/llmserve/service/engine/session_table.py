@@ -1,8 +1,8 @@
 """The executor's table of Generate sessions: their lifecycle from open to release.
 
-Opening, input and turn ends, cancels, closes, admission to slots (priority, then FIFO), deadlines,
-forking a turn into n samples, applying each step's output (sampling the ready rows and ending turns),
-and saving/restoring named sessions. The executor thread owns it: every method runs on that thread."""
+Opening, input and turn ends, cancels, closes, admission to slots (priority, then FIFO), deadlines, forking
+a turn into n samples, applying each step's output (recording what entered the KV, sampling the ready rows,
+ending turns), saving/restoring named sessions. Executor thread only."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from collections.abc import Iterator
 
 import structlog
 
-from ..domain import FinishReason, GrammarError, SamplingParams, SavedSession, SessionFailed
+from ..domain.errors import GrammarError
+from ..domain.events import FinishReason, SessionFailed
+from ..domain.requests import SamplingParams
+from ..domain.snapshots import SavedSession
 from .admission import Admission
 from .allocator import Slot, SlotAllocator
 from .commands import AddInput, Cancel, Close, Open
@@ -29,10 +32,6 @@ from .token_picker import TokenPicker
 from .turn import TurnFinish
 
 log = structlog.get_logger("llmserve.sessions")
-
-
-def _saved_chat(session: Session) -> tuple[tuple[str, str], ...] | None:
-    return session.conversation.saved() if session.conversation is not None else None
 
 
 class SessionTable:
@@ -215,7 +214,7 @@ class SessionTable:
         if slot is None and session.preempted_history:  # its KV went with the slot: restoring prefills it again
             n = session.preempted_history
             self.store.save_async(SavedSession(session_id, tuple(session.pending[:n]), tuple(session.pending[n:]),
-                                               _saved_chat(session), b""))
+                                               session.saved_chat(), b""))
             return
         history: tuple[int, ...] = tuple(slot.tokens[: slot.num_confirmed]) if slot is not None else ()
         if slot is None or not history:  # nothing in it: the saved file stays as it was
@@ -223,7 +222,7 @@ class SessionTable:
             return
         history, state = self.kv.export(slot)
         pending = (*session.pending, *([session.next_token] if session.next_token is not None else []))
-        self.store.save_async(SavedSession(session_id, history, pending, _saved_chat(session), state))
+        self.store.save_async(SavedSession(session_id, history, pending, session.saved_chat(), state))
 
     def _release(self, session: Session) -> None:
         """The stream is gone: free the slot now; its KV stays as a prefix cache."""

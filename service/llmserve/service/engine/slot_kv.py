@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import structlog
 
-from ..domain import SavedSession
+from ..domain.snapshots import SavedSession
 from .allocator import Slot, SlotAllocator, common_prefix_length
 from .runner_api import Runner
 

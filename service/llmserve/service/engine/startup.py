@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from ..config import ServerConfig
-from ..domain import ModelMeta
+from ..domain.model_meta import ModelMeta
 from .chat import ChatTemplate
 
 if TYPE_CHECKING:  # the model wing's classes, for type hints only

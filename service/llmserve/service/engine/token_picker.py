@@ -15,7 +15,7 @@ import time
 import numpy as np
 import structlog
 
-from ..domain import FinishReason
+from ..domain.events import FinishReason
 from ..metrics import Metrics
 from .generation_step import StepProfile
 from .logprobs import log_softmax, token_logprob

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..domain import FinishReason, TokenLogprob
+from ..domain.events import FinishReason, TokenLogprob
 from .textstream import TextStream
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from ..domain import ModelMeta
+from ..domain.model_meta import ModelMeta
 from .batch import BatchBuffer
 from .tokenizer import POOLING_NAMES, Vocab, load_model
 

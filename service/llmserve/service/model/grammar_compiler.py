@@ -32,7 +32,7 @@ from pathlib import Path
 import llama_cpp
 import structlog
 
-from ..domain import GrammarError
+from ..domain.errors import GrammarError
 
 log = structlog.get_logger("llmserve.grammar")
 

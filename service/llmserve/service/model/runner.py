@@ -18,7 +18,8 @@ import numpy as np
 import structlog
 
 from ..config import CACHE_TYPES, FLASH_ATTN
-from ..domain import GrammarError, SamplingParams
+from ..domain.errors import GrammarError
+from ..domain.requests import SamplingParams
 from .batch import BatchBuffer
 from .embedder import Embedder
 from .grammar_compiler import CompiledGrammar

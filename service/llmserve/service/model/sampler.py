@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import llama_cpp
 import numpy as np
 
-from ..domain import SamplingParams
+from ..domain.requests import SamplingParams
 from .grammar_compiler import CompiledGrammar
 
 SAMPLER_NAMES = (

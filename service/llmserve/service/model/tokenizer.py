@@ -14,7 +14,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from ..domain import ModelMeta
+from ..domain.model_meta import ModelMeta
 
 POOLING_NAMES = {-1: "unspecified", 0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 

@@ -17,7 +17,9 @@ from collections.abc import AsyncIterator
 
 from llmserve.v1 import llmserve_pb2 as pb
 
-from ..domain import EmbeddingModelInfo, EmbedInput, EmbedResult, SessionFailed
+from ..domain.events import EmbedResult, SessionFailed
+from ..domain.model_meta import EmbeddingModelInfo
+from ..domain.requests import EmbedInput
 from ..engine.engine import Engine
 from .errors import FailedPrecondition, InvalidArgument, check_decoded, error_from_status_name
 from .inputs import input_tokens

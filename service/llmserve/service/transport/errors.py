@@ -28,7 +28,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from ..domain import InvalidRequest, PreconditionFailed
+from ..domain.errors import InvalidRequest, PreconditionFailed
 from ..engine.engine import Overloaded, StorageFault
 
 log = structlog.get_logger("llmserve.errors")

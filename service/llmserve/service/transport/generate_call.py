@@ -15,15 +15,9 @@ from collections.abc import AsyncIterator
 import structlog
 from llmserve.v1 import llmserve_pb2 as pb
 
-from ..domain import (
-    FinishReason,
-    PromptLogprobsEvent,
-    SavedSession,
-    SessionFailed,
-    SessionParams,
-    TokenEvent,
-    TurnEndEvent,
-)
+from ..domain.events import FinishReason, PromptLogprobsEvent, SessionFailed, TokenEvent, TurnEndEvent
+from ..domain.requests import SessionParams
+from ..domain.snapshots import SavedSession
 from ..engine.engine import ChatMessage, Engine, SessionHandle
 from ..metrics import Metrics
 from .errors import DeadlineExceeded, Unavailable, check_decoded, error_from_status_name

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from llmserve.v1 import llmserve_pb2 as pb
 
-from ..domain import EmbeddingModelInfo, EmbedResult, TokenLogprob, TurnEndEvent
+from ..domain.events import EmbedResult, TokenLogprob, TurnEndEvent
+from ..domain.model_meta import EmbeddingModelInfo
 from ..engine.engine import Engine
 from ..engine.logprobs import MAX_TOP_LOGPROBS
 from . import validation

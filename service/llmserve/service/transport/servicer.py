@@ -18,7 +18,9 @@ import structlog
 from llmserve.v1 import llmserve_pb2 as pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from ..domain import GrammarError, SavedSession, SessionParams
+from ..domain.errors import GrammarError
+from ..domain.requests import SessionParams
+from ..domain.snapshots import SavedSession
 from ..engine.engine import Engine
 from ..metrics import Metrics
 from . import responses, unary, validation

@@ -30,7 +30,9 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .. import __version__
-from ..domain import EmbeddingModelInfo, EmbedResult, FinishReason, ModelMeta, SessionParams, TurnEndEvent
+from ..domain.events import EmbedResult, FinishReason, TurnEndEvent
+from ..domain.model_meta import EmbeddingModelInfo, ModelMeta
+from ..domain.requests import SessionParams
 from .errors import call_status
 from .handler_kinds import observed
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import structlog
 
-from ..domain import FinishReason, SessionParams, TurnEndEvent
+from ..domain.events import FinishReason, TurnEndEvent
+from ..domain.requests import SessionParams
 from ..metrics import Metrics
 from .responses import tokens_per_second
 from .tracing import trace_turn

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 from llmserve.v1 import llmserve_pb2 as pb
 
-from ..domain import Limits, OutputParams, SamplingParams, SessionParams, StoppingParams
+from ..domain.model_meta import Limits
+from ..domain.requests import OutputParams, SamplingParams, SessionParams, StoppingParams
 from ..engine.logprobs import MAX_TOP_LOGPROBS
 from .errors import InvalidArgument
 

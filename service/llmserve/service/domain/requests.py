@@ -1,0 +1,91 @@
+"""What a request asks for: sampling, stopping, output, a Generate session's parameters, an embedding input."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Resolved sampling parameters (defaults follow llama-server)."""
+
+    temperature: float = 0.8
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_BREAKERS
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    seed: int = 0
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_last_n: int = 64
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    grammar: str = ""  # GBNF; a JSON schema arrives here already converted
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature <= 0.0 and self.mirostat == 0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.repeat_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+
+@dataclass(frozen=True)
+class StoppingParams:
+    """When a turn stops: max_tokens None means "until the slot's context is full"."""
+
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class OutputParams:
+    top_logprobs: int | None = None  # None: no logprobs; 0: the sampled token's only
+    prompt_logprobs: bool = False
+    include_special: bool = False
+
+
+@dataclass(frozen=True)
+class SessionParams:
+    """Everything the first Generate message configures."""
+
+    request_id: str
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stopping: StoppingParams = field(default_factory=StoppingParams)
+    output: OutputParams = field(default_factory=OutputParams)
+    priority: int = 0
+    num_samples: int = 1
+    session_id: str = ""  # saved when the stream ends, restored by a later stream
+
+
+@dataclass(frozen=True)
+class EmbedInput:
+    """One tokenized input of an Embed stream."""
+
+    index: int
+    tokens: tuple[int, ...]
+    normalize: bool
+    truncated: bool
