@@ -1,6 +1,6 @@
 """The house rules of the code base, checked from the source (ast, nothing imported):
 wings import downward only (transport -> engine -> model, the transport through the
-engine alone; everything may use the root's config/domain/metrics/logs), engine and model never touch grpc or the
+engine's facade module engine/engine.py alone; everything may use the root's config/domain/metrics/logs), engine and model never touch grpc or the
 generated stubs, the client never imports the service or the benchmarks, no import
 circles, no file over 300 lines outside generated code (service, client, bench, tools,
 tests, and the example clients in Go, C++, Java and TypeScript)."""
@@ -66,6 +66,8 @@ def test_wings_import_downward_only() -> None:
                 problems.append(f"{me} imports upward: {name}")
             elif my_wing == "transport" and other == "model":
                 problems.append(f"{me} reaches past the engine: {name}")
+            elif my_wing == "transport" and other == "engine" and not name.startswith("llmserve.service.engine.engine"):
+                problems.append(f"{me} reaches past the Engine facade (engine/engine.py): {name}")
     assert not problems, "\n".join(problems)
 
 

@@ -10,8 +10,7 @@ from llmserve.v1 import llmserve_pb2 as pb
 
 from ..domain.events import EmbedResult, TokenLogprob, TurnEndEvent
 from ..domain.model_meta import EmbeddingModelInfo
-from ..engine.engine import Engine
-from ..engine.logprobs import MAX_TOP_LOGPROBS
+from ..engine.engine import MAX_TOP_LOGPROBS, Engine
 from . import validation
 
 

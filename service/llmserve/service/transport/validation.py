@@ -16,7 +16,7 @@ from llmserve.v1 import llmserve_pb2 as pb
 
 from ..domain.model_meta import Limits
 from ..domain.requests import OutputParams, SamplingParams, SessionParams, StoppingParams
-from ..engine.logprobs import MAX_TOP_LOGPROBS
+from ..engine.engine import MAX_TOP_LOGPROBS
 from .errors import InvalidArgument
 
 MAX_STOP_STRINGS = 16
