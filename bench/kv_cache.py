@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from llmserve.service.config import KVCacheSettings
 from llmserve.service.engine.logprobs import log_softmax
 from llmserve.service.model.default_model import default_model_path
 from llmserve.service.model.runner import LlamaRunner, RunnerConfig
@@ -57,7 +58,8 @@ def _runner(cache_type: str, threads: int) -> LlamaRunner:
     return LlamaRunner(
         RunnerConfig(
             model_path=default_model_path(), n_ctx=8192, n_parallel=8, n_batch=512, n_ubatch=512,
-            n_threads=threads, embeddings=False, cache_type_k=cache_type, cache_type_v=cache_type,
+            n_threads=threads, embeddings=False,
+            kv_cache=KVCacheSettings(cache_type_k=cache_type, cache_type_v=cache_type),
         )
     )
 

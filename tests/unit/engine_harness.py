@@ -6,6 +6,7 @@ events; after every scenario the slots' token mirrors must equal what the fake K
 
 from __future__ import annotations
 
+from llmserve.service.config import ContextShiftSettings
 from llmserve.service.domain.events import SessionFailed, TokenEvent, TurnEndEvent
 from llmserve.service.domain.requests import SamplingParams, SessionParams, StoppingParams
 from llmserve.service.engine.executor import Executor, ExecutorConfig
@@ -34,9 +35,14 @@ class ListSink:
         return [t for e in self.of(TokenEvent) if e.index == index for t in e.token_ids]
 
 
-def make(n_parallel: int = 2, n_ctx_per_slot: int = 256, shift_keep: int | None = None) -> tuple[Executor, FakeRunner]:
+NO_SHIFT = ContextShiftSettings()
+
+
+def make(
+    n_parallel: int = 2, n_ctx_per_slot: int = 256, context_shift: ContextShiftSettings = NO_SHIFT
+) -> tuple[Executor, FakeRunner]:
     runner = FakeRunner(n_batch=64)
-    config = ExecutorConfig(n_parallel, n_ctx_per_slot, n_batch=64, n_ubatch=64, max_embed_seqs=4, shift_keep=shift_keep)
+    config = ExecutorConfig(n_parallel, n_ctx_per_slot, 64, 64, max_embed_seqs=4, context_shift=context_shift)
     return Executor(runner, config), runner
 
 

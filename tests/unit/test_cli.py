@@ -8,6 +8,7 @@ import sys
 import pytest
 from llmserve.client.envflags import EnvError
 from llmserve.service import cli
+from llmserve.service.config import ContextShiftSettings, KVCacheSettings, PrefillSettings, SpeculationSettings
 
 FLAGS = [
     "--model", "--ctx-size", "--parallel", "--batch-size", "--ubatch-size", "--threads", "--host", "--port",
@@ -73,6 +74,26 @@ def test_inconsistent_flags_are_refused() -> None:
         cli.build_config(cli.parse_args(["serve", "--tls-cert", "a.pem"]))
     with pytest.raises(ValueError, match="per slot"):
         cli.build_config(cli.parse_args(["serve", "-c", "32", "-np", "4"]))
+
+
+def test_settings_objects_are_built_from_the_flags_their_fields_are_named_after() -> None:
+    flags = ["--spec-type", "ngram-simple", "--draft-max", "5", "--draft-min", "1", "--spec-ngram-size-n", "2",
+             "--spec-max-rows", "9", "--prefill-budget", "7", "--prefill-max-slowdown", "3",
+             "-ctk", "q8_0", "-fa", "on", "-kvu", "--context-shift", "--keep", "3"]
+    config = cli.build_config(cli.parse_args(["serve", *flags]))
+    assert config.speculation == SpeculationSettings("ngram-simple", draft_max=5, draft_min=1, spec_ngram_size_n=2,
+                                                     spec_max_rows=9)
+    assert config.prefill == PrefillSettings(prefill_budget=7, prefill_max_slowdown=3.0)
+    assert config.kv_cache == KVCacheSettings(cache_type_k="q8_0", cache_type_v="f16", flash_attn="on", kv_unified=True)
+    assert config.context_shift == ContextShiftSettings(context_shift=True, keep=3)
+    plain = cli.build_config(cli.parse_args(["serve"]))
+    assert (plain.speculation, plain.prefill, plain.kv_cache, plain.context_shift) == (
+        SpeculationSettings(), PrefillSettings(), KVCacheSettings(), ContextShiftSettings())
+    refused = ((["--draft-max", "-1"], "--draft-max, --draft-min"), (["--spec-type", "eagle"], "--spec-type eagle"),
+               (["-ctv", "q8_0", "-fa", "off"], "needs flash attention"), (["--keep", "-1"], "--keep must be"))
+    for bad, message in refused:
+        with pytest.raises(ValueError, match=message):
+            cli.build_config(cli.parse_args(["serve", *bad]))
 
 
 def test_client_commands_take_tls_settings_from_the_servers_environment(monkeypatch: pytest.MonkeyPatch) -> None:

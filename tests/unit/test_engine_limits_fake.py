@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from llmserve.service.config import ContextShiftSettings
 from llmserve.service.domain.events import FinishReason, SessionFailed, TurnEndEvent
 from llmserve.service.domain.requests import OutputParams
 
@@ -19,7 +20,7 @@ def test_context_full_and_context_shift() -> None:
     sink, _ = one_turn(executor, (BOS, 3), params(ignore_eos=True))
     end = sink.of(TurnEndEvent)[0]
     assert end.finish_reason == FinishReason.CONTEXT_FULL
-    executor, runner = make(n_ctx_per_slot=16, shift_keep=1)
+    executor, runner = make(n_ctx_per_slot=16, context_shift=ContextShiftSettings(context_shift=True, keep=1))
     sink, _ = one_turn(executor, (BOS, 3), params(ignore_eos=True, max_tokens=40))
     assert sink.of(TurnEndEvent)[0].finish_reason == FinishReason.LENGTH
     assert executor.metrics.context_shifts._value.get() > 0

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from llmserve.service.config import PrefillSettings, SpeculationSettings
 from llmserve.service.engine.allocator import SlotAllocator
 from llmserve.service.engine.executor import Executor, ExecutorConfig
 from llmserve.service.engine.scheduler import Scheduler, SeqDemand, StepPlan
-from llmserve.service.engine.speculation import SpecConfig
 
 from .engine_harness import ListSink, assert_kv_mirrors_slots, params, run_until, turn_ends
 from .fake_runner import BOS, FakeRunner, split_equal
@@ -114,9 +114,10 @@ LONG_A = (BOS, 30, 31, 50, 51, 52, 53, 54, 55, 30)
 LONG_B = (BOS, *(3 + i % 25 for i in range(59)))
 
 
-def run_pair(spec: SpecConfig, guard: bool = True) -> tuple[list[int], list[int], FakeRunner, Executor]:
+def run_pair(spec: SpeculationSettings, guard: bool = True) -> tuple[list[int], list[int], FakeRunner, Executor]:
     runner = FakeRunner(n_batch=64, n_swa=8)
-    config = ExecutorConfig(2, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4, prefill_budget=3, spec=spec)
+    prefill = PrefillSettings(prefill_budget=3)
+    config = ExecutorConfig(2, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4, prefill=prefill, speculation=spec)
     executor = Executor(runner, config)
     executor.scheduler.per_slot_streams = guard  # False: rows still in id order, drafts not held back
     sinks = [ListSink(), ListSink()]
@@ -127,11 +128,11 @@ def run_pair(spec: SpecConfig, guard: bool = True) -> tuple[list[int], list[int]
     return sinks[0].token_ids(), sinks[1].token_ids(), runner, executor
 
 
-SPEC_LONG = SpecConfig(spec_type="ngram-simple", draft_max=8, ngram_size=2)
+SPEC_LONG = SpeculationSettings(spec_type="ngram-simple", draft_max=8, spec_ngram_size_n=2)
 
 
 def test_a_long_sequence_next_to_a_prefilling_one_drafts_without_losing_window_cells() -> None:
-    plain_a, plain_b, _, _ = run_pair(SpecConfig())
+    plain_a, plain_b, _, _ = run_pair(SpeculationSettings())
     spec_a, spec_b, runner, executor = run_pair(SPEC_LONG)
     assert (spec_a, spec_b) == (plain_a, plain_b) and spec_a == list(range(31, 37))
     for slot, _ in executor.table.slot_states():

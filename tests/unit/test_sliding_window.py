@@ -23,7 +23,7 @@ LONG_PROMPT = (BOS, *range(10, 26))  # 17 tokens; the model then counts on to EN
 
 def make(n_parallel: int = 1) -> tuple[Executor, FakeRunner]:
     runner = FakeRunner(n_batch=64, n_swa=N_SWA)
-    config = ExecutorConfig(n_parallel, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4, shift_keep=None)
+    config = ExecutorConfig(n_parallel, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4)
     return Executor(runner, config), runner
 
 

@@ -5,24 +5,25 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from llmserve.service.config import SpeculationSettings
 from llmserve.service.domain.events import FinishReason, TurnEndEvent
 from llmserve.service.domain.requests import SamplingParams
 from llmserve.service.engine.executor import Executor, ExecutorConfig
 from llmserve.service.engine.scheduler import Scheduler, SeqDemand
-from llmserve.service.engine.speculation import NgramIndex, SeqSpeculation, SpecConfig
+from llmserve.service.engine.speculation import NgramIndex, SeqSpeculation
 
 from .engine_harness import GREEDY, assert_kv_mirrors_slots, one_turn, params, run_until, turn_ends
 from .fake_runner import BOS, FakeRunner
 
-SPEC = SpecConfig(spec_type="ngram-simple", draft_max=16, ngram_size=2, max_rows=16)
+SPEC = SpeculationSettings(spec_type="ngram-simple", draft_max=16, spec_ngram_size_n=2, spec_max_rows=16)
 # The fake model continues with last + 1: after 10..20 and again 10, 11, it samples 12;
 # the n-gram (11, 12) drafts 13..20, 10, 11: 13..20 are accepted, at 10 the model says 21.
 PROMPT = (BOS, *range(10, 21), 10, 11)
 
 
-def make(spec: SpecConfig = SPEC, n_parallel: int = 2) -> tuple[Executor, FakeRunner]:
+def make(spec: SpeculationSettings = SPEC, n_parallel: int = 2) -> tuple[Executor, FakeRunner]:
     runner = FakeRunner(n_batch=64)
-    config = ExecutorConfig(n_parallel, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4, spec=spec)
+    config = ExecutorConfig(n_parallel, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4, speculation=spec)
     return Executor(runner, config), runner
 
 
@@ -60,7 +61,7 @@ def test_a_repeating_tail_drafts_the_repetition_in_full() -> None:
 
 
 def test_adaptive_length_and_rest() -> None:
-    spec = SeqSpeculation(replace(SPEC, max_misses=2, rest_tokens=3))
+    spec = SeqSpeculation(SPEC, max_misses=2, rest_tokens=3)
     spec.record(8, 2)
     assert spec.max_len == 3
     assert abs(spec.acceptance - (0.7 * 0.5 + 0.3 * 2 / 8)) < 1e-9  # the moving accepted share
@@ -89,7 +90,7 @@ def test_scheduler_grants_draft_rows_within_the_budget() -> None:
 
 
 def test_speculative_greedy_output_equals_plain_output() -> None:
-    plain, _ = make(SpecConfig())
+    plain, _ = make(SpeculationSettings())
     sink_plain, _ = one_turn(plain, PROMPT, params(max_tokens=30, ignore_eos=True))
     spec, runner = make()
     sink_spec, _ = one_turn(spec, PROMPT, params(max_tokens=30, ignore_eos=True))

@@ -12,17 +12,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from llmserve.client.commands import add_commands, run, run_bench
 from llmserve.client.envflags import EXIT_USAGE, EnvError, EnvFlags, env_name, resolve, shown_default
 
 from . import __version__
-from .config import CACHE_TYPES, DEFAULT_PARALLEL, ServerConfig
+from .config import (
+    CACHE_TYPES,
+    DEFAULT_PARALLEL,
+    ContextShiftSettings,
+    KVCacheSettings,
+    PrefillSettings,
+    ServerConfig,
+    SpeculationSettings,
+)
 
 _env_name = env_name  # `--ctx-size` -> `LLMSERVE_CTX_SIZE`
 # What `llmserve serve` imports that a client-only install (no [server] extra) lacks.
@@ -43,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"llmserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     d = ServerConfig()
+    spec, prefill, kv, shift = d.speculation, d.prefill, d.kv_cache, d.context_shift
     serve = sub.add_parser(
         "serve", help="run the gRPC server", formatter_class=_HelpFormatter
     )
@@ -79,16 +89,16 @@ def _parser() -> argparse.ArgumentParser:
           help="seconds before a connection is asked to go away, so clients rebalance (0: never)")
     f.add("--max-connection-age-grace", type=float, default=d.max_connection_age_grace_s,
           help="seconds the calls in flight then get before the connection closes")
-    f.add("--prefill-budget", type=int, default=d.prefill_budget,
+    f.add("--prefill-budget", type=int, default=prefill.prefill_budget,
           help="prompt tokens a step may carry while other sequences decode (0: paced by --prefill-max-slowdown)")
-    f.add("--prefill-max-slowdown", type=float, default=d.prefill_max_slowdown,
+    f.add("--prefill-max-slowdown", type=float, default=prefill.prefill_max_slowdown,
           help="paced prefill: a step carrying prompt chunks while others decode takes at most this many times "
                "a decode-only step (higher: long prompts finish sooner, streams stutter more)")
-    f.add("--spec-type", default=d.spec_type, help="speculative decoding: none or ngram-simple (n-gram drafts)")
-    f.add("--draft-max", type=int, default=d.draft_max, help="most draft tokens per sequence and step")
-    f.add("--draft-min", type=int, default=d.draft_min, help="fewest draft tokens worth verifying")
-    f.add("--spec-ngram-size-n", type=int, default=d.spec_ngram_size_n, help="tokens matched to find a draft")
-    f.add("--spec-max-rows", type=int, default=d.spec_max_rows,
+    f.add("--spec-type", default=spec.spec_type, help="speculative decoding: none or ngram-simple (n-gram drafts)")
+    f.add("--draft-max", type=int, default=spec.draft_max, help="most draft tokens per sequence and step")
+    f.add("--draft-min", type=int, default=spec.draft_min, help="fewest draft tokens worth verifying")
+    f.add("--spec-ngram-size-n", type=int, default=spec.spec_ngram_size_n, help="tokens matched to find a draft")
+    f.add("--spec-max-rows", type=int, default=spec.spec_max_rows,
           help="draft rows per step, all drafting sequences together (no drafts with more than 4 decoding)")
     f.add("--grammar-timeout", type=float, default=d.grammar_timeout_s, help="seconds to compile a grammar or schema")
     f.add("--grammar-max-mb", type=int, default=d.grammar_max_mb, help="memory a grammar or schema may take to compile")
@@ -100,13 +110,13 @@ def _parser() -> argparse.ArgumentParser:
     f.add("--tls-key", type=Path, help="server private key (PEM)")
     f.add("--tls-client-ca", type=Path, help="CA (PEM) for client certificates: requires mTLS")
     f.add("--api-key", help="require 'authorization: Bearer <key>' on every RPC but health")
-    f.add("-ctk", "--cache-type-k", default=d.cache_type_k, help=f"K cache type: {', '.join(CACHE_TYPES)}")
-    f.add("-ctv", "--cache-type-v", default=d.cache_type_v, help="V cache type (quantized V needs flash attention)")
-    f.add("-fa", "--flash-attn", default=d.flash_attn, help="flash attention: on, off or auto")
+    f.add("-ctk", "--cache-type-k", default=kv.cache_type_k, help=f"K cache type: {', '.join(CACHE_TYPES)}")
+    f.add("-ctv", "--cache-type-v", default=kv.cache_type_v, help="V cache type (quantized V needs flash attention)")
+    f.add("-fa", "--flash-attn", default=kv.flash_attn, help="flash attention: on, off or auto")
     f.switch("-kvu", "--kv-unified", help="one KV buffer shared by all slots (default: one stream per slot, "
              "so a prompt attends only to its own slot's cells)")
     f.switch("--context-shift", help="at a slot's context limit drop the oldest tokens (after --keep) and go on")
-    f.add("--keep", type=int, default=d.n_keep, help="tokens kept at the start on a context shift (BOS always kept)")
+    f.add("--keep", type=int, default=shift.keep, help="tokens kept at the start on a context shift (BOS always kept)")
     f.add("--session-dir", type=Path, help="save sessions with a session_id here, to restore them after a restart")
     f.add("--session-dir-max-bytes", type=int, default=d.session_dir_max_bytes, help="size cap of --session-dir (LRU)")
     f.add("--chat-template-file", type=Path, help="jinja2 chat template overriding the model's")
@@ -115,6 +125,15 @@ def _parser() -> argparse.ArgumentParser:
 
     add_commands(sub)
     return parser
+
+
+Settings = TypeVar("Settings")
+
+
+def _settings(kind: type[Settings], args: argparse.Namespace) -> Settings:
+    """A settings object (config.py) from the flags its fields are named after:
+    `--draft-max` -> `SpeculationSettings.draft_max`."""
+    return kind(**{field.name: getattr(args, field.name) for field in dataclasses.fields(kind)})
 
 
 def build_config(args: argparse.Namespace) -> ServerConfig:
@@ -146,13 +165,8 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         max_connection_age_grace_s=args.max_connection_age_grace,
         grammar_timeout_s=args.grammar_timeout,
         grammar_max_mb=args.grammar_max_mb,
-        prefill_budget=args.prefill_budget,
-        prefill_max_slowdown=args.prefill_max_slowdown,
-        spec_type=args.spec_type,
-        draft_max=args.draft_max,
-        draft_min=args.draft_min,
-        spec_ngram_size_n=args.spec_ngram_size_n,
-        spec_max_rows=args.spec_max_rows,
+        prefill=_settings(PrefillSettings, args),
+        speculation=_settings(SpeculationSettings, args),
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         otlp_traces_endpoint=args.otlp_traces_endpoint or None,
@@ -161,12 +175,8 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         tls_client_ca=args.tls_client_ca,
         api_key=args.api_key,
         chat_template_file=args.chat_template_file,
-        cache_type_k=args.cache_type_k,
-        cache_type_v=args.cache_type_v,
-        flash_attn=args.flash_attn,
-        kv_unified=args.kv_unified,
-        context_shift=args.context_shift,
-        n_keep=args.keep,
+        kv_cache=_settings(KVCacheSettings, args),
+        context_shift=_settings(ContextShiftSettings, args),
         session_dir=args.session_dir,
         session_dir_max_bytes=args.session_dir_max_bytes,
         verbose=args.verbose,

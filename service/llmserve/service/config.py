@@ -1,13 +1,11 @@
 """Server configuration: what `llmserve serve` was asked for, and what it derives.
 
-KV cache settings: cache data types, flash attention, and which combinations work.
-
-llama.cpp stores V transposed unless flash attention is on, and a transposed V
-cannot be quantized: a quantized V cache needs flash attention. With a quantized
-K or V cache llama.cpp applies a Walsh-Hadamard rotation to K/V (and Q) by itself
-when the head size is a multiple of 64 (`attn_rot_k`/`attn_rot_v` in
-src/llama-kv-cache.cpp; gemma-3-270m's head size is 256), unless the environment
-sets LLAMA_ATTN_ROT_DISABLE.
+Settings that travel below the transport come as one frozen object per concern
+(`SpeculationSettings`, `PrefillSettings`, `KVCacheSettings`, `ContextShiftSettings`).
+Each field is named after its flag (`--draft-max` -> `draft_max`); the CLI builds the
+object from those names and every layer hands it down unchanged to the code that
+reads it, so a new flag is its field here, its `add` line in cli.py, its consumer
+and its test.
 """
 
 from __future__ import annotations
@@ -29,27 +27,83 @@ CACHE_TYPES = {  # name -> ggml_type id (ggml.h)
 UNQUANTIZED = {"f32", "f16", "bf16"}
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 DEFAULT_PARALLEL = 4  # llama-server's auto value (with a unified KV cache)
+SPEC_TYPES = ("none", "ngram-simple")
 
 
-def check_kv_config(cache_type_k: str, cache_type_v: str, flash_attn: str) -> None:
-    """Raise ValueError for a combination llama.cpp cannot run."""
-    for flag, value in (("--cache-type-k", cache_type_k), ("--cache-type-v", cache_type_v)):
-        if value not in CACHE_TYPES:
-            raise ValueError(f"{flag} {value}: expected one of {', '.join(CACHE_TYPES)}")
-    if flash_attn not in FLASH_ATTN:
-        raise ValueError(f"--flash-attn {flash_attn}: expected on, off or auto")
-    if cache_type_v not in UNQUANTIZED and flash_attn == "off":
-        raise ValueError(
-            f"a quantized V cache (--cache-type-v {cache_type_v}) needs flash attention: "
-            "use --flash-attn on or auto, or an f16 V cache"
-        )
+@dataclass(frozen=True)
+class SpeculationSettings:
+    """Speculative decoding (engine/speculation.py): read by the executor (its row budget),
+    the DraftVerifier and each sequence's SeqSpeculation. llama-server's flag names."""
+
+    spec_type: str = "none"  # none | ngram-simple (docs/benchmarks.md: why off by default)
+    draft_max: int = 16  # most draft tokens per sequence and step
+    draft_min: int = 0  # a shorter draft is not worth its rows
+    spec_ngram_size_n: int = 3  # tokens matched to find a draft
+    spec_max_rows: int = 64  # draft rows one step may carry, all drafting sequences together (drafts while <= 4 decode)
+
+    @property
+    def enabled(self) -> bool:
+        return self.spec_type != "none" and self.draft_max > 0
+
+
+@dataclass(frozen=True)
+class PrefillSettings:
+    """How many prompt tokens a step carries while other sequences decode: read by the
+    executor, which gives the Scheduler a fixed budget or runs a PrefillPacer."""
+
+    prefill_budget: int = 0  # prompt tokens per step while sequences decode (0: paced, see PrefillPacer)
+    prefill_max_slowdown: float = 2.0  # paced: a step with prompt chunks may take this many decode-only steps
+
+
+@dataclass(frozen=True)
+class KVCacheSettings:
+    """The KV cache's layout and data types: read by the runner (the llama context), the
+    executor (`kv_unified`: how slots share streams) and the session store's fingerprint.
+
+    llama.cpp stores V transposed unless flash attention is on, and a transposed V
+    cannot be quantized: a quantized V cache needs flash attention. With a quantized
+    K or V cache llama.cpp applies a Walsh-Hadamard rotation to K/V (and Q) by itself
+    when the head size is a multiple of 64 (`attn_rot_k`/`attn_rot_v` in
+    src/llama-kv-cache.cpp; gemma-3-270m's head size is 256), unless the environment
+    sets LLAMA_ATTN_ROT_DISABLE."""
+
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    flash_attn: str = "auto"
+    kv_unified: bool = False  # one KV buffer for all slots (llama-server's -kvu); off: one stream per slot
+
+    def validate(self) -> None:
+        """Raise ValueError for a combination llama.cpp cannot run."""
+        for flag, value in (("--cache-type-k", self.cache_type_k), ("--cache-type-v", self.cache_type_v)):
+            if value not in CACHE_TYPES:
+                raise ValueError(f"{flag} {value}: expected one of {', '.join(CACHE_TYPES)}")
+        if self.flash_attn not in FLASH_ATTN:
+            raise ValueError(f"--flash-attn {self.flash_attn}: expected on, off or auto")
+        if self.cache_type_v not in UNQUANTIZED and self.flash_attn == "off":
+            raise ValueError(
+                f"a quantized V cache (--cache-type-v {self.cache_type_v}) needs flash attention: "
+                "use --flash-attn on or auto, or an f16 V cache"
+            )
+
+
+@dataclass(frozen=True)
+class ContextShiftSettings:
+    """What a sequence does at its slot's context limit: read by the engine (whether the
+    model can shift, the Limits it reports) and the executor's TokenPicker."""
+
+    context_shift: bool = False  # drop the oldest tokens (after `keep`) and go on; off: the turn ends
+    keep: int = 0  # tokens kept at the start on a shift (BOS always kept)
+
+    @property
+    def shift_keep(self) -> int | None:
+        """`keep` when shifting is on; None: no shifting (what the TokenPicker takes)."""
+        return self.keep if self.context_shift else None
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     model_path: Path | None = None  # None: the default PyPI model
     n_ctx: int = 8192  # total KV cells: n_ctx / n_parallel per slot
-    kv_unified: bool = False  # one KV buffer for all slots (llama-server's -kvu); off: one stream per slot
     n_parallel: int = 4
     n_parallel_auto: bool = False  # -np was not given: llama-server's auto value
     n_batch: int = 2048
@@ -75,13 +129,8 @@ class ServerConfig:
     max_connection_age_grace_s: float = 600.0  # calls in flight then have this long to finish
     grammar_timeout_s: float = 5.0  # compile budget of a grammar / JSON schema (in the grammar worker)
     grammar_max_mb: int = 512
-    prefill_budget: int = 0  # prompt tokens per step while sequences decode (0: paced, see PrefillPacer)
-    prefill_max_slowdown: float = 2.0  # paced: a step with prompt chunks may take this many decode-only steps
-    spec_type: str = "none"  # speculative decoding: none | ngram-simple (docs/benchmarks.md: why off)
-    draft_max: int = 16
-    draft_min: int = 0
-    spec_ngram_size_n: int = 3
-    spec_max_rows: int = 64  # draft rows per step, all drafting sequences together (drafts while <= 4 decode)
+    prefill: PrefillSettings = PrefillSettings()
+    speculation: SpeculationSettings = SpeculationSettings()
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     otlp_traces_endpoint: str | None = None  # OpenTelemetry traces over OTLP/gRPC; None: tracing off
@@ -90,11 +139,8 @@ class ServerConfig:
     tls_client_ca: Path | None = None
     api_key: str | None = None
     chat_template_file: Path | None = None
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
-    flash_attn: str = "auto"
-    context_shift: bool = False
-    n_keep: int = 0
+    kv_cache: KVCacheSettings = KVCacheSettings()
+    context_shift: ContextShiftSettings = ContextShiftSettings()
     session_dir: Path | None = None
     session_dir_max_bytes: int = 1 << 30
     verbose: bool = False
@@ -122,11 +168,12 @@ class ServerConfig:
             raise ValueError("--threads must be at least 1")
         if self.first_message_timeout_s <= 0 or self.grammar_timeout_s <= 0 or self.grammar_max_mb < 16:
             raise ValueError("--first-message-timeout and --grammar-timeout must be positive, --grammar-max-mb >= 16")
-        if self.spec_type not in ("none", "ngram-simple"):
-            raise ValueError(f"--spec-type {self.spec_type}: expected none or ngram-simple")
-        if self.draft_max < 0 or self.draft_min < 0 or self.spec_ngram_size_n < 1 or self.prefill_budget < 0:
+        spec, prefill = self.speculation, self.prefill
+        if spec.spec_type not in SPEC_TYPES:
+            raise ValueError(f"--spec-type {spec.spec_type}: expected none or ngram-simple")
+        if spec.draft_max < 0 or spec.draft_min < 0 or spec.spec_ngram_size_n < 1 or prefill.prefill_budget < 0:
             raise ValueError("--draft-max, --draft-min, --prefill-budget must be >= 0, --spec-ngram-size-n >= 1")
-        if self.prefill_max_slowdown < 1:
+        if prefill.prefill_max_slowdown < 1:
             raise ValueError("--prefill-max-slowdown must be >= 1")
         if self.watchdog_timeout_s < 0 or self.reader_timeout_s < 0:
             raise ValueError("--watchdog-timeout and --reader-timeout must be >= 0")
@@ -148,6 +195,6 @@ class ServerConfig:
                 raise ValueError(f"{flag} {path}: no such file")
         if self.embedding_model_path is not None and not self.embeddings:
             raise ValueError("--embedding-model serves Embed: it needs embeddings on")
-        check_kv_config(self.cache_type_k, self.cache_type_v, self.flash_attn)
-        if self.n_keep < 0 or self.n_keep >= self.n_ctx_per_slot // 2:
+        self.kv_cache.validate()
+        if self.context_shift.keep < 0 or self.context_shift.keep >= self.n_ctx_per_slot // 2:
             raise ValueError(f"--keep must be in [0, {self.n_ctx_per_slot // 2}) (half a slot's context)")

@@ -10,21 +10,21 @@ rows from the KV before anything else can release the slot. Executor thread only
 
 from __future__ import annotations
 
+from ..config import SpeculationSettings
 from ..metrics import Metrics
 from .generation_step import ReadyRow
 from .runner_api import Runner
 from .scheduler import SeqDemand
 from .session import Session
-from .speculation import SpecConfig
 from .token_picker import TokenPicker
 from .turn import TurnFinish
 
 
 class DraftVerifier:
-    def __init__(self, runner: Runner, picker: TokenPicker, config: SpecConfig, metrics: Metrics) -> None:
+    def __init__(self, runner: Runner, picker: TokenPicker, settings: SpeculationSettings, metrics: Metrics) -> None:
         self.runner = runner
         self.picker = picker
-        self.config = config
+        self.settings = settings  # each sequence's SeqSpeculation drafts by these
         self.metrics = metrics
 
     def propose(self, s: Session) -> int:

@@ -37,7 +37,6 @@ from .offload import Overloaded as Overloaded  # the facade's errors, for the tr
 from .session_file import StorageFault as StorageFault
 from .session_handle import SessionHandle
 from .session_store import SessionStore, model_fingerprint
-from .speculation import SpecConfig
 from .startup import chat_template, log_loaded
 
 log = structlog.get_logger("llmserve.engine")
@@ -69,20 +68,19 @@ class Engine:
                 embeddings=config.embeddings,
                 embedding_model_path=config.embedding_model_path,
                 verbose=config.verbose,
-                cache_type_k=config.cache_type_k,
-                cache_type_v=config.cache_type_v,
-                flash_attn=config.flash_attn,
-                kv_unified=config.kv_unified,
+                kv_cache=config.kv_cache,
             )
         )
         self.meta = runner.meta
-        self.limits = Limits(n_vocab=runner.n_vocab, n_ctx_per_slot=config.n_ctx_per_slot, context_shift=config.context_shift)
+        shifts = config.context_shift.context_shift
+        self.limits = Limits(n_vocab=runner.n_vocab, n_ctx_per_slot=config.n_ctx_per_slot, context_shift=shifts)
         self.chat_template = chat_template(config, runner.tokenizer, self.meta)
-        if config.context_shift and not runner.can_shift:
+        if shifts and not runner.can_shift:
             raise RuntimeError("--context-shift: this model's memory cannot shift positions")
         self._store: SessionStore | None = None
         if config.session_dir is not None:
-            fingerprint = model_fingerprint(model_path, self.meta, config.cache_type_k, config.cache_type_v)
+            kv = config.kv_cache
+            fingerprint = model_fingerprint(model_path, self.meta, kv.cache_type_k, kv.cache_type_v)
             self._store = SessionStore(
                 config.session_dir, config.session_dir_max_bytes, fingerprint, metrics or Metrics(),
                 config.n_ctx_per_slot, runner.n_vocab,
@@ -93,18 +91,11 @@ class Engine:
             n_batch=config.n_batch_effective,
             n_ubatch=config.n_ubatch,
             max_embed_seqs=runner.config.max_embed_seqs,
-            shift_keep=config.n_keep if config.context_shift else None,
-            prefill_budget=config.prefill_budget or None,
-            prefill_max_slowdown=config.prefill_max_slowdown,
             reader_timeout_s=config.reader_timeout_s or None,
-            kv_unified=config.kv_unified,
-            spec=SpecConfig(
-                spec_type=config.spec_type,
-                draft_max=config.draft_max,
-                draft_min=config.draft_min,
-                ngram_size=config.spec_ngram_size_n,
-                max_rows=config.spec_max_rows,
-            ),
+            prefill=config.prefill,
+            speculation=config.speculation,
+            kv_cache=config.kv_cache,
+            context_shift=config.context_shift,
         )
         self._executor = Executor(runner, executor_config, metrics, self._store)
         embedder = runner.embedder  # None without embeddings

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import structlog
 
+from ..config import ContextShiftSettings, KVCacheSettings, PrefillSettings, SpeculationSettings
 from ..domain.events import EmbedResult, EventSink, SessionFailed
 from ..domain.requests import EmbedInput, SessionParams
 from ..domain.snapshots import ExecutorSnapshot, SavedSession, SlotSnapshot
@@ -34,7 +35,6 @@ from .scheduler import PrefillPacer, Scheduler, StepPlan
 from .session_store import SessionStore
 from .session_table import SessionTable
 from .slot_kv import SlotKV
-from .speculation import SpecConfig
 from .token_picker import TokenPicker
 
 log = structlog.get_logger("llmserve.executor")
@@ -47,17 +47,19 @@ class InjectedFault(BaseException):
 
 @dataclass(frozen=True)
 class ExecutorConfig:
+    """The executor's shape (derived by the Engine from the ServerConfig) and the settings
+    objects it hands, as they are, to the parts that read them (config.py)."""
+
     n_parallel: int
     n_ctx_per_slot: int
     n_batch: int
     n_ubatch: int
     max_embed_seqs: int = 64
-    shift_keep: int | None = None  # tokens kept at the start on a context shift; None: no shifting
-    prefill_budget: int | None = None  # prompt tokens per step while others decode; None: paced (PrefillPacer)
-    prefill_max_slowdown: float = 2.0  # paced: a step with prompt chunks takes at most this many decode-only steps
     reader_timeout_s: float | None = None  # a paused stream whose client reads nothing this long ends; None: never
-    spec: SpecConfig = SpecConfig()  # speculative decoding (off by default here)
-    kv_unified: bool = False  # False: one KV stream per slot (the allocator keeps busy slots together)
+    prefill: PrefillSettings = PrefillSettings()
+    speculation: SpeculationSettings = SpeculationSettings()  # off by default
+    kv_cache: KVCacheSettings = KVCacheSettings()  # kv_unified off: one KV stream per slot
+    context_shift: ContextShiftSettings = ContextShiftSettings()  # off by default
 
 
 class Executor:
@@ -70,19 +72,20 @@ class Executor:
         self.config = config
         self.profile = StepProfile()
         self._keys = itertools.count(1)
-        allocator = SlotAllocator(config.n_parallel, config.n_ctx_per_slot, keep_busy_together=not config.kv_unified)
+        per_slot_streams = not config.kv_cache.kv_unified
+        allocator = SlotAllocator(config.n_parallel, config.n_ctx_per_slot, keep_busy_together=per_slot_streams)
         kv = SlotKV(runner, allocator)
-        picker = TokenPicker(runner, kv, self.metrics, self.profile, config.shift_keep)
-        verifier = DraftVerifier(runner, picker, config.spec, self.metrics) if config.spec.enabled else None
+        picker = TokenPicker(runner, kv, self.metrics, self.profile, config.context_shift.shift_keep)
+        spec = config.speculation
+        verifier = DraftVerifier(runner, picker, spec, self.metrics) if spec.enabled else None
         self.table = SessionTable(runner, allocator, kv, picker, self._keys, store, verifier)
-        per_slot_streams = not config.kv_unified
         self.generation = GenerationStep(runner, kv, self.profile, order_by_seq_id=per_slot_streams)
-        max_draft_rows = config.spec.max_rows if config.spec.enabled else 0
+        max_draft_rows = spec.spec_max_rows if spec.enabled else 0
+        fixed_budget = config.prefill.prefill_budget or None  # 0: paced, a budget per step from the PrefillPacer
         self.scheduler = Scheduler(
-            config.n_batch, config.n_ubatch, config.max_embed_seqs, config.prefill_budget, max_draft_rows,
-            per_slot_streams,
+            config.n_batch, config.n_ubatch, config.max_embed_seqs, fixed_budget, max_draft_rows, per_slot_streams,
         )
-        self.pacer = PrefillPacer(config.prefill_max_slowdown) if config.prefill_budget is None else None
+        self.pacer = PrefillPacer(config.prefill.prefill_max_slowdown) if fixed_budget is None else None
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._embeds: deque[tuple[EmbedInput, EventSink]] = deque()
         self._num_steps = 0

@@ -1,6 +1,6 @@
 """Speculative decoding with n-gram drafts (prompt-lookup decoding), per sequence.
 
-A generating sequence whose last `ngram_size` tokens (its sampled next token
+A generating sequence whose last `spec_ngram_size_n` tokens (its sampled next token
 included) occurred earlier in its own prompt or output proposes the tokens that
 followed them as a draft. The draft rides the same `llama_decode` as every other
 sequence's rows (`GenerationStep`), each draft row with logits; the session table
@@ -22,24 +22,11 @@ verify rows cost real compute. Pure Python; executor thread only.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-SPEC_TYPES = ("none", "ngram-simple")
+from ..config import SpeculationSettings
 
-
-@dataclass(frozen=True)
-class SpecConfig:
-    spec_type: str = "none"
-    draft_max: int = 16  # llama-server: --draft-max
-    draft_min: int = 0  # a shorter draft is not worth its rows
-    ngram_size: int = 3  # tokens matched to find a draft (--spec-ngram-size-n)
-    max_rows: int = 64  # draft rows one step may carry, all sequences together
-    max_misses: int = 3
-    rest_tokens: int = 32
-
-    @property
-    def enabled(self) -> bool:
-        return self.spec_type != "none" and self.draft_max > 0
+MAX_MISSES = 3  # drafts in a row with nothing accepted before a sequence rests
+REST_TOKENS = 32  # tokens it then generates without drafting
 
 
 class NgramIndex:
@@ -99,10 +86,14 @@ class NgramIndex:
 class SeqSpeculation:
     """One sequence's drafting state."""
 
-    def __init__(self, config: SpecConfig) -> None:
-        self.config = config
-        self.index = NgramIndex(config.ngram_size)
-        self.max_len = config.draft_max
+    def __init__(
+        self, settings: SpeculationSettings, max_misses: int = MAX_MISSES, rest_tokens: int = REST_TOKENS
+    ) -> None:
+        self.settings = settings
+        self.max_misses = max_misses
+        self.rest_tokens = rest_tokens
+        self.index = NgramIndex(settings.spec_ngram_size_n)
+        self.max_len = settings.draft_max
         self.misses = 0
         self.rest = 0
         # Moving average of how well drafts do (accepted / drafted; for a draft proposed but
@@ -116,20 +107,20 @@ class SeqSpeculation:
             return []
         self.index.sync(history)
         draft = self.index.draft(last, min(self.max_len, room))
-        return draft if len(draft) >= max(self.config.draft_min, 1) else []
+        return draft if len(draft) >= max(self.settings.draft_min, 1) else []
 
     def record_shadow(self, hit: bool) -> None:
         """A draft proposed but not verified: did its first token match the sampled one?"""
         self.acceptance = 0.8 * self.acceptance + 0.2 * float(hit)
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
-        c = self.config
+        draft_max = self.settings.draft_max
         if num_drafted:
             self.acceptance = 0.7 * self.acceptance + 0.3 * num_accepted / num_drafted
         if num_accepted == num_drafted:
-            self.max_len = min(self.max_len * 2, c.draft_max)
+            self.max_len = min(self.max_len * 2, draft_max)
         else:
             self.max_len = max(num_accepted + 1, 1)
         self.misses = self.misses + 1 if num_accepted == 0 else 0
-        if self.misses >= c.max_misses:
-            self.misses, self.rest, self.max_len = 0, c.rest_tokens, c.draft_max
+        if self.misses >= self.max_misses:
+            self.misses, self.rest, self.max_len = 0, self.rest_tokens, draft_max

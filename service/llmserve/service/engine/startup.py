@@ -44,12 +44,12 @@ def log_loaded(config: ServerConfig, meta: ModelMeta, embedder: Embedder | None)
         n_ubatch=config.n_ubatch,
         n_threads=config.n_threads,
         embeddings=config.embeddings,
-        cache_type_k=config.cache_type_k,
-        cache_type_v=config.cache_type_v,
-        flash_attn=config.flash_attn,
-        kv_unified=config.kv_unified,
+        cache_type_k=config.kv_cache.cache_type_k,
+        cache_type_v=config.kv_cache.cache_type_v,
+        flash_attn=config.kv_cache.flash_attn,
+        kv_unified=config.kv_cache.kv_unified,
         swa_full=True,
-        context_shift=config.context_shift,
+        context_shift=config.context_shift.context_shift,
         n_parallel_auto=config.n_parallel_auto,
     )
     if embedder is not None:

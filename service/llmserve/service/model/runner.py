@@ -17,7 +17,7 @@ import llama_cpp
 import numpy as np
 import structlog
 
-from ..config import CACHE_TYPES, FLASH_ATTN
+from ..config import CACHE_TYPES, FLASH_ATTN, KVCacheSettings
 from ..domain.errors import GrammarError
 from ..domain.requests import SamplingParams
 from .batch import BatchBuffer
@@ -61,10 +61,7 @@ class RunnerConfig:
     embedding_model_path: Path | None = None  # None: the generative model's hidden states
     max_embed_seqs: int = 64
     verbose: bool = False
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
-    flash_attn: str = "auto"
-    kv_unified: bool = False  # False: one KV stream per slot (llama-server without -kvu)
+    kv_cache: KVCacheSettings = KVCacheSettings()  # kv_unified off: one KV stream per slot (llama-server without -kvu)
 
 
 class LlamaRunner:
@@ -79,9 +76,10 @@ class LlamaRunner:
         self.ctx = llama_cpp.llama_init_from_model(self.model, self._context_params())
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
+            kv = config.kv_cache
             raise RuntimeError(
-                f"llama.cpp could not create the context (cache types K={config.cache_type_k} "
-                f"V={config.cache_type_v}, flash attention {config.flash_attn}); see its log above"
+                f"llama.cpp could not create the context (cache types K={kv.cache_type_k} "
+                f"V={kv.cache_type_v}, flash attention {kv.flash_attn}); see its log above"
             )
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.batch = BatchBuffer(config.n_batch)
@@ -95,7 +93,7 @@ class LlamaRunner:
         return Embedder(self.tokenizer, self.meta, c.n_ubatch, c.max_embed_seqs, c.n_threads)
 
     def _context_params(self) -> llama_cpp.llama_context_params:
-        c = self.config
+        c, kv = self.config, self.config.kv_cache
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = c.n_ctx
         params.n_batch = c.n_batch
@@ -108,14 +106,14 @@ class LlamaRunner:
         # cache makes every ubatch span the cells of every slot's cached prefix (masked), so
         # prefill slowed as the prefix caches filled. Per-slot streams split batches into
         # ubatches of consecutive sequence ids (the step orders its rows by sequence id).
-        params.kv_unified = c.kv_unified
+        params.kv_unified = kv.kv_unified
         # Full-size SWA cache: trimming a cached prefix (seq_rm) stays exact for
         # sliding-window models such as gemma 3.
         params.swa_full = True
         params.no_perf = True
-        params.type_k = CACHE_TYPES[c.cache_type_k]
-        params.type_v = CACHE_TYPES[c.cache_type_v]
-        params.flash_attn_type = FLASH_ATTN[c.flash_attn]
+        params.type_k = CACHE_TYPES[kv.cache_type_k]
+        params.type_v = CACHE_TYPES[kv.cache_type_v]
+        params.flash_attn_type = FLASH_ATTN[kv.flash_attn]
         return params
 
     # ------------------------------------------------------------- decoding
