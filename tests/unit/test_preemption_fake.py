@@ -61,7 +61,7 @@ def reference(prompt: tuple[int, ...]) -> tuple[list[int], list[int]]:
     key = executor.open_session(params(), sink)
     executor.add_input(key, prompt, True)
     run_until(executor, turn_ends(sink))
-    return sink.token_ids(), list(executor.table.sessions[key].sampler.history)  # type: ignore[union-attr]
+    return sink.token_ids(), list(executor.table.sessions[key].main.sampler.history)  # type: ignore[union-attr]
 
 
 PROMPT_A = (BOS, 5, 6, 7)
@@ -80,7 +80,7 @@ def test_a_paused_stream_gives_its_slot_to_a_waiting_caller_and_then_finishes_it
     executor.add_input(waiter_key, (BOS, 30, 31), True)
     run_until(executor, turn_ends(waiter), max_steps=50)
     assert waiter.of(TurnEndEvent)[0].finish_reason == FinishReason.LENGTH
-    assert executor.table.sessions[slow_key].slot is None  # gave up its slot
+    assert executor.table.sessions[slow_key].main.slot is None  # gave up its slot
     assert executor.table.admission.num_preempted == 1
     executor.close(waiter_key)
     steps(executor, 5)
@@ -89,7 +89,7 @@ def test_a_paused_stream_gives_its_slot_to_a_waiting_caller_and_then_finishes_it
     run_until(executor, turn_ends(slow))
     ids, history = reference(PROMPT_A)
     assert slow.token_ids() == ids
-    assert executor.table.sessions[slow_key].sampler.history == history  # type: ignore[union-attr]
+    assert executor.table.sessions[slow_key].main.sampler.history == history  # type: ignore[union-attr]
     end = slow.of(TurnEndEvent)[0]
     assert end.completion_tokens == 24 and end.prompt_tokens == len(PROMPT_A)
     assert_kv_mirrors_slots(executor, runner)
@@ -106,7 +106,7 @@ def test_without_waiters_a_paused_stream_keeps_its_slot() -> None:
     other_key = executor.open_session(params(max_tokens=4), other)
     executor.add_input(other_key, (BOS, 30), True)
     run_until(executor, turn_ends(other))  # a slot was idle: nobody had to give one up
-    assert executor.table.sessions[key].slot is not None
+    assert executor.table.sessions[key].main.slot is not None
     assert executor.table.admission.num_preempted == 0
 
 
@@ -250,7 +250,7 @@ def test_a_stream_idle_between_turns_keeps_its_slot_for_the_grace() -> None:
     waiter_key = executor.open_session(params(max_tokens=2), waiter)
     executor.add_input(waiter_key, (BOS, 40), True)
     steps(executor, 5)
-    assert executor.table.sessions[key].slot is not None  # its next turn may be on its way
+    assert executor.table.sessions[key].main.slot is not None  # its next turn may be on its way
     assert executor.table.admission.idle_timeout(0.02) == 0.05  # the idle loop comes back to look
     time.sleep(0.25)
     run_until(executor, turn_ends(waiter))

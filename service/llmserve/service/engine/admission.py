@@ -12,7 +12,9 @@ else prefills it again. Its sampler already saw that history, so nothing is fed 
 twice. A stream that reads nothing for `reader_timeout_s` ends DEADLINE_EXCEEDED,
 naming the flag.
 
-Sessions with n > 1 (forked samples, reserved slots) are not preempted. Executor thread only.
+Admission works on sessions (`session.py`); the slot, input and turn it reads or moves are
+their main sample's. Sessions with n > 1 (forked samples, reserved slots) are not
+preempted. Executor thread only.
 """
 
 from __future__ import annotations
@@ -35,16 +37,17 @@ IDLE_GRACE_S = 1.0
 
 
 def _holds_one_slot(s: Session) -> bool:
-    return s.slot is not None and s.parent is None and not s.children and not s.reserved and s.ready_logits is None
+    main = s.main
+    return main.slot is not None and len(s.samples) == 1 and not s.reserved and main.ready_logits is None
 
 
 def _last_active(s: Session) -> float:
-    return max(s.t_last_token, s.t_slot)
+    return max(s.main.t_last_token, s.main.t_slot)
 
 
 def _idle(s: Session) -> bool:
     """Between turns with nothing to prefill: the client holds the stream open."""
-    return s.turn is None and s.samples_open == 0 and not s.later and s.num_prefill_ready == 0
+    return s.main.turn is None and s.samples_open == 0 and not s.later and s.main.num_prefill_ready == 0
 
 
 class Admission:
@@ -65,7 +68,7 @@ class Admission:
         restored session the input it received while waiting. True if a session got a slot."""
         admitted = False
         for session in sorted(self.waiting, key=lambda s: (-s.params.priority, s.key)):
-            if session.paused or (session.restore is None and not session.pending):
+            if session.paused or (session.restore is None and not session.main.pending):
                 continue  # nothing to run, or nobody reads it
             need = session.params.num_samples
             if self.allocator.num_idle < need and not self._preempt_for(need):
@@ -74,13 +77,13 @@ class Admission:
             if session.restore is not None:
                 saved, session.restore = session.restore, None
                 slot, loaded = self.kv.restore(saved)
-                session.resume(slot, saved, loaded)
+                session.main.resume(slot, saved, loaded)
                 accept_later(session)  # a chat rendering now matches against the restored KV
                 continue
             if session.preempted_history is not None:
                 self._reattach(session)
             else:
-                session.attach(self.allocator.allocate(session.pending), self.allocator.reusable)
+                session.main.attach(self.allocator.allocate(session.main.pending), self.allocator.reusable)
                 session.reserved = [self.allocator.allocate(()) for _ in range(need - 1)]
             admitted = True
         return admitted
@@ -99,7 +102,8 @@ class Admission:
             self._preempt(victim)
         return self.allocator.num_idle >= need
 
-    def _preempt(self, s: Session) -> None:
+    def _preempt(self, session: Session) -> None:
+        s = session.main
         slot = s.slot
         assert slot is not None
         history = slot.tokens[: slot.num_confirmed]
@@ -116,19 +120,20 @@ class Admission:
             slot.shifted = False
         self.allocator.free(slot)
         s.slot = None
-        s.preempted_history = len(history)
-        self.waiting.append(s)
+        session.preempted_history = len(history)
+        self.waiting.append(session)
         self.num_preempted += 1
-        self.metrics.preemptions.labels("paused" if s.paused else "idle").inc()
+        self.metrics.preemptions.labels("paused" if session.paused else "idle").inc()
         log.info("session_preempted", request_id=s.params.request_id, num_tokens=len(history), generating=bool(sampled),
-                 reason="its client stopped reading" if s.paused else "idle between turns")
+                 reason="its client stopped reading" if session.paused else "idle between turns")
 
-    def _reattach(self, s: Session) -> None:
+    def _reattach(self, session: Session) -> None:
         """A preempted session gets a slot: reuse what it caches of the history, keep at
         least one token to decode for the logits the turn samples from next."""
+        s = session.main
         slot = self.allocator.allocate(s.pending)
         s.slot = slot
-        s.preempted_history = None
+        session.preempted_history = None
         matched = slot.match(s.pending[:-1])
         del s.pending[:matched]
         s.num_accepted_ahead = max(0, s.num_accepted_ahead - matched)
@@ -142,7 +147,7 @@ class Admission:
         """End streams whose client has read nothing for `reader_timeout_s` (None: never)
         while events waited for it; `fail(session, status, message)` ends one."""
         now = time.monotonic()
-        for s in [s for s in self.sessions.values() if s.parent is None]:
+        for s in list(self.sessions.values()):
             if not s.paused:
                 s.t_paused = None
             elif s.t_paused is None:

@@ -1,6 +1,6 @@
 """Drafting and verifying speculative tokens for one sequence (see speculation.py).
 
-`propose` fills `session.draft` before a step (`SessionTable.propose_drafts`);
+`propose` fills `Sample.draft` before a step (`SessionTable.propose_drafts`);
 `demand` reads it; after the step `verify` samples the
 decode row and each granted draft row in order with the sequence's sampler, through the
 same `TokenPicker` as any token (stop rules, logprobs, grammar), keeps the draft
@@ -14,8 +14,8 @@ from ..config import SpeculationSettings
 from ..metrics import Metrics
 from .generation_step import ReadyRow
 from .runner_api import Runner
+from .sample import Sample
 from .scheduler import SeqDemand
-from .session import Session
 from .token_picker import TokenPicker
 from .turn import TurnFinish
 
@@ -27,7 +27,7 @@ class DraftVerifier:
         self.settings = settings  # each sequence's SeqSpeculation drafts by these
         self.metrics = metrics
 
-    def propose(self, s: Session) -> int:
+    def propose(self, s: Sample) -> int:
         """Set `s.draft` for the coming step; returns its length."""
         s.draft = []
         if s.speculation is None or s.next_token is None or s.slot is None or s.turn is None:
@@ -41,7 +41,7 @@ class DraftVerifier:
         s.draft = s.speculation.propose(s.slot.tokens, s.next_token, room)
         return len(s.draft)
 
-    def demand(self, s: Session) -> SeqDemand:
+    def demand(self, s: Sample) -> SeqDemand:
         """A generating sequence's row demand, with the draft `propose` made for it. It is
         window-at-risk when long enough that its sliding window reaches back past cells a
         split draft could free (see scheduler._drafts_kept_whole)."""
@@ -53,7 +53,7 @@ class DraftVerifier:
         return SeqDemand(s.key, True, 0, num_draft, s.slot.seq_id, at_risk, acceptance)
 
     def verify(self, ready: ReadyRow) -> TurnFinish | None:
-        s = ready.session
+        s = ready.sample
         assert ready.row is not None and s.slot is not None and s.turn is not None
         if not ready.draft:  # proposed but not granted this step: score the proposal for free
             proposed = s.draft[0]

@@ -218,7 +218,7 @@ class Executor:
         if plan.is_embedding:
             self._run_embeddings(plan.num_embed)
         else:
-            output = self.generation.run(plan, table.sessions)  # fill, decode, collect
+            output = self.generation.run(plan, table.samples)  # fill, decode, collect
             table.postprocess(output)  # record what entered the KV, sample, end turns
         self._account(plan, embed_sizes, start)
         return True

@@ -20,8 +20,8 @@ import numpy as np
 import structlog
 
 from .runner_api import Runner
+from .sample import Sample
 from .scheduler import StepPlan
-from .session import Session
 from .slot_kv import SlotKV
 
 log = structlog.get_logger("llmserve.step")
@@ -57,7 +57,7 @@ class StepProfile:
 class BatchEntry:
     """One sequence's rows in the step's batch."""
 
-    session: Session
+    sample: Sample
     tokens: list[int]  # what enters the KV: the decode token, or a prompt chunk
     first: int  # the batch row of tokens[0]
     sample_row: int | None  # the row its next token is sampled from (None: none this step)
@@ -69,7 +69,7 @@ class BatchEntry:
 class ReadyRow:
     """A sequence whose next token can be sampled from `logits`."""
 
-    session: Session
+    sample: Sample
     logits: np.ndarray
     row: int | None  # the batch row of the last decode; None: saved logits
     turn_start: bool  # the turn's prompt just ended: a turn with n > 1 forks here
@@ -83,13 +83,13 @@ class StepOutput:
     error: str = ""  # the decode failed: every entry's sequence is to be dropped
 
 
-def _by_seq_id(rows: list[tuple[int, int]], sessions: dict[int, Session]) -> list[tuple[int, int]]:
+def _by_seq_id(rows: list[tuple[int, int]], samples: dict[int, Sample]) -> list[tuple[int, int]]:
     """(key, prompt tokens; 0 for a decode row) in sequence-id order.
 
     With one KV stream per slot llama.cpp splits a batch into ubatches of sequences whose
     ids follow one another (`split_equal`, sequential): in id order the decode rows of
     neighbouring slots share one ubatch instead of one ubatch each."""
-    return sorted(rows, key=lambda row: sessions[row[0]].slot.seq_id)  # type: ignore[union-attr]
+    return sorted(rows, key=lambda row: samples[row[0]].slot.seq_id)  # type: ignore[union-attr]
 
 
 class GenerationStep:
@@ -101,9 +101,9 @@ class GenerationStep:
         self.profile = profile
         self.order_by_seq_id = order_by_seq_id
 
-    def run(self, plan: StepPlan, sessions: dict[int, Session]) -> StepOutput:
+    def run(self, plan: StepPlan, samples: dict[int, Sample]) -> StepOutput:
         t0 = time.perf_counter()
-        entries = self._fill(plan, sessions)
+        entries = self._fill(plan, samples)
         t1 = time.perf_counter()
         status = self.runner.decode()
         t2 = time.perf_counter()
@@ -118,16 +118,16 @@ class GenerationStep:
             return StepOutput(tuple(entries), error=f"llama_decode failed with status {status}")
         return StepOutput(tuple(entries), self._collect(entries))
 
-    def _fill(self, plan: StepPlan, sessions: dict[int, Session]) -> list[BatchEntry]:
+    def _fill(self, plan: StepPlan, samples: dict[int, Sample]) -> list[BatchEntry]:
         batch = self.runner.batch
         batch.clear()
         entries: list[BatchEntry] = []
         granted = dict(plan.drafts)
         rows = [(key, 0) for key in plan.decode] + list(plan.prefill)
         if self.order_by_seq_id:
-            rows = _by_seq_id(rows, sessions)
+            rows = _by_seq_id(rows, samples)
         for key, n in rows:
-            s = sessions[key]
+            s = samples[key]
             assert s.slot is not None
             if n == 0:  # a decode row and its drafts
                 assert s.next_token is not None
@@ -151,7 +151,7 @@ class GenerationStep:
     def _collect(self, entries: list[BatchEntry]) -> tuple[ReadyRow, ...]:
         """The rows to sample: each decode row (with its drafts), and each prompt that ended."""
         return tuple(
-            ReadyRow(e.session, self.runner.logits_row(e.sample_row), e.sample_row, not e.is_decode, e.draft)
+            ReadyRow(e.sample, self.runner.logits_row(e.sample_row), e.sample_row, not e.is_decode, e.draft)
             for e in entries
             if e.sample_row is not None
         )

@@ -5,13 +5,13 @@ from __future__ import annotations
 from ..domain.events import PromptLogprobsEvent, TokenLogprob
 from .logprobs import log_softmax, token_logprob
 from .runner_api import Runner
-from .session import Session
+from .sample import Sample
 
 
-def score_prompt_chunk(runner: Runner, s: Session, tokens: list[int], first: int, num_seen: int = 0) -> None:
+def score_prompt_chunk(runner: Runner, s: Sample, tokens: list[int], first: int, num_seen: int = 0) -> None:
     """Score the chunk that entered the KV in batch rows `first`..; the first `num_seen`
     were scored when they first entered the KV (this is a recompute of them). The last
-    row is kept on the session to score the next chunk's first token."""
+    row is kept on the sample to score the next chunk's first token."""
     scored: list[TokenLogprob] = []
     previous = s.prompt_logits
     top_n = s.params.output.top_logprobs or 0

@@ -1,8 +1,9 @@
 """The executor's table of Generate sessions: their lifecycle from open to release.
 
 Opening, input and turn ends, cancels, closes, admission to slots (priority, then FIFO), deadlines, forking
-a turn into n samples, applying each step's output (recording what entered the KV, sampling the ready rows,
-ending turns), saving/restoring named sessions. Executor thread only."""
+a turn into n samples (`Session.fork_samples`), applying each step's output (recording what entered the KV,
+sampling the ready rows, ending turns), saving/restoring named sessions. `sessions` holds the streams by key,
+`samples` every sample by its key (what plans and steps address). Executor thread only."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from .draft_verifier import DraftVerifier
 from .generation_step import StepOutput
 from .prompt_logprobs import score_prompt_chunk
 from .runner_api import Runner, TokenSampler
+from .sample import Sample
 from .scheduler import SeqDemand
 from .session import Session
 from .session_store import SessionStore
@@ -47,6 +49,7 @@ class SessionTable:
         self.picker = picker
         self.keys = keys
         self.sessions: dict[int, Session] = {}
+        self.samples: dict[int, Sample] = {}  # every session's samples: the main one has the session's key
         self.waiting: deque[Session] = deque()
         self.admission = Admission(allocator, kv, self.sessions, self.waiting, picker.metrics)
         self._eog = tuple(runner.meta.eog_token_ids)
@@ -61,12 +64,12 @@ class SessionTable:
         if session is None:
             return
         if isinstance(command, AddInput):  # waits for the running turn, or for a saved session's KV
-            if session.turn is not None or session.samples_open or session.restore is not None:
+            if session.main.turn is not None or session.samples_open or session.restore is not None:
                 session.later.append((command.tokens, command.end_of_turn, command.replace))
             else:
                 self._accept_input(session, command.tokens, command.end_of_turn, command.replace)
         elif isinstance(command, Cancel):
-            for sample in (*session.children, session):
+            for sample in (*session.samples[1:], session.main):
                 if sample.turn is not None:
                     self._finish(sample, TurnFinish(FinishReason.CANCELLED, sample.next_token))
         elif isinstance(command, Close):
@@ -76,9 +79,9 @@ class SessionTable:
         params = command.params
         session = Session(command.key, params, command.sink, self.n_ctx_per_slot, command.deadline)
         session.grammar = command.grammar
-        session.speculation = self._speculation()
+        session.main.speculation = self._speculation()
         try:
-            session.sampler = self._sampler(params.sampling, params.stopping.ignore_eos, command.grammar)
+            session.main.sampler = self._sampler(params.sampling, params.stopping.ignore_eos, command.grammar)
         except GrammarError as exc:  # the transport checks first; this is the backstop
             command.sink.put(SessionFailed("INVALID_ARGUMENT", str(exc)))
             if params.session_id and self.store is not None:
@@ -86,6 +89,7 @@ class SessionTable:
             return
         session.restore, session.conversation = command.restore, command.conversation
         self.sessions[command.key] = session
+        self.samples[command.key] = session.main
         self.waiting.append(session)
 
     def _speculation(self) -> SeqSpeculation | None:
@@ -95,35 +99,36 @@ class SessionTable:
         return self.runner.new_sampler(sampling, self.n_ctx_per_slot, self._eog if ignore_eos else (), grammar)
 
     def _accept_input(self, session: Session, tokens: tuple[int, ...], end_of_turn: bool, replace: bool) -> None:
+        main = session.main
         if replace:
-            session.replace_history(tokens)
+            main.replace_history(tokens)
         elif tokens:
-            session.add_input(tokens)
+            main.add_input(tokens)
         if not end_of_turn:
             return
         session.begin_turn()
-        if session.overflowed or session.num_context_tokens > self.n_ctx_per_slot:
-            session.pending.clear()
+        if main.overflowed or main.num_context_tokens > self.n_ctx_per_slot:
+            main.pending.clear()
             message = f"history plus input exceed the slot context of {self.n_ctx_per_slot} tokens"
-            self._finish(session, TurnFinish(FinishReason.CONTEXT_FULL, None, message=message))
-        elif not session.pending and session.num_context_tokens == 0:
+            self._finish(main, TurnFinish(FinishReason.CONTEXT_FULL, None, message=message))
+        elif not main.pending and main.num_context_tokens == 0:
             self.fail(session, "INVALID_ARGUMENT", "the turn has no input")
 
     # ----------------------------------------------------------- each step
 
     def demands(self) -> list[SeqDemand]:
-        """What each session with a slot could put in the next decode (reads only)."""
+        """What each sample with a slot could put in the next decode (reads only)."""
         v = self.verifier
         return [
             v.demand(s) if v and s.generating else SeqDemand(s.key, s.generating, s.num_prefill_ready, seq_id=s.slot.seq_id)
-            for s in self.sessions.values()
+            for s in self.samples.values()
             if s.slot is not None and not s.paused
         ]
 
     def propose_drafts(self) -> None:
         """Speculation: each generating sequence drafts the tokens it hopes the step accepts."""
         if self.verifier is not None:
-            for s in self.sessions.values():
+            for s in self.samples.values():
                 if s.slot is not None and not s.paused and s.generating:
                     self.verifier.propose(s)
 
@@ -132,31 +137,33 @@ class SessionTable:
         (a failed decode: the sequences in it are dropped and their sessions fail)."""
         if output.error:
             for e in output.entries:
-                if e.session.slot is not None:
-                    self.kv.clear(e.session.slot)
-                self.fail(e.session, "INTERNAL", output.error)
+                if e.sample.slot is not None:
+                    self.kv.clear(e.sample.slot)
+            for key in dict.fromkeys(e.sample.session_key for e in output.entries):
+                if key in self.sessions:
+                    self.fail(self.sessions[key], "INTERNAL", output.error)
             return
         for e in output.entries:
             if e.is_decode:
-                e.session.record_decode(e.tokens[0])
+                e.sample.record_decode(e.tokens[0])
                 continue
             logits = self.runner.logits_row(e.sample_row) if e.sample_row is not None else None
-            num_seen = e.session.record_prefill(e.tokens, logits)
-            if e.session.params.output.prompt_logprobs:
-                score_prompt_chunk(self.runner, e.session, e.tokens, e.first, num_seen)
+            num_seen = e.sample.record_prefill(e.tokens, logits)
+            if e.sample.params.output.prompt_logprobs:
+                score_prompt_chunk(self.runner, e.sample, e.tokens, e.first, num_seen)
         for ready in output.ready:
-            if self.verifier is not None and ready.session.draft and not ready.turn_start:
+            if self.verifier is not None and ready.sample.draft and not ready.turn_start:
                 finish = self.verifier.verify(ready)
                 if finish is not None:
-                    self._finish(ready.session, finish)
+                    self._finish(ready.sample, finish)
                 continue
-            samples = [ready.session, *self._fork(ready.session)] if ready.turn_start else [ready.session]
+            samples = [ready.sample, *self._fork(ready.sample)] if ready.turn_start else [ready.sample]
             for sample in samples:
                 self._pick(sample, ready.logits, ready.row)
 
     def sample_ready(self) -> None:
         """Turns whose whole prompt is cached with its saved logits: first token, no decode."""
-        for s in [s for s in self.sessions.values() if s.ready_logits is not None]:
+        for s in [s for s in self.samples.values() if s.ready_logits is not None]:
             logits, s.ready_logits = s.ready_logits, None
             if s.turn is None or s.slot is None:
                 continue
@@ -165,36 +172,30 @@ class SessionTable:
             for sample in [s, *self._fork(s)]:
                 self._pick(sample, logits, None)
 
-    def _pick(self, s: Session, logits: object, row: int | None) -> None:
+    def _pick(self, s: Sample, logits: object, row: int | None) -> None:
         finish = self.picker.pick(s, logits, row)  # type: ignore[arg-type]
         if finish is not None:
             self._finish(s, finish)
 
-    def _finish(self, session: Session, finish: TurnFinish) -> None:
-        session.finish_turn(finish)
-        if session.parent is not None:  # a forked sample lives for one turn; its slot stays reserved
-            self._release(session)
-        self._accept_later(session.group)
+    def _finish(self, sample: Sample, finish: TurnFinish) -> None:
+        session = self.sessions[sample.session_key]
+        if session.end_turn(sample, finish, self.kv):  # a forked sample lives for one turn
+            self.samples.pop(sample.key, None)
+        self._accept_later(session)
 
-    def _accept_later(self, group: Session) -> None:
-        while group.later and group.turn is None and group.samples_open == 0:
-            self._accept_input(group, *group.later.popleft())
+    def _accept_later(self, session: Session) -> None:
+        while session.later and session.main.turn is None and session.samples_open == 0:
+            self._accept_input(session, *session.later.popleft())
 
-    def _fork(self, parent: Session) -> list[Session]:
-        """First logits of a turn with n > 1: copy the KV into the reserved slots."""
-        if not parent.reserved or parent.turn is None or parent.turn.t_first_token is not None:
+    def _fork(self, sample: Sample) -> list[Sample]:
+        """The first logits of a turn: with n > 1 its main sample forks the others."""
+        session = self.sessions[sample.session_key]
+        if sample is not session.main:
             return []
-        assert parent.slot is not None
-        children = []
-        for slot in parent.reserved:
-            self.kv.copy(parent.slot, slot)
-            child = parent.fork(next(self.keys), slot, lambda sampling, ignore_eos: self._sampler(
-                sampling, ignore_eos, parent.grammar))
-            child.speculation = self._speculation()
-            self.sessions[child.key] = child
-            children.append(child)
-        parent.reserved.clear()
-        return children
+        forked = session.fork_samples(self.keys, self.kv, lambda sampling, ignore_eos: self._sampler(
+            sampling, ignore_eos, session.grammar))
+        self.samples.update((s.key, s) for s in forked)
+        return forked
 
     # ------------------------------------------------------- slots and saves
 
@@ -208,12 +209,13 @@ class SessionTable:
     def _save(self, session: Session) -> None:
         """A named session ends: copy its KV state out for the store's writer thread."""
         session_id = session.params.session_id
-        if self.store is None or not session_id or session.parent is not None:
+        if self.store is None or not session_id:
             return
-        slot = session.slot
+        main = session.main
+        slot = main.slot
         if slot is None and session.preempted_history:  # its KV went with the slot: restoring prefills it again
             n = session.preempted_history
-            self.store.save_async(SavedSession(session_id, tuple(session.pending[:n]), tuple(session.pending[n:]),
+            self.store.save_async(SavedSession(session_id, tuple(main.pending[:n]), tuple(main.pending[n:]),
                                                session.saved_chat(), b""))
             return
         history: tuple[int, ...] = tuple(slot.tokens[: slot.num_confirmed]) if slot is not None else ()
@@ -221,39 +223,21 @@ class SessionTable:
             self.store.settle(session_id)
             return
         history, state = self.kv.export(slot)
-        pending = (*session.pending, *([session.next_token] if session.next_token is not None else []))
+        pending = (*main.pending, *([main.next_token] if main.next_token is not None else []))
         self.store.save_async(SavedSession(session_id, history, pending, session.saved_chat(), state))
 
     def _release(self, session: Session) -> None:
-        """The stream is gone: free the slot now; its KV stays as a prefix cache."""
+        """The stream is gone: free its slots now; their KV stays as a prefix cache."""
         self._save(session)
         self.sessions.pop(session.key, None)
-        if session.parent is not None and session in session.parent.children:
-            session.parent.children.remove(session)
-        for child in list(session.children):
-            self._release(child)
-        session.children.clear()
-        for slot in session.reserved:
-            self.allocator.free(slot)
-        session.reserved.clear()
-        if session.slot is not None:
-            if session.slot.shifted:  # positions moved: not a prefix of anything any more
-                self.kv.clear(session.slot)
-                session.slot.shifted = False
-            if session.parent is not None and session.parent.key in self.sessions:
-                session.parent.reserved.append(session.slot)  # the next turn's sample forks here again
-            else:
-                self.allocator.free(session.slot)
-            session.slot = None
-        else:
+        for sample in session.samples:
+            self.samples.pop(sample.key, None)
+        if session.main.slot is None:
             try:
                 self.waiting.remove(session)
             except ValueError:
                 pass
-        if session.sampler is not None:
-            session.sampler.free()
-            session.sampler = None
-        session.grammar = None
+        session.release(self.kv, self.allocator)
 
     def fail(self, session: Session, status: str, message: str) -> None:
         session.sink.put(SessionFailed(status, message))
@@ -261,23 +245,23 @@ class SessionTable:
 
     def fail_busy(self, status: str, message: str) -> None:
         """After a fault: end every session holding a slot, and drop its sequence."""
-        for s in [s for s in self.sessions.values() if s.parent is None]:
-            if s.slot is not None:
-                self.kv.clear(s.slot)
+        for s in list(self.sessions.values()):
+            if s.main.slot is not None:
+                self.kv.clear(s.main.slot)
                 self.fail(s, status, message)
 
     def fail_key(self, key: int, status: str, message: str) -> None:
         session = self.sessions.get(key)
         if session is not None:
-            self.fail(session.group, status, message)
+            self.fail(session, status, message)
 
     def fail_all(self, status: str, message: str) -> None:
-        for s in [s for s in self.sessions.values() if s.parent is None]:
+        for s in list(self.sessions.values()):
             self.fail(s, status, message)
 
     def slot_states(self) -> Iterator[tuple[Slot, bool]]:
-        """Every slot, and whether the session on it is paused (its client stopped reading)."""
-        paused = {s.slot.seq_id for s in self.sessions.values() if s.slot is not None and s.paused}
+        """Every slot, and whether the sample on it is paused (its client stopped reading)."""
+        paused = {s.slot.seq_id for s in self.samples.values() if s.slot is not None and s.paused}
         for slot in self.allocator.slots:
             yield slot, slot.seq_id in paused
 
@@ -286,10 +270,10 @@ class SessionTable:
     def expire_deadlines(self, step_s: float) -> None:
         """End sessions whose deadline falls before the next step could finish."""
         horizon = time.monotonic() + 1.5 * step_s + 0.005
-        for s in [s for s in self.sessions.values() if s.parent is None]:
+        for s in list(self.sessions.values()):
             if s.deadline is not None and s.deadline <= horizon:
                 s.later.clear()
-                for sample in (*s.children, s):
+                for sample in (*s.samples[1:], s.main):
                     if sample.turn is not None:
                         expired = TurnFinish(FinishReason.DEADLINE, sample.next_token, message="the call's deadline expired")
                         self._finish(sample, expired)

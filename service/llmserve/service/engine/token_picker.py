@@ -3,7 +3,7 @@
 For each ready row: logprobs (if asked, from the raw logits), bans that keep the
 turn going until `min_tokens`, the sampler chain, then the stopping rules (EOG,
 stop ids, stop strings through the text stream, max_tokens, the slot's context,
-or a context shift). The picker streams the text out through the session and
+or a context shift). The picker streams the text out through the sample and
 returns a `TurnFinish` when the turn is over; the session table applies it.
 Executor thread only.
 """
@@ -20,7 +20,7 @@ from ..metrics import Metrics
 from .generation_step import StepProfile
 from .logprobs import log_softmax, token_logprob
 from .runner_api import Runner
-from .session import Session
+from .sample import Sample
 from .slot_kv import SlotKV
 from .turn import TurnFinish
 
@@ -40,7 +40,7 @@ class TokenPicker:
         self._eog = frozenset(runner.meta.eog_token_ids)
         self._eog_ids = np.array(sorted(self._eog), dtype=np.int64)
 
-    def pick(self, s: Session, logits: np.ndarray, row: int | None) -> TurnFinish | None:
+    def pick(self, s: Sample, logits: np.ndarray, row: int | None) -> TurnFinish | None:
         """Sample the next token from `logits` (batch row `row`, or saved logits when None).
         None: the turn goes on with `s.next_token`."""
         assert s.turn is not None and s.sampler is not None and s.slot is not None
@@ -91,7 +91,7 @@ class TokenPicker:
         s.next_token = token
         return None
 
-    def _nothing_allowed(self, s: Session) -> TurnFinish:
+    def _nothing_allowed(self, s: Sample) -> TurnFinish:
         """The grammar allows no token the request permits: the turn ends here."""
         assert s.sampler is not None
         if s.sampler.grammar_allows_end():
