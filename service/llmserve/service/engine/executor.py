@@ -201,7 +201,7 @@ class Executor:
 
     def step(self) -> bool:
         """One iteration of the loop; False when there was nothing to do. Each line is a
-        phase; only `generation.run` and `postprocess` touch the KV."""
+        phase and its comment says what it changes; `demands()` and `plan` only read."""
         table = self.table
         table.expire_deadlines(self._step_s)  # sessions out of time end
         table.expire_readers(self.config.reader_timeout_s)  # and streams nobody reads
