@@ -31,7 +31,6 @@ from ..model.tokenizer import Vocab
 from .chat import ChatMessage, Conversation
 from .constraints import ConstraintCache
 from .executor import Executor, ExecutorConfig
-from .logprobs import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS  # a limit the transport validates
 from .offload import OffloadPool
 from .offload import Overloaded as Overloaded  # the facade's errors, for the transport
 from .session_file import StorageFault as StorageFault

@@ -8,8 +8,6 @@ import numpy as np
 
 from ..domain.events import TokenLogprob
 
-MAX_TOP_LOGPROBS = 20
-
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits.astype(np.float64) - float(logits.max())

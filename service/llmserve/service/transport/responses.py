@@ -10,7 +10,8 @@ from llmserve.v1 import llmserve_pb2 as pb
 
 from ..domain.events import EmbedResult, TokenLogprob, TurnEndEvent
 from ..domain.model_meta import EmbeddingModelInfo
-from ..engine.engine import MAX_TOP_LOGPROBS, Engine
+from ..domain.request_rules import MAX_TOP_LOGPROBS
+from ..engine.engine import Engine
 from . import validation
 
 
