@@ -5,6 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 HOST   ?= 127.0.0.1
 PORT   ?= 50051
+HTTP_PORT ?= 8080
 # llama-cpp-python compiles from source once; pip caches the wheel afterwards.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc)
 
@@ -90,11 +91,13 @@ embed-model: install
 
 # The default model's GGUF carries no chat template: templates/gemma3.jinja is Gemma 3's.
 # Embed runs on all-MiniLM-L6-v2 once `make embed-model` has converted it, else on the generative model.
+# The OpenAI HTTP API (docs/openai.md) is on beside gRPC, at $(HOST):$(HTTP_PORT).
 serve: model
-	@EMBED_MODEL=$$($(PY) -m tools.embedding_model --if-present); \
+	@echo "make serve: gRPC on $(HOST):$(PORT), OpenAI HTTP API on http://$(HOST):$(HTTP_PORT)/v1 (docs/openai.md)"; \
+	EMBED_MODEL=$$($(PY) -m tools.embedding_model --if-present); \
 	if [ -n "$$EMBED_MODEL" ]; then echo "make serve: Embed uses $$EMBED_MODEL"; \
 	else echo "make serve: Embed uses the generative model (make embed-model converts all-MiniLM-L6-v2)"; fi; \
-	exec $(VENV)/bin/llmserve serve --host $(HOST) --port $(PORT) --embeddings \
+	exec $(VENV)/bin/llmserve serve --host $(HOST) --port $(PORT) --http-port $(HTTP_PORT) --embeddings \
 		--chat-template-file templates/gemma3.jinja $${EMBED_MODEL:+--embedding-model "$$EMBED_MODEL"}
 
 test: model embed-model tools gen

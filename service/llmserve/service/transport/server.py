@@ -29,6 +29,8 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import grpc
 import structlog
@@ -56,6 +58,15 @@ READY_STALL_S = 10.0  # no step this long with work waiting: not ready (at most 
 EXIT_EXECUTOR_FAILED = 70  # EX_SOFTWARE
 
 
+class Surface(Protocol):
+    """Another wing on this loop and engine (OpenAI HTTP, from cli.py), listening, draining and stopping with
+    gRPC. `start`: OSError (one line) if it cannot listen; `engine()` None while loading; `ready()` readiness."""
+    async def start(self, engine: Callable[[], Engine | None], ready: Callable[[], bool]) -> None: ...
+    def begin_drain(self) -> None: ...
+    async def wait_idle(self, timeout: float) -> bool: ...
+    async def stop(self) -> None: ...
+
+
 def _exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
@@ -68,7 +79,7 @@ async def _watch(
     """Readiness off while the executor makes no progress with work waiting; exit the
     process when it is dead or stuck (see the module docstring)."""
     ready = True
-    ready_stall_s = min(READY_STALL_S, config.watchdog_timeout_s / 2) if config.watchdog_timeout_s else READY_STALL_S
+    ready_stall_s = _ready_stall_s(config)
     while True:
         await asyncio.sleep(0.25)
         stalled = engine.stalled_for()
@@ -82,6 +93,10 @@ async def _watch(
             reason = "the executor thread died" if stalled is None else f"no executor step for {stalled:.1f} s"
             log.critical("executor_failed", reason=reason, exit_code=EXIT_EXECUTOR_FAILED)
             _exit_now(EXIT_EXECUTOR_FAILED)
+
+
+def _ready_stall_s(config: ServerConfig) -> float:
+    return min(READY_STALL_S, config.watchdog_timeout_s / 2) if config.watchdog_timeout_s else READY_STALL_S
 
 
 def _hard_deadline(seconds: float) -> None:
@@ -191,7 +206,7 @@ async def _load_engine(config: ServerConfig, metrics: Metrics) -> Engine:
     return await asyncio.to_thread(Engine, config, metrics)
 
 
-async def serve(config: ServerConfig) -> None:
+async def serve(config: ServerConfig, surfaces: Sequence[Surface] = ()) -> None:
     metrics = Metrics()
     llm = LLMServicer(metrics, config.max_queue, config.max_input_tokens)
     health_servicer = health.aio.HealthServicer()
@@ -205,6 +220,15 @@ async def serve(config: ServerConfig) -> None:
     await _set_health(health_servicer, _SERVING, ("",))  # alive while the model loads
     await _set_health(health_servicer, _NOT_SERVING, (SERVICE_NAME,))
     await server.start()
+    draining = asyncio.Event()
+    ready = lambda: (llm.engine is not None and not draining.is_set()  # noqa: E731 - as _watch reports it
+                     and (llm.engine.stalled_for() or 0.0) <= _ready_stall_s(config))
+    for surface in surfaces:
+        try:
+            await surface.start(lambda: llm.engine, ready)
+        except OSError as exc:
+            await server.stop(0)
+            raise SystemExit(f"llmserve: {exc}") from None
     if config.metrics_port is not None:
         try:
             metrics.serve(config.metrics_host, config.metrics_port)
@@ -238,7 +262,6 @@ async def serve(config: ServerConfig) -> None:
         raise SystemExit(f"llmserve: {exc}") from None
     engine.start()
     metrics.describe_model(engine.meta, config.n_ctx, config.n_parallel, engine.version)
-    draining = asyncio.Event()
     watchdog = asyncio.create_task(_watch(engine, config, health_servicer, draining))
     if tracing is not None:
         tracing.start(engine.meta, engine.embedding_model)
@@ -260,13 +283,17 @@ async def serve(config: ServerConfig) -> None:
         await asyncio.sleep(lame_duck_s)
         log.info("refusing_new_calls")
     llm.begin_drain()
-    finished = await llm.wait_idle(config.shutdown_grace_s)
+    for surface in surfaces:
+        surface.begin_drain()
+    grace = config.shutdown_grace_s
+    finished = all(await asyncio.gather(llm.wait_idle(grace), *(s.wait_idle(grace) for s in surfaces)))
     if not finished:
         log.warning("grace_period_over", detail="ending the remaining calls with UNAVAILABLE")
     watchdog.cancel()  # the executor is about to stop on purpose
     await asyncio.to_thread(engine.stop)  # open sessions end UNAVAILABLE
     await llm.wait_idle(5.0)
     await server.stop(1.0)
+    await asyncio.gather(*(surface.stop() for surface in surfaces))
     await asyncio.to_thread(engine.close)
     if tracing is not None:
         await asyncio.to_thread(tracing.shutdown)  # exports the spans still batched

@@ -1,0 +1,193 @@
+"""A `/v1/chat/completions` body → the engine's values, or a 400 naming the field.
+
+This module only reads JSON: types, shapes, which fields exist. The fields map onto our
+own names in plain mappings (sampling, stopping, output), and the range rules every
+surface shares turn those into `SessionParams` (`session_params` below). A field this
+wing does not serve is refused by name, never ignored; a field sent as `null` counts as
+not sent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..domain.model_meta import Limits
+from ..domain.requests import SessionParams
+from ..engine.engine import ChatMessage
+from . import interim_rules
+from .errors import bad_request
+
+ROLES = ("system", "user", "assistant")
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
+            "frequency_penalty")
+FIELDS = frozenset({
+    "model", "messages", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens", "stop", "seed",
+    "logit_bias", "logprobs", "top_logprobs", "user", "min_tokens", "ignore_eos", *SAMPLING,
+})
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str | None
+    messages: list[ChatMessage]
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: bool = False
+    n: int | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)  # our names; only what the body set
+    stopping: dict[str, Any] = field(default_factory=dict)
+    output: dict[str, Any] = field(default_factory=dict)
+
+    def session_params(self, request_id: str, limits: Limits, max_samples: int) -> SessionParams:
+        # TODO(request_rules): call the shared rules once they land (domain/request_rules.py
+        # session_params with identity FieldNames); interim_rules keeps their ranges until then.
+        return interim_rules.session_params(request_id, limits, self.sampling, self.stopping, self.output, self.n,
+                                            max_samples)
+
+
+def parse_chat(body: object) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise bad_request("the body must be a JSON object")
+    body = {k: v for k, v in body.items() if v is not None}
+    for name in body:
+        if name not in FIELDS:
+            raise bad_request(f"{name} is not supported by this server", name)
+    if "messages" not in body:
+        raise bad_request("messages is required", "messages")
+    sampling: dict[str, Any] = {name: _number(body, name) for name in SAMPLING if name in body}
+    if "top_k" in sampling:
+        sampling["top_k"] = _int(body, "top_k")
+    if "seed" in body:
+        sampling["seed"] = _int(body, "seed")
+        if not 0 <= sampling["seed"] < 2**32:
+            raise bad_request(f"seed must be in [0, {2**32 - 1}), got {sampling['seed']}", "seed")
+    if "logit_bias" in body:
+        sampling["logit_bias"] = _logit_bias(body["logit_bias"])
+    stopping: dict[str, Any] = {}
+    max_tokens = {name: _int(body, name) for name in ("max_completion_tokens", "max_tokens") if name in body}
+    if len(set(max_tokens.values())) > 1:
+        raise bad_request("max_tokens and max_completion_tokens differ: send one", "max_tokens")
+    if max_tokens:
+        stopping["max_tokens"] = next(iter(max_tokens.values()))
+    if "min_tokens" in body:
+        stopping["min_tokens"] = _int(body, "min_tokens")
+    if "ignore_eos" in body:
+        stopping["ignore_eos"] = _bool(body, "ignore_eos")
+    if "stop" in body:
+        stopping["stop"] = _stop(body["stop"])
+    logprobs = _bool(body, "logprobs") if "logprobs" in body else False
+    output: dict[str, Any] = {}
+    if "top_logprobs" in body:
+        if not logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+        output["top_logprobs"] = _int(body, "top_logprobs")
+    elif logprobs:
+        output["top_logprobs"] = 0  # the sampled token's logprob only
+    stream = _bool(body, "stream") if "stream" in body else False
+    include_usage = False
+    if "stream_options" in body:
+        include_usage = _stream_options(body["stream_options"], stream)
+    if "user" in body and not isinstance(body["user"], str):
+        raise bad_request("user must be a string", "user")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("model must be a string", "model")
+    return ChatRequest(model, _messages(body["messages"]), stream, include_usage, logprobs,
+                       _int(body, "n") if "n" in body else None, sampling, stopping, output)
+
+
+def _messages(value: object) -> list[ChatMessage]:
+    if not isinstance(value, list) or not value:
+        raise bad_request("messages must be a non-empty array", "messages")
+    messages = []
+    for i, m in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad_request(f"{where} must be an object", where)
+        for key in m:
+            if key not in ("role", "content"):
+                raise bad_request(f"{where}.{key} is not supported by this server", f"{where}.{key}")
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
+        messages.append(ChatMessage(role, _content(m.get("content"), f"{where}.content")))
+    return messages
+
+
+def _content(value: object, where: str) -> str:
+    """A string, or an array of text parts (joined)."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise bad_request(f"{where} must be a string or an array of text parts", where)
+    texts = []
+    for j, part in enumerate(value):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise bad_request(f"{where}[{j}] must be a text part: {{\"type\": \"text\", \"text\": \"...\"}} "
+                              "(this server serves text only)", f"{where}[{j}]")
+        if set(part) - {"type", "text"}:
+            extra = sorted(set(part) - {"type", "text"})[0]
+            raise bad_request(f"{where}[{j}].{extra} is not supported by this server", f"{where}[{j}].{extra}")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _stop(value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return tuple(value)
+    raise bad_request("stop must be a string or an array of strings", "stop")
+
+
+def _logit_bias(value: object) -> dict[int, float]:
+    if not isinstance(value, dict):
+        raise bad_request("logit_bias must be an object of token id → bias", "logit_bias")
+    biases = {}
+    for key, bias in value.items():
+        where = f"logit_bias[{key}]"
+        try:
+            token = int(key)
+        except ValueError:
+            raise bad_request(f"logit_bias keys are token ids, got {key!r}", where) from None
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise bad_request(f"a logit bias must be a number in [-100, 100], got {bias!r}", where)
+        biases[token] = float(bias)
+    return biases
+
+
+def _stream_options(value: object, stream: bool) -> bool:
+    if not stream:
+        raise bad_request("stream_options is only allowed with stream: true", "stream_options")
+    if not isinstance(value, dict):
+        raise bad_request("stream_options must be an object", "stream_options")
+    for key in value:
+        if key != "include_usage":
+            raise bad_request(f"stream_options.{key} is not supported by this server", f"stream_options.{key}")
+    include = value.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise bad_request("stream_options.include_usage must be a boolean", "stream_options.include_usage")
+    return include
+
+
+def _number(body: dict[str, Any], name: str) -> float:
+    value = body[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad_request(f"{name} must be a number, got {value!r}", name)
+    return float(value)
+
+
+def _int(body: dict[str, Any], name: str) -> int:
+    value = body[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"{name} must be an integer, got {value!r}", name)
+    return value
+
+
+def _bool(body: dict[str, Any], name: str) -> bool:
+    value = body[name]
+    if not isinstance(value, bool):
+        raise bad_request(f"{name} must be a boolean, got {value!r}", name)
+    return value

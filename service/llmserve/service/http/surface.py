@@ -1,0 +1,195 @@
+"""The OpenAI HTTP surface: an aiohttp server on the gRPC server's event loop.
+
+`transport/server.py` runs it as a `Surface` (cli.py builds it): it listens when gRPC
+does, answers 503 while the model loads and once the server drains, and stops with it.
+Routes: `GET /health` (200 only when ready, as gRPC health's readiness), `GET /v1/models`,
+`POST /v1/chat/completions`. Every error is OpenAI's error object (errors.py); every
+response carries `x-request-id` (the client's, else a new one). The same `--api-key`
+applies as `Authorization: Bearer`; `/health` needs none, as gRPC health.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import structlog
+from aiohttp import web
+
+from ..config import ServerConfig
+from ..engine.engine import Engine
+from .chat import ChatResponder
+from .errors import ApiError, from_exception, server_error, unavailable
+from .request import parse_chat
+
+log = structlog.get_logger("llmserve.http")
+
+MAX_REQUEST_ID_LENGTH = 128
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_OPEN = ("/health",)  # served without the API key
+
+
+class HttpSurface:
+    def __init__(self, config: ServerConfig) -> None:
+        assert config.http_port is not None
+        self.config = config
+        self.draining = False
+        self._engine: Callable[[], Engine | None] = lambda: None
+        self._ready: Callable[[], bool] = lambda: False
+        self._runner: web.AppRunner | None = None
+        self._num_requests = 0
+        self._num_sessions = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ------------------------------------------------------------ lifecycle (Surface)
+
+    async def start(self, engine: Callable[[], Engine | None], ready: Callable[[], bool]) -> None:
+        self._engine, self._ready = engine, ready
+        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=self.config.max_message_bytes)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.on_response_prepare.append(_echo_request_id)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
+        await self._runner.setup()
+        host, port = self.config.host, self.config.http_port
+        try:
+            await web.TCPSite(self._runner, host, port, reuse_address=True).start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise OSError(exc.errno, f"cannot listen on {host}:{port} for HTTP ({exc.strerror or exc}): "
+                                     "choose another address with --host/--http-port") from None
+        log.info("http_listening", host=host, http_port=port, api="openai")
+
+    def begin_drain(self) -> None:
+        self.draining = True
+
+    async def wait_idle(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # ------------------------------------------------------------ middlewares
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        request["request_id"] = rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        structlog.contextvars.bind_contextvars(request_id=rid, route=request.path)
+        self._num_requests += 1
+        self._idle.clear()
+        try:
+            if len(rid) > MAX_REQUEST_ID_LENGTH:
+                raise ApiError(400, f"x-request-id is limited to {MAX_REQUEST_ID_LENGTH} characters", param="x-request-id")
+            return await handler(request)
+        except web.HTTPException as exc:  # aiohttp's own: no route (404), wrong method (405), too large (413)
+            if exc.status < 400:
+                raise
+            message = exc.reason or "error"
+            if exc.status == 413:
+                message = f"the body is larger than {self.config.max_message_bytes} bytes (--max-message-bytes)"
+            return _error_response(ApiError(exc.status, message, "invalid_request_error"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every exit maps to one status here
+            error = from_exception(exc)
+            if error is None:
+                log.exception("http_internal_error")
+                error = server_error()
+            return _error_response(error)
+        finally:
+            self._num_requests -= 1
+            if self._num_requests == 0:
+                self._idle.set()
+            structlog.contextvars.unbind_contextvars("request_id", "route")
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        key = self.config.api_key
+        if key and request.path not in _OPEN:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+                raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <--api-key>'",
+                               code="invalid_api_key")
+        return await handler(request)
+
+    # ------------------------------------------------------------ routes
+
+    def _engine_or_503(self) -> Engine:
+        engine = self._engine()
+        if self.draining:
+            raise unavailable("the server is shutting down")
+        if engine is None:
+            raise unavailable("the model is still loading", retry_after_s=1.0)
+        return engine
+
+    async def _health(self, request: web.Request) -> web.Response:
+        if self._ready():
+            return web.json_response({"status": "ok"})
+        loading = self._engine() is None
+        raise unavailable("the model is still loading" if loading else "not ready (draining or stalled)",
+                          retry_after_s=1.0 if loading else None)
+
+    def _model_names(self, engine: Engine) -> tuple[str, ...]:
+        """The alias (`--alias`, default the model file's stem) and the model's id (its file name)."""
+        path = Path(engine.meta.path)
+        alias = self.config.alias or path.stem
+        return (alias, path.name) if path.name != alias else (alias,)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        engine = self._engine_or_503()
+        created = int(Path(engine.meta.path).stat().st_mtime) if Path(engine.meta.path).exists() else 0
+        data = [{"id": name, "object": "model", "created": created, "owned_by": "llmserve"}
+                for name in self._model_names(engine)]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        engine = self._engine_or_503()
+        try:
+            body = await request.json(loads=json.loads)
+        except ValueError as exc:
+            raise ApiError(400, f"the body is not JSON: {exc}") from None
+        chat = parse_chat(body)
+        names = self._model_names(engine)
+        model = chat.model or names[0]
+        if model not in names:
+            raise ApiError(404, f"the model {model!r} does not exist; this server serves {', '.join(names)}",
+                           param="model", code="model_not_found")
+        max_samples = min(8, engine.config.n_parallel)
+        params = chat.session_params(request["request_id"], engine.limits, max_samples)
+        self._admit(engine)
+        self._num_sessions += 1
+        try:
+            max_input = min(self.config.max_input_tokens or engine.limits.n_ctx_per_slot, engine.limits.n_ctx_per_slot)
+            responder = ChatResponder(engine, chat, params, model, max_input)
+            return await (responder.stream(request) if chat.stream else responder.whole())
+        finally:
+            self._num_sessions -= 1
+
+    def _admit(self, engine: Engine) -> None:
+        """Sessions of this surface are capped at the slots plus `--max-queue`, as gRPC's are
+        (each surface counts its own for now)."""
+        capacity = engine.config.n_parallel + self.config.max_queue
+        if self._num_sessions >= capacity:
+            raise ApiError(429, f"{self._num_sessions} requests are open, the limit is {engine.config.n_parallel} "
+                                f"slots plus {self.config.max_queue} waiting (--max-queue); retry later",
+                           "rate_limit_error", retry_after_s=1.0)
+
+
+async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    if "request_id" in request:
+        response.headers["x-request-id"] = request["request_id"]
+
+
+def _error_response(error: ApiError) -> web.Response:
+    return web.json_response(error.body(), status=error.status, headers=error.headers())
