@@ -29,6 +29,7 @@ class RunningServer:
     process: subprocess.Popen[bytes]
     log_path: Path
     metrics_port: int | None = None
+    http_port: int | None = None  # the OpenAI HTTP API, when started with one
 
 
 def free_port() -> int:
@@ -49,6 +50,7 @@ def start_server(
     channel_factory=grpc.insecure_channel,  # type: ignore[no-untyped-def]
     port: int | None = None,
     metrics_port: int | None = None,
+    http_port: int | None = None,
 ) -> RunningServer:
     """Start `llmserve serve` as a real process and wait until it is ready (health of
     llmserve.v1.LLMService SERVING: the model is loaded; "" is liveness, at once)."""
@@ -58,6 +60,8 @@ def start_server(
     metrics_port = metrics_port or (free_port() if metrics else None)
     if metrics_port is not None:
         args = [*args, "--metrics-port", str(metrics_port)]
+    if http_port is not None:
+        args = [*args, "--http-port", str(http_port)]
     log_file = log_path.open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "llmserve.service", "serve", "--port", str(port), *args],
@@ -75,7 +79,7 @@ def start_server(
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(service=READINESS), timeout=1)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return RunningServer(address, process, log_path, metrics_port)
+                    return RunningServer(address, process, log_path, metrics_port, http_port)
             except grpc.RpcError:
                 pass
             time.sleep(0.2)
