@@ -1,8 +1,9 @@
 """A `/v1/chat/completions` body → the engine's values, or a 400 naming the field.
 
 This module only reads JSON: types, shapes, which fields exist. The fields map onto our
-own names in plain mappings (sampling, stopping, output), and the range rules every
-surface shares turn those into `SessionParams` (`session_params` below). A field this
+own names in plain mappings (sampling, stopping, output), and the rules both surfaces
+share (domain/request_rules.py) turn those into `SessionParams`, naming a refused field
+as OpenAI does (our names are OpenAI's). A field this
 wing does not serve is refused by name, never ignored; a field sent as `null` counts as
 not sent.
 """
@@ -13,15 +14,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..domain import request_rules
 from ..domain.model_meta import Limits
 from ..domain.requests import SessionParams
 from ..engine.engine import ChatMessage
-from . import interim_rules
 from .errors import bad_request
 
 ROLES = ("system", "user", "assistant")
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
             "frequency_penalty")
+_SAME: request_rules.FieldName = lambda name: name  # noqa: E731
+NAMES = request_rules.FieldNames(session=lambda name: "x-request-id" if name == "request_id" else name,
+                                 sampling=_SAME, stopping=_SAME, output=_SAME)
 FIELDS = frozenset({
     "model", "messages", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens", "stop", "seed",
     "logit_bias", "logprobs", "top_logprobs", "user", "min_tokens", "ignore_eos", *SAMPLING,
@@ -41,10 +45,8 @@ class ChatRequest:
     output: dict[str, Any] = field(default_factory=dict)
 
     def session_params(self, request_id: str, limits: Limits, max_samples: int) -> SessionParams:
-        # TODO(request_rules): call the shared rules once they land (domain/request_rules.py
-        # session_params with identity FieldNames); interim_rules keeps their ranges until then.
-        return interim_rules.session_params(request_id, limits, self.sampling, self.stopping, self.output, self.n,
-                                            max_samples)
+        return request_rules.session_params(request_id, limits, NAMES, self.sampling, self.stopping, self.output,
+                                            num_samples=self.n, max_samples=max_samples)
 
 
 def parse_chat(body: object) -> ChatRequest:

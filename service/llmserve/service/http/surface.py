@@ -21,6 +21,7 @@ import structlog
 from aiohttp import web
 
 from ..config import ServerConfig
+from ..domain import request_rules
 from ..engine.engine import Engine
 from .chat import ChatResponder
 from .errors import ApiError, from_exception, server_error, unavailable
@@ -28,7 +29,7 @@ from .request import parse_chat
 
 log = structlog.get_logger("llmserve.http")
 
-MAX_REQUEST_ID_LENGTH = 128
+MAX_REQUEST_ID_LENGTH = request_rules.MAX_REQUEST_ID_LENGTH
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OPEN = ("/health",)  # served without the API key
 
@@ -165,7 +166,7 @@ class HttpSurface:
         if model not in names:
             raise ApiError(404, f"the model {model!r} does not exist; this server serves {', '.join(names)}",
                            param="model", code="model_not_found")
-        max_samples = min(8, engine.config.n_parallel)
+        max_samples = min(request_rules.MAX_SAMPLES, engine.config.n_parallel)
         params = chat.session_params(request["request_id"], engine.limits, max_samples)
         self._admit(engine)
         self._num_sessions += 1
