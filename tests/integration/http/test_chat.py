@@ -1,7 +1,7 @@
 """/v1/chat/completions through the official `openai` SDK, against the real server and model.
 
 Greedy text is compared only between calls that run alike: a first call warms the slot's
-prefix cache, and the calls compared then both reuse it (docs/DESIGN: numerics depend on
+prefix cache, and the calls compared then both reuse it (numerics depend on
 batch shape and KV layout)."""
 
 from __future__ import annotations
