@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -51,3 +54,16 @@ def test_loading_then_ready_then_draining(tmp_path: Path) -> None:
     assert _get(f"{base}/health")[0] == 503  # not ready at once
     assert _get(f"{base}/v1/models")[0] == 200  # still served during --drain-delay
     assert server.process.wait(timeout=30) == 0
+
+
+def test_a_busy_http_port_is_one_line_and_exit_1() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "llmserve.service", "serve", "--port", str(free_port()),
+                               "--http-port", str(port)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"llmserve: cannot listen on 127.0.0.1:{port} for HTTP (Address already in use): "
+        "choose another address with --host/--http-port")

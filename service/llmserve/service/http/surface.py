@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import os
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -63,8 +64,9 @@ class HttpSurface:
             await web.TCPSite(self._runner, host, port, reuse_address=True).start()
         except OSError as exc:
             await self._runner.cleanup()
-            raise OSError(exc.errno, f"cannot listen on {host}:{port} for HTTP ({exc.strerror or exc}): "
-                                     "choose another address with --host/--http-port") from None
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise OSError(f"cannot listen on {host}:{port} for HTTP ({reason}): "
+                          "choose another address with --host/--http-port") from None
         log.info("http_listening", host=host, http_port=port, api="openai")
 
     def begin_drain(self) -> None:
