@@ -1,0 +1,178 @@
+"""Tool calling in the generic format, for chat templates that do not declare tools.
+
+As llama-server's "generic" handler does it: the tools and the reply's JSON schema go
+into a system preamble, and the whole reply is constrained (by the same grammar path as
+any JSON schema, `Engine.compile_constraint`) to JSON that is either a tool call or a
+response:
+
+    {"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    {"tool_calls": [{"name": ..., "arguments": {...}}, ...]}     (parallel calls)
+    {"response": "It is sunny."}                                 (tool_choice auto)
+
+So a call's arguments always parse and validate against its function's schema.
+`parse_reply` turns a finished reply into text or `ToolCall`s with unique ids. Both
+surfaces (gRPC, OpenAI HTTP) use these; nothing here knows either.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..domain.errors import InvalidRequest
+
+MAX_TOOLS = 128
+MAX_PARALLEL_CALLS = 8  # calls in one reply: a small model repeats calls until the grammar stops it
+MAX_TOOL_SCHEMA_BYTES = 64 * 1024
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+CHOICES = ("none", "auto", "required", "function")
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call: `parameters` is its JSON schema, as JSON text."""
+
+    name: str
+    description: str = ""
+    parameters: str = '{"type": "object", "properties": {}}'
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """none: never call; auto: call or answer; required: call some tool; function: call `name`."""
+
+    mode: str = "auto"
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI's API carries it
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A finished reply in the generic format: text (None for a pure tool call) and calls."""
+
+    content: str | None
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+def check_tools(tools: Sequence[Tool], choice: ToolChoice, field: str = "tools") -> None:
+    """InvalidRequest, naming the field, unless the tools and the choice can be served."""
+    if len(tools) > MAX_TOOLS:
+        raise InvalidRequest(f"at most {MAX_TOOLS} tools", field=field)
+    seen: set[str] = set()
+    for i, tool in enumerate(tools):
+        where = f"{field}[{i}]"
+        if not _TOOL_NAME.match(tool.name):
+            raise InvalidRequest("a tool's name must be 1 to 64 of a-z, A-Z, 0-9, _ and -", field=f"{where}.name")
+        if tool.name in seen:
+            raise InvalidRequest(f"two tools are named {tool.name!r}", field=f"{where}.name")
+        seen.add(tool.name)
+        if len(tool.parameters.encode()) > MAX_TOOL_SCHEMA_BYTES:
+            raise InvalidRequest(f"a tool's parameters are limited to {MAX_TOOL_SCHEMA_BYTES} bytes",
+                                 field=f"{where}.parameters")
+        try:
+            schema = json.loads(tool.parameters)
+        except ValueError as exc:
+            raise InvalidRequest(f"the parameters are not JSON: {exc}", field=f"{where}.parameters") from None
+        if not isinstance(schema, dict):
+            raise InvalidRequest("the parameters must be a JSON schema object", field=f"{where}.parameters")
+    if choice.mode not in CHOICES:
+        raise InvalidRequest(f"tool_choice must be one of {', '.join(CHOICES[:3])} or a function", field="tool_choice")
+    if choice.mode == "function" and choice.name not in seen:
+        raise InvalidRequest(f"tool_choice names {choice.name!r}, which is not among the tools", field="tool_choice")
+    if choice.mode in ("required", "function") and not tools:
+        raise InvalidRequest("tool_choice asks for a call but there are no tools", field="tool_choice")
+
+
+def _call_schema(tool: Tool) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"name": {"const": tool.name}, "arguments": json.loads(tool.parameters)},
+        "required": ["name", "arguments"],
+    }
+
+
+def reply_schema(tools: Sequence[Tool], choice: ToolChoice, parallel: bool = False,
+                 response: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The JSON schema the whole reply is held to; None when no call is possible (no tools,
+    or tool_choice none). `response`: the schema of a text answer's `response` (a string
+    unless response_format says otherwise)."""
+    if not tools or choice.mode == "none":
+        return None
+    callable_tools = [t for t in tools if choice.mode != "function" or t.name == choice.name]
+    calls = [_call_schema(t) for t in callable_tools]
+    one = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    if parallel:
+        call = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": one, "minItems": 1,
+                                                                     "maxItems": MAX_PARALLEL_CALLS}},
+                "required": ["tool_calls"]}
+    else:
+        call = {"type": "object", "properties": {"tool_call": one}, "required": ["tool_call"]}
+    if choice.mode != "auto":
+        return call
+    answer = {"type": "object", "properties": {"response": response or {"type": "string"}}, "required": ["response"]}
+    return {"anyOf": [call, answer]}
+
+
+def preamble(tools: Sequence[Tool], schema: dict[str, Any]) -> str:
+    """The system text that tells the model about the tools and the reply's format."""
+    listed = [{"name": t.name, "description": t.description, "parameters": json.loads(t.parameters)} for t in tools]
+    return (
+        "You can call these tools:\n" + json.dumps(listed, indent=2) + "\n\n"
+        "Respond in JSON format, either with `tool_call` (a request to call tools) or with `response` "
+        "(your reply to the user's request), following this schema:\n" + json.dumps(schema, indent=2)
+    )
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def parse_reply(text: str) -> Reply:
+    """A finished generic-format reply: its tool calls (each with a new id) or its response.
+    Text that is not the format (a reply cut short, or no constraint) stays text."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return Reply(text)
+    if not isinstance(value, dict):
+        return Reply(text)
+    if "response" in value and len(value) == 1:
+        response = value["response"]
+        return Reply(response if isinstance(response, str) else json.dumps(response))
+    raw = value.get("tool_calls") if "tool_calls" in value else [value.get("tool_call")]
+    if not isinstance(raw, list) or not raw:
+        return Reply(text)
+    calls = []
+    for item in raw:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or "arguments" not in item:
+            return Reply(text)
+        calls.append(ToolCall(new_call_id(), item["name"], json.dumps(item["arguments"], ensure_ascii=False)))
+    return Reply(None, tuple(calls))
+
+
+def as_generic_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+    """A conversation with tool calls and tool results, as plain messages a template
+    without tools can render: an assistant's calls become its JSON reply, a tool's result
+    a user message carrying `tool_response`."""
+    plain: list[dict[str, str]] = []
+    for m in messages:
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            calls = [{"name": c["name"], "arguments": json.loads(c["arguments"])} for c in m["tool_calls"]]
+            body = {"tool_calls": calls} if len(calls) > 1 else {"tool_call": calls[0]}
+            plain.append({"role": "assistant", "content": json.dumps(body, ensure_ascii=False)})
+        elif m.get("role") == "tool":
+            result = {"tool_response": {"tool_call_id": m.get("tool_call_id", ""), "content": m.get("content", "")}}
+            plain.append({"role": "user", "content": json.dumps(result, ensure_ascii=False)})
+        else:
+            plain.append({"role": m["role"], "content": m.get("content") or ""})
+    return plain

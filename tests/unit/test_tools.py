@@ -1,0 +1,106 @@
+"""Tool calling's generic format (engine/tools.py): the reply schema, what the grammar
+converter makes of it, parsing replies, and tool messages for templates without tools."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from llmserve.service.domain.errors import InvalidRequest
+from llmserve.service.engine.tools import (
+    Tool,
+    ToolChoice,
+    as_generic_messages,
+    check_tools,
+    parse_reply,
+    preamble,
+    reply_schema,
+)
+
+WEATHER = Tool("get_weather", "The weather in a city", json.dumps(
+    {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}))
+TIME = Tool("get_time", "The time in a zone", json.dumps({"type": "object", "properties": {"zone": {"type": "string"}}}))
+TOOLS = (WEATHER, TIME)
+
+
+def test_tools_and_choices_are_checked_by_field() -> None:
+    check_tools(TOOLS, ToolChoice("function", "get_time"))
+    cases = [
+        ((Tool("bad name"),), ToolChoice(), "tools[0].name"),
+        ((WEATHER, WEATHER), ToolChoice(), "tools[1].name"),
+        ((Tool("f", parameters="[1]"),), ToolChoice(), "tools[0].parameters"),
+        ((Tool("f", parameters="{"),), ToolChoice(), "tools[0].parameters"),
+        (TOOLS, ToolChoice("function", "nope"), "tool_choice"),
+        ((), ToolChoice("required"), "tool_choice"),
+        (TOOLS, ToolChoice("sometimes"), "tool_choice"),
+    ]
+    for tools, choice, field in cases:
+        with pytest.raises(InvalidRequest) as refused:
+            check_tools(tools, choice)
+        assert refused.value.field == field, (tools, choice)
+
+
+def test_the_schema_admits_calls_with_valid_arguments_only() -> None:
+    schema = reply_schema(TOOLS, ToolChoice("auto"))
+    assert schema is not None
+    jsonschema.validate({"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}}, schema)
+    jsonschema.validate({"response": "Hello."}, schema)
+    for wrong in ({"tool_call": {"name": "get_weather", "arguments": {"days": 2}}},  # city is required
+                  {"tool_call": {"name": "launch", "arguments": {}}}, {"text": "hi"}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(wrong, schema)
+
+
+def test_required_named_and_parallel_shapes() -> None:
+    required = reply_schema(TOOLS, ToolChoice("required"))
+    assert required is not None
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"response": "no call"}, required)
+    named = reply_schema(TOOLS, ToolChoice("function", "get_time"))
+    assert named is not None
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"tool_call": {"name": "get_weather", "arguments": {"city": "x"}}}, named)
+    parallel = reply_schema(TOOLS, ToolChoice("required"), parallel=True)
+    assert parallel is not None
+    jsonschema.validate({"tool_calls": [{"name": "get_time", "arguments": {}},
+                                        {"name": "get_weather", "arguments": {"city": "Rome"}}]}, parallel)
+    assert reply_schema(TOOLS, ToolChoice("none")) is None and reply_schema((), ToolChoice("auto")) is None
+
+
+def test_the_grammar_converter_takes_the_schema() -> None:
+    from llama_cpp.llama_grammar import json_schema_to_gbnf  # what the grammar worker runs
+
+    gbnf = json_schema_to_gbnf(json.dumps(reply_schema(TOOLS, ToolChoice("auto"), parallel=True)))
+    assert "root ::=" in gbnf and '\\"get_weather\\"' in gbnf and '\\"response\\"' in gbnf
+
+
+def test_replies_parse_into_calls_or_text() -> None:
+    one = parse_reply('{"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}}')
+    assert one.content is None and [(c.name, json.loads(c.arguments)) for c in one.tool_calls] == [
+        ("get_weather", {"city": "Oslo"})]
+    two = parse_reply('{"tool_calls": [{"name": "get_time", "arguments": {}}, {"name": "get_time", "arguments": {}}]}')
+    assert len(two.tool_calls) == 2 and two.tool_calls[0].id != two.tool_calls[1].id
+    assert all(c.id.startswith("call_") for c in two.tool_calls)
+    assert parse_reply('{"response": "Sunny."}').content == "Sunny."
+    assert parse_reply('{"tool_call": {"name": "get_we').content == '{"tool_call": {"name": "get_we'  # cut short
+    assert parse_reply("plain words").content == "plain words"
+
+
+def test_the_preamble_names_every_tool_and_the_format() -> None:
+    schema = reply_schema(TOOLS, ToolChoice("auto"))
+    assert schema is not None
+    text = preamble(TOOLS, schema)
+    assert "get_weather" in text and "get_time" in text and "`tool_call`" in text and "`response`" in text
+
+
+def test_tool_messages_become_plain_messages() -> None:
+    calls = [{"id": "call_1", "name": "get_weather", "arguments": '{"city": "Oslo"}'}]
+    plain = as_generic_messages([
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12 C, rain"},
+    ])
+    assert [m["role"] for m in plain] == ["user", "assistant", "user"]
+    assert json.loads(plain[1]["content"]) == {"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+    assert json.loads(plain[2]["content"])["tool_response"]["content"] == "12 C, rain"
