@@ -116,12 +116,18 @@ class OutputOptions(_message.Message):
     def __init__(self, top_logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[bool] = ..., include_special: _Optional[bool] = ...) -> None: ...
 
 class Constraint(_message.Message):
-    __slots__ = ("grammar", "json_schema")
+    __slots__ = ("grammar", "json_schema", "regex", "choice", "json_object")
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    REGEX_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_FIELD_NUMBER: _ClassVar[int]
+    JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
     grammar: str
     json_schema: str
-    def __init__(self, grammar: _Optional[str] = ..., json_schema: _Optional[str] = ...) -> None: ...
+    regex: str
+    choice: StringList
+    json_object: bool
+    def __init__(self, grammar: _Optional[str] = ..., json_schema: _Optional[str] = ..., regex: _Optional[str] = ..., choice: _Optional[_Union[StringList, _Mapping]] = ..., json_object: _Optional[bool] = ...) -> None: ...
 
 class SessionConfig(_message.Message):
     __slots__ = ("request_id", "sampling", "stopping", "add_bos", "priority", "output", "constraint", "n", "session_id")
@@ -507,7 +513,7 @@ class EmbeddingModelInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., num_parameters: _Optional[int] = ..., n_ctx_train: _Optional[int] = ..., n_embd: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling_type: _Optional[str] = ..., max_input_tokens: _Optional[int] = ..., n_ubatch: _Optional[int] = ..., separate: _Optional[bool] = ...) -> None: ...
 
 class Features(_message.Message):
-    __slots__ = ("samplers", "max_top_logprobs", "prompt_logprobs", "grammar", "json_schema", "chat", "chat_template_source", "max_samples")
+    __slots__ = ("samplers", "max_top_logprobs", "prompt_logprobs", "grammar", "json_schema", "chat", "chat_template_source", "max_samples", "regex", "choice", "json_object")
     SAMPLERS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -516,6 +522,9 @@ class Features(_message.Message):
     CHAT_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_SOURCE_FIELD_NUMBER: _ClassVar[int]
     MAX_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    REGEX_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_FIELD_NUMBER: _ClassVar[int]
+    JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
     samplers: _containers.RepeatedScalarFieldContainer[str]
     max_top_logprobs: int
     prompt_logprobs: bool
@@ -524,4 +533,7 @@ class Features(_message.Message):
     chat: bool
     chat_template_source: str
     max_samples: int
-    def __init__(self, samplers: _Optional[_Iterable[str]] = ..., max_top_logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[bool] = ..., grammar: _Optional[bool] = ..., json_schema: _Optional[bool] = ..., chat: _Optional[bool] = ..., chat_template_source: _Optional[str] = ..., max_samples: _Optional[int] = ...) -> None: ...
+    regex: bool
+    choice: bool
+    json_object: bool
+    def __init__(self, samplers: _Optional[_Iterable[str]] = ..., max_top_logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[bool] = ..., grammar: _Optional[bool] = ..., json_schema: _Optional[bool] = ..., chat: _Optional[bool] = ..., chat_template_source: _Optional[str] = ..., max_samples: _Optional[int] = ..., regex: _Optional[bool] = ..., choice: _Optional[bool] = ..., json_object: _Optional[bool] = ...) -> None: ...

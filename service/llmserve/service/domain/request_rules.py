@@ -35,6 +35,13 @@ MAX_DRY_BREAKERS = 16
 MAX_GRAMMAR_BYTES = 64 * 1024
 MAX_SCHEMA_REPETITIONS = 1000
 MAX_SCHEMA_DEPTH = 64
+MAX_CHOICES = 256
+MAX_CHOICE_LENGTH = 1024
+
+
+def choice_text(options: Sequence[str]) -> str:
+    """A choice constraint's options as the text `Engine.compile_constraint` takes."""
+    return json.dumps(list(options))
 
 # Float sampling fields: (low, high, low excluded). Ranges follow llama-server's meaning.
 FLOAT_RANGES = {
@@ -205,8 +212,18 @@ _PATTERN_REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
 
 
 def check_constraint(kind: str, text: str, field: str) -> None:
-    """A "grammar" or "json_schema" within the size limits, a schema within what the
-    grammar compiler can build. The engine compiles it (`Engine.compile_constraint`)."""
+    """A constraint within the size limits: a "grammar", "json_schema" or "regex" text, a
+    "choice" (a JSON list of strings: see `choice_text`), a "json_object" (no text); a schema
+    within what the grammar compiler can build. The engine compiles it
+    (`Engine.compile_constraint`)."""
+    if kind == "json_object":
+        return
+    if kind == "choice":
+        options = json.loads(text)
+        if not options or len(options) > MAX_CHOICES or any(not o or len(o) > MAX_CHOICE_LENGTH for o in options):
+            raise InvalidRequest(f"choice takes 1 to {MAX_CHOICES} strings of 1 to {MAX_CHOICE_LENGTH} characters",
+                                 field=field)
+        return
     if not text or len(text.encode()) > MAX_GRAMMAR_BYTES:
         raise InvalidRequest(f"{kind} must have 1 to {MAX_GRAMMAR_BYTES} bytes", field=field)
     if kind == "json_schema":

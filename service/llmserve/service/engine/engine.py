@@ -182,9 +182,9 @@ class Engine:
         return self._store.load(session_id)
 
     def compile_constraint(self, kind: str, text: str) -> Future[tuple[str, object]]:
-        """A "grammar" or "json_schema" as GBNF, and compiled (an opaque object for
-        `open_session`), when ready: proven in the grammar worker within its CPU-time and
-        memory budget, then parsed, on a thread of its own; kept by content, so a repeated
+        """A constraint ("grammar", "json_schema", "regex", "choice": a JSON list of strings,
+        "json_object") as GBNF, and compiled (an opaque object for `open_session`), when
+        ready: proven in the grammar worker within its CPU-time and memory budget, then parsed, on a thread of its own; kept by content, so a repeated
         text compiles once. The future fails with GrammarError (the text's fault) or
         Overloaded (the machine's); this call raises Overloaded when too many compiles
         wait. Shared: never cancel it."""

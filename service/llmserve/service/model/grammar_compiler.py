@@ -114,12 +114,12 @@ class GrammarCompiler:
         return process
 
     def compile(self, kind: str, text: str) -> CompiledGrammar:
-        """The parsed grammar of a "grammar" or "json_schema" constraint; GrammarError
+        """The parsed grammar of a constraint (grammar_sources.KINDS); GrammarError
         (the text's fault) or CompilerBusy (the machine's)."""
         return CompiledGrammar(self.to_gbnf(kind, text), self.vocab)
 
     def to_gbnf(self, kind: str, text: str) -> str:
-        """GBNF for a "grammar" or "json_schema" constraint, proven to parse in the worker."""
+        """GBNF for a constraint (grammar_sources.KINDS), proven to parse in the worker."""
         with self._lock:
             if self._closed:
                 raise CompilerBusy("the server is shutting down", retry_after_s=1.0)
@@ -152,7 +152,9 @@ class GrammarCompiler:
                 raise GrammarError(reason)
         reply = json.loads(line)
         if not reply["ok"]:
-            what = "JSON schema cannot be converted to a grammar" if kind == "json_schema" else "grammar does not parse"
+            what = "grammar does not parse" if kind == "grammar" else f"{kind.replace('_', ' ')} cannot be made a grammar"
+            if kind == "json_schema":
+                what = "JSON schema cannot be converted to a grammar"
             raise GrammarError(f"the {what}: {reply['error']}")
         return str(reply["gbnf"])
 

@@ -9,7 +9,7 @@ request (RLIMIT_CPU, raised before each one to what the worker has used plus the
 past it the kernel ends the worker with SIGXCPU), none of that can reach the server.
 CPU time, not the wall clock: waiting for a busy machine's CPU is not the schema's cost.
 
-Protocol: {"ready": true} once the vocabulary is loaded; then one JSON object per line on stdin ({"kind": "grammar"|"json_schema",
+Protocol: {"ready": true} once the vocabulary is loaded; then one JSON object per line on stdin ({"kind": one of grammar_sources.KINDS,
 "text": ...}); one per line on the protocol fd ({"ok": true, "gbnf": ...} or
 {"ok": false, "error": ...}). llama.cpp's own output (fd 1 and 2, and its log
 callback) is captured and becomes the error's reason.
@@ -42,7 +42,7 @@ def _cpu_budget(seconds: float) -> None:
 
 def _serve(model_path: str, protocol: int, cpu_seconds: float) -> None:
     import llama_cpp
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    from llmserve.service.model.grammar_sources import to_gbnf
 
     log: list[str] = []
 
@@ -71,7 +71,7 @@ def _serve(model_path: str, protocol: int, cpu_seconds: float) -> None:
         captured.seek(0)
         captured.truncate()
         try:
-            gbnf = json_schema_to_gbnf(request["text"]) if request["kind"] == "json_schema" else request["text"]
+            gbnf = to_gbnf(request["kind"], request["text"])
             smpl = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
         except Exception as exc:  # noqa: BLE001 - the converter raises many kinds on bad schemas
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}

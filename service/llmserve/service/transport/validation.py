@@ -43,12 +43,18 @@ def _set_fields(msg: Any) -> dict[str, Any]:
 
 
 def constraint_of(msg: pb.Constraint) -> tuple[str, str] | None:
-    """The constraint's kind ("grammar" or "json_schema") and text, within the size limits.
-    The engine compiles it (in the grammar worker, with a time and memory budget)."""
+    """The constraint's kind (grammar, json_schema, regex, choice, json_object) and text,
+    within the size limits. The engine compiles it (in the grammar worker, with a time and
+    memory budget)."""
     kind = msg.WhichOneof("kind")
     if kind is None:
         return None
-    text = getattr(msg, kind)
+    if kind == "choice":
+        text = rules.choice_text(msg.choice.values)
+    elif kind == "json_object":
+        text = ""
+    else:
+        text = getattr(msg, kind)
     rules.check_constraint(kind, text, f"config.constraint.{kind}")
     return kind, text
 
