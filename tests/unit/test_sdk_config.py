@@ -81,8 +81,12 @@ def test_session_config_conveniences_and_mistakes() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     assert json.loads(session_config(json_schema=schema).constraint.json_schema) == schema
     assert not session_config(temperature=None).sampling.HasField("temperature")  # None: the server's default
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="give one of"):
         session_config(grammar="root ::= \"a\"", json_schema="{}")
+    with pytest.raises(ValueError, match="give one of"):
+        session_config(regex="[a-z]+", choice=["a", "b"])
+    assert list(session_config(choice=["a", "b"]).constraint.choice.values) == ["a", "b"]
+    assert session_config(json_object=True).constraint.WhichOneof("kind") == "json_object"
     with pytest.raises(TypeError, match="temprature"):
         session_config(temprature=0.5)
 

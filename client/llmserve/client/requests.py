@@ -42,6 +42,9 @@ def session_config(
     include_special: bool = False,
     grammar: str | None = None,
     json_schema: str | Mapping[str, Any] | None = None,
+    regex: str | None = None,
+    choice: Sequence[str] | None = None,
+    json_object: bool = False,
     **sampling: Any,
 ) -> pb.SessionConfig:
     """A SessionConfig from keyword arguments; every field of the message has one.
@@ -50,13 +53,16 @@ def session_config(
     Stopping: `max_tokens`, `min_tokens`, `stop` (strings), `stop_token_ids`, `ignore_eos`.
     Output: `logprobs=True` returns each sampled token's logprob (`top_logprobs=k`: and
     the k most likely alternatives), `prompt_logprobs`, `include_special`.
-    Constraint: `grammar` (GBNF) or `json_schema` (a JSON string or a dict).
+    Constraint (one at most): `grammar` (GBNF), `json_schema` (a JSON string or a dict),
+    `regex` (the whole output matches it), `choice` (one of these strings) or
+    `json_object=True` (any JSON object).
     Everything else is a SamplingParams field: temperature=0, seed=1, top_k=..., with
     `logit_bias` a {token id: bias} dict and `dry_sequence_breakers` a list of strings.
     None leaves a field unset (the server's default).
     """
-    if grammar is not None and json_schema is not None:
-        raise ValueError("give grammar or json_schema, not both")
+    constraints = [grammar is not None, json_schema is not None, regex is not None, choice is not None, json_object]
+    if sum(constraints) > 1:
+        raise ValueError("give one of grammar, json_schema, regex, choice, json_object")
     if logprobs and top_logprobs is None:
         top_logprobs = 0
     config = pb.SessionConfig(
@@ -70,12 +76,16 @@ def session_config(
     for message, name, value in (
         (config, "add_bos", add_bos), (config, "n", n), (config.stopping, "max_tokens", max_tokens),
         (config.stopping, "min_tokens", min_tokens), (config.output, "top_logprobs", top_logprobs),
-        (config.constraint, "grammar", grammar),
+        (config.constraint, "grammar", grammar), (config.constraint, "regex", regex),
     ):
         if value is not None:
             setattr(message, name, value)
     if json_schema is not None:
         config.constraint.json_schema = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
+    if choice is not None:
+        config.constraint.choice.values.extend(choice)
+    if json_object:
+        config.constraint.json_object = True
     return config
 
 
