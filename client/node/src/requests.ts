@@ -42,7 +42,8 @@ export type SamplingOptions = Omit<MessageInitShape<typeof SamplingParamsSchema>
  * Session: `requestId`, `sessionId`, `priority`, `addBos`, `n` (samples per turn).
  * Stopping: `maxTokens`, `minTokens`, `stop`, `stopTokenIds`, `ignoreEos`.
  * Output: `logprobs` (each sampled token's logprob), `topLogprobs`, `promptLogprobs`,
- * `includeSpecial`. Constraint: `grammar` (GBNF) or `jsonSchema` (string or object).
+ * `includeSpecial`. Constraint (one at most): `grammar` (GBNF), `jsonSchema` (string or
+ * object), `regex`, `choice` (strings) or `jsonObject: true`.
  * Sampling: every SamplingParams field (`temperature`, `topK`, `seed`, `logitBias`, ...).
  * `config`: a SessionConfig init merged under the flat options.
  */
@@ -63,12 +64,16 @@ export type GenerateConfig = SamplingOptions & {
   includeSpecial?: boolean;
   grammar?: string;
   jsonSchema?: string | Record<string, unknown>;
+  regex?: string;
+  choice?: string[];
+  jsonObject?: boolean;
   config?: MessageInitShape<typeof SessionConfigSchema>;
 };
 
 const SESSION_KEYS = new Set([
   "requestId", "sessionId", "priority", "addBos", "n", "maxTokens", "minTokens", "stop", "stopTokenIds",
-  "ignoreEos", "logprobs", "topLogprobs", "promptLogprobs", "includeSpecial", "grammar", "jsonSchema", "config",
+  "ignoreEos", "logprobs", "topLogprobs", "promptLogprobs", "includeSpecial", "grammar", "jsonSchema", "regex", "choice",
+  "jsonObject", "config",
 ]);
 /** Keys of call options that may ride along in the same object; not config. */
 const CALL_KEYS = new Set(["timeoutMs", "signal", "headers"]);
@@ -108,7 +113,10 @@ export function sessionConfig(options: GenerateConfig = {}): SessionConfig {
     sampling[key] = value;
   }
   const o = options;
-  if (o.grammar !== undefined && o.jsonSchema !== undefined) throw new TypeError("give grammar or jsonSchema, not both");
+  const constraints = [o.grammar, o.jsonSchema, o.regex, o.choice, o.jsonObject || undefined];
+  if (constraints.filter((c) => c !== undefined).length > 1) {
+    throw new TypeError("give one of grammar, jsonSchema, regex, choice, jsonObject");
+  }
   const config = create(SessionConfigSchema, o.config ?? {});
   if (o.requestId !== undefined) config.requestId = o.requestId;
   if (o.sessionId !== undefined) config.sessionId = o.sessionId;
@@ -132,6 +140,13 @@ export function sessionConfig(options: GenerateConfig = {}): SessionConfig {
   } else if (o.jsonSchema !== undefined) {
     const value = typeof o.jsonSchema === "string" ? o.jsonSchema : JSON.stringify(o.jsonSchema);
     config.constraint = create(ConstraintSchema, { kind: { case: "jsonSchema", value } });
+  } else if (o.regex !== undefined) {
+    config.constraint = create(ConstraintSchema, { kind: { case: "regex", value: o.regex } });
+  } else if (o.choice !== undefined) {
+    const value = create(StringListSchema, { values: [...o.choice] });
+    config.constraint = create(ConstraintSchema, { kind: { case: "choice", value } });
+  } else if (o.jsonObject) {
+    config.constraint = create(ConstraintSchema, { kind: { case: "jsonObject", value: true } });
   }
   return config;
 }

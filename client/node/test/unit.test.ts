@@ -8,6 +8,7 @@ import { test } from "node:test";
 import { Client, Code, ConnectError, ResourceExhausted, Unauthenticated, pb, parseGrpcTimeout, sessionConfig } from "../src/index.js";
 import { clientInterceptors, type ClientOptions } from "../src/connection.js";
 import { BadRequestSchema, RetryInfoSchema } from "../src/gen/google/rpc/error_details_pb.js";
+import { StringListSchema } from "../src/gen/llmserve/v1/llmserve_pb.js";
 
 /** A client over an in-memory LLMService whose GetModelInfo runs `handler`. */
 function fakeClient(options: ClientOptions, handler: (headers: Headers) => pb.ModelInfo) {
@@ -79,6 +80,10 @@ test("sessionConfig maps flat options onto SessionConfig", () => {
   assert.deepEqual(config.sampling?.drySequenceBreakers?.values, ["x"]);
   assert.deepEqual(config.constraint?.kind, { case: "jsonSchema", value: '{"type":"object"}' });
   assert.equal(config.sessionId, "s1");
+  assert.deepEqual(sessionConfig({ regex: "[a-z]+" }).constraint?.kind, { case: "regex", value: "[a-z]+" });
+  assert.deepEqual(sessionConfig({ choice: ["a", "b"] }).constraint?.kind.value, create(StringListSchema, { values: ["a", "b"] }));
+  assert.deepEqual(sessionConfig({ jsonObject: true }).constraint?.kind, { case: "jsonObject", value: true });
+  assert.throws(() => sessionConfig({ regex: "x", choice: ["y"] }), /give one of/);
   assert.throws(() => sessionConfig({ temprature: 1 } as never), TypeError);
   assert.equal(parseGrpcTimeout("250m"), 250);
   assert.equal(parseGrpcTimeout("3S"), 3000);
