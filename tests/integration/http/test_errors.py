@@ -17,8 +17,8 @@ PROMPT = [{"role": "user", "content": "Hello"}]
 
 def test_a_field_not_served_is_refused_by_name(client: OpenAI, model: str) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model=model, messages=PROMPT, response_format={"type": "json_object"})
-    assert caught.value.param == "response_format" and caught.value.type == "invalid_request_error"
+        client.chat.completions.create(model=model, messages=PROMPT, modalities=["text"])
+    assert caught.value.param == "modalities" and caught.value.type == "invalid_request_error"
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=model, messages=PROMPT, extra_body={"no_such_field": 1})
     assert caught.value.param == "no_such_field"

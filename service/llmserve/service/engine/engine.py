@@ -37,6 +37,15 @@ from .session_file import StorageFault as StorageFault
 from .session_handle import SessionHandle
 from .session_store import SessionStore, model_fingerprint
 from .startup import chat_template, log_loaded
+from .tools import Reply as Reply  # tool calling's generic format, for the transport wings
+from .tools import Tool as Tool
+from .tools import ToolCall as ToolCall
+from .tools import ToolChoice as ToolChoice
+from .tools import as_generic_messages as as_generic_messages
+from .tools import check_tools as check_tools
+from .tools import parse_reply as parse_reply
+from .tools import preamble as preamble
+from .tools import reply_schema as reply_schema
 
 log = structlog.get_logger("llmserve.engine")
 

@@ -14,27 +14,30 @@ import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import replace
 
 import structlog
 from aiohttp import web
 
 from ..domain.events import FinishReason, SessionFailed, TokenEvent, TurnEndEvent
 from ..domain.requests import SessionParams
-from ..engine.engine import Engine
-from . import shapes
+from ..engine.engine import Engine, parse_reply
+from . import shapes, tool_calls
 from .errors import bad_request, from_exception, from_status_name, server_error
 from .request import ChatRequest
 from .sink import EventQueue
+from .structured import compile_constraint
 
 log = structlog.get_logger("llmserve.http.chat")
 
 
-async def turn_events(engine: Engine, request: ChatRequest, params: SessionParams,
-                      max_input_tokens: int) -> AsyncIterator[TokenEvent | TurnEndEvent]:
+async def turn_events(engine: Engine, request: ChatRequest, params: SessionParams, max_input_tokens: int,
+                      grammar: object | None = None) -> AsyncIterator[TokenEvent | TurnEndEvent]:
     """The turn's token and turn-end events, each shown to the session first; ends after the
-    last sample's turn end. ApiError when the engine refuses or ends the session."""
+    last sample's turn end. ApiError when the engine refuses or ends the session. `grammar`:
+    the compiled constraint of `params.sampling.grammar`."""
     sink = EventQueue(asyncio.get_running_loop())
-    handle = engine.open_session(params, sink, max_input_tokens)
+    handle = engine.open_session(params, sink, max_input_tokens, grammar=grammar)
     try:
         await handle.add_messages(request.messages, end_of_turn=True)
         while True:
@@ -60,6 +63,8 @@ class ChatResponder:
         self.request = request
         self.params = params
         self.max_input_tokens = max_input_tokens
+        self.grammar: object | None = None
+        self.with_tools = request.tools is not None and request.tools.active  # the reply is parsed for calls
         fingerprint = f"llmserve-{engine.version}"
         self.envelope = shapes.Envelope(f"chatcmpl-{params.request_id}", int(time.time()), model, fingerprint)
 
@@ -70,9 +75,27 @@ class ChatResponder:
         return shapes.token_logprobs(event, self._piece) if self.request.logprobs else None
 
     def _events(self) -> AsyncIterator[TokenEvent | TurnEndEvent]:
-        return turn_events(self.engine, self.request, self.params, self.max_input_tokens)
+        return turn_events(self.engine, self.request, self.params, self.max_input_tokens, self.grammar)
+
+    async def _constrain(self) -> None:
+        """The request's constraint (response_format, grammar, regex, choice, or the tool
+        reply's schema) compiled into the session's parameters."""
+        if self.request.constraint is not None:
+            gbnf, self.grammar = await compile_constraint(self.engine, self.request.constraint)
+            self.params = replace(self.params, sampling=replace(self.params.sampling, grammar=gbnf))
+
+    def _choice(self, index: int, text: str, end: TurnEndEvent,
+                logprobs: list[dict[str, object]] | None) -> dict[str, object]:
+        finish = shapes.FINISH_REASONS.get(end.finish_reason, "stop")
+        if not self.with_tools:
+            return shapes.choice(index, text, finish, logprobs)
+        reply = parse_reply(text)  # a reply cut short stays text
+        if reply.tool_calls:
+            return shapes.choice(index, None, "tool_calls", None, tool_calls.openai_calls(reply))
+        return shapes.choice(index, reply.content, finish, None)
 
     async def whole(self) -> web.Response:
+        await self._constrain()
         n = self.params.num_samples
         texts: list[list[str]] = [[] for _ in range(n)]
         logprobs: list[list[dict[str, object]]] = [[] for _ in range(n)]
@@ -84,16 +107,16 @@ class ChatResponder:
                     logprobs[event.index] += self._logprobs(event) or []
                 else:
                     ends[event.index] = event
-        choices = [
-            shapes.choice(i, "".join(texts[i]), shapes.FINISH_REASONS.get(ends[i].finish_reason, "stop"),
-                          logprobs[i] if self.request.logprobs else None)
-            for i in range(n)
-        ]
+        choices = [self._choice(i, "".join(texts[i]), ends[i], logprobs[i] if self.request.logprobs else None)
+                   for i in range(n)]
         return web.json_response(self.envelope.completion(choices, shapes.usage(ends)))
 
     async def stream(self, http_request: web.Request) -> web.StreamResponse:
         """SSE: each sample's role, its content deltas, its finish reason; the usage when
-        asked; `[DONE]`. An error after the headers went out is an `error` event instead."""
+        asked; `[DONE]`. An error after the headers went out is an `error` event instead. With
+        tools each sample's reply is held until it ends (`_send_held`)."""
+        await self._constrain()
+        held: dict[int, list[str]] = {}
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         ends: dict[int, TurnEndEvent] = {}
         with_usage = self.request.include_usage
@@ -104,13 +127,18 @@ class ChatResponder:
                         await response.prepare(http_request)
                         for i in range(self.params.num_samples):
                             await self._send(response, shapes.delta(i, {"role": "assistant", "content": ""}))
-                    if isinstance(event, TokenEvent):
+                    if isinstance(event, TokenEvent) and self.with_tools:
+                        held.setdefault(event.index, []).append(event.text)
+                    elif isinstance(event, TokenEvent):
                         if event.text or event.logprobs and self.request.logprobs:
                             fields = {"content": event.text}
                             await self._send(response, shapes.delta(event.index, fields, None, self._logprobs(event)))
                     else:
                         ends[event.index] = event
                         finish = shapes.FINISH_REASONS.get(event.finish_reason, "stop")
+                        if self.with_tools:
+                            finish = await self._send_held(response, event.index, "".join(held.pop(event.index, [])),
+                                                           finish)
                         await self._send(response, shapes.delta(event.index, {}, finish))
         except ConnectionError:
             return response  # the client went away: the session is closed (aclosing), nobody to tell
@@ -128,6 +156,18 @@ class ChatResponder:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+    async def _send_held(self, response: web.StreamResponse, index: int, text: str, finish: str) -> str:
+        """A held reply: per call its head (index, id, type, name) then its arguments; or
+        the response as one content delta. Its finish reason."""
+        reply = parse_reply(text)
+        if not reply.tool_calls:
+            if reply.content:
+                await self._send(response, shapes.delta(index, {"content": reply.content}))
+            return finish
+        for fields in tool_calls.call_deltas(reply):
+            await self._send(response, shapes.delta(index, fields))
+        return "tool_calls"
 
     async def _send(self, response: web.StreamResponse, choice: dict[str, object] | None,
                     usage: dict[str, object] | None = None) -> None:

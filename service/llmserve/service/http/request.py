@@ -18,9 +18,12 @@ from ..domain import request_rules
 from ..domain.model_meta import Limits
 from ..domain.requests import SessionParams
 from ..engine.engine import ChatMessage
+from . import structured, tool_calls
 from .errors import bad_request
+from .messages import parse_messages
+from .structured import Constraint
+from .tool_calls import ToolPlan
 
-ROLES = ("system", "user", "assistant")
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
             "frequency_penalty")
 _SAME: request_rules.FieldName = lambda name: name  # noqa: E731
@@ -29,6 +32,7 @@ NAMES = request_rules.FieldNames(session=lambda name: "x-request-id" if name == 
 FIELDS = frozenset({
     "model", "messages", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens", "stop", "seed",
     "logit_bias", "logprobs", "top_logprobs", "user", "min_tokens", "ignore_eos", *SAMPLING,
+    "response_format", *structured.EXTENSIONS, *tool_calls.FIELDS,
 })
 
 
@@ -43,6 +47,8 @@ class ChatRequest:
     sampling: dict[str, Any] = field(default_factory=dict)  # our names; only what the body set
     stopping: dict[str, Any] = field(default_factory=dict)
     output: dict[str, Any] = field(default_factory=dict)
+    constraint: Constraint | None = None  # compiled before the session opens
+    tools: ToolPlan | None = None  # active: the reply is parsed for tool calls
 
     def session_params(self, request_id: str, limits: Limits, max_samples: int) -> SessionParams:
         return request_rules.session_params(request_id, limits, NAMES, self.sampling, self.stopping, self.output,
@@ -96,44 +102,15 @@ def parse_chat(body: object) -> ChatRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("model must be a string", "model")
-    return ChatRequest(model, _messages(body["messages"]), stream, include_usage, logprobs,
-                       _int(body, "n") if "n" in body else None, sampling, stopping, output)
-
-
-def _messages(value: object) -> list[ChatMessage]:
-    if not isinstance(value, list) or not value:
-        raise bad_request("messages must be a non-empty array", "messages")
-    messages = []
-    for i, m in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise bad_request(f"{where} must be an object", where)
-        for key in m:
-            if key not in ("role", "content"):
-                raise bad_request(f"{where}.{key} is not supported by this server", f"{where}.{key}")
-        role = m.get("role")
-        if role not in ROLES:
-            raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
-        messages.append(ChatMessage(role, _content(m.get("content"), f"{where}.content")))
-    return messages
-
-
-def _content(value: object, where: str) -> str:
-    """A string, or an array of text parts (joined)."""
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise bad_request(f"{where} must be a string or an array of text parts", where)
-    texts = []
-    for j, part in enumerate(value):
-        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise bad_request(f"{where}[{j}] must be a text part: {{\"type\": \"text\", \"text\": \"...\"}} "
-                              "(this server serves text only)", f"{where}[{j}]")
-        if set(part) - {"type", "text"}:
-            extra = sorted(set(part) - {"type", "text"})[0]
-            raise bad_request(f"{where}[{j}].{extra} is not supported by this server", f"{where}[{j}].{extra}")
-        texts.append(part["text"])
-    return "".join(texts)
+    messages = parse_messages(body["messages"])
+    asked = structured.parse_format(body)
+    constraint, tools = asked.constraint, tool_calls.parse_tools(body, asked)
+    if tools is not None and tools.active:
+        if logprobs:
+            raise bad_request("logprobs with tools is not served: the reply is a tool call's JSON", "logprobs")
+        constraint, messages = tool_calls.reply_constraint(tools), tool_calls.with_preamble(messages, tools)
+    return ChatRequest(model, messages, stream, include_usage, logprobs,
+                       _int(body, "n") if "n" in body else None, sampling, stopping, output, constraint, tools)
 
 
 def _stop(value: object) -> tuple[str, ...]:

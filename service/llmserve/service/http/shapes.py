@@ -68,10 +68,14 @@ class Envelope:
         return out
 
 
-def choice(index: int, text: str, finish: str | None, logprobs: list[dict[str, object]] | None) -> dict[str, object]:
+def choice(index: int, text: str | None, finish: str | None, logprobs: list[dict[str, object]] | None,
+           tool_calls: list[dict[str, object]] | None = None) -> dict[str, object]:
+    message: dict[str, object] = {"role": "assistant", "content": text, "refusal": None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
     return {
         "index": index,
-        "message": {"role": "assistant", "content": text, "refusal": None},
+        "message": message,
         "logprobs": {"content": logprobs, "refusal": None} if logprobs is not None else None,
         "finish_reason": finish,
     }

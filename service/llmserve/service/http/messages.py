@@ -1,0 +1,93 @@
+"""A chat body's `messages` → the engine's plain `ChatMessage`s, or a 400 naming the field.
+
+Roles: system, user, assistant (with `tool_calls`, its content then optional) and tool
+(with `tool_call_id`). The chat template knows no tools, so a conversation with calls and
+results is rendered in tool calling's generic format (`as_generic_messages`, engine/tools.py):
+an assistant's calls become its JSON reply, a tool's result a user message. A key sent
+as `null` counts as not sent (the SDK sends back a reply's `refusal: null`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..engine.engine import ChatMessage, as_generic_messages
+from .errors import bad_request
+
+ROLES = ("system", "user", "assistant", "tool")
+_KEYS = {"system": {"content"}, "user": {"content"}, "assistant": {"content", "tool_calls"},
+         "tool": {"content", "tool_call_id"}}
+
+
+def parse_messages(value: object) -> list[ChatMessage]:
+    if not isinstance(value, list) or not value:
+        raise bad_request("messages must be a non-empty array", "messages")
+    plain: list[dict[str, Any]] = []
+    for i, m in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad_request(f"{where} must be an object", where)
+        m = {k: v for k, v in m.items() if v is not None}
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
+        for key in m:
+            if key != "role" and key not in _KEYS[role]:
+                raise bad_request(f"{where}.{key} is not supported by this server", f"{where}.{key}")
+        message: dict[str, Any] = {"role": role}
+        if role == "assistant" and "tool_calls" in m:
+            message["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
+            message["content"] = content_text(m["content"], f"{where}.content") if "content" in m else ""
+        else:
+            if "content" not in m:
+                raise bad_request(f"{where}.content is required", f"{where}.content")
+            message["content"] = content_text(m["content"], f"{where}.content")
+        if role == "tool":
+            if not isinstance(m.get("tool_call_id"), str):
+                raise bad_request(f"{where}.tool_call_id is required (a string)", f"{where}.tool_call_id")
+            message["tool_call_id"] = m["tool_call_id"]
+        plain.append(message)
+    return [ChatMessage(m["role"], m["content"]) for m in as_generic_messages(plain)]
+
+
+def _tool_calls(value: object, where: str) -> list[dict[str, str]]:
+    """OpenAI's `[{"id", "type": "function", "function": {"name", "arguments"}}]` → the
+    generic format's `[{"name", "arguments"}]` (arguments: JSON text that must parse)."""
+    if not isinstance(value, list) or not value:
+        raise bad_request(f"{where} must be a non-empty array", where)
+    calls = []
+    for j, call in enumerate(value):
+        at = f"{where}[{j}]"
+        if not isinstance(call, dict) or call.get("type", "function") != "function":
+            raise bad_request(f"{at} must be a function call: {{\"type\": \"function\", \"function\": {{...}}}}", at)
+        function = call.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise bad_request(f"{at}.function must be an object with a name", f"{at}.function")
+        arguments = function.get("arguments", "{}")
+        if not isinstance(arguments, str):
+            raise bad_request(f"{at}.function.arguments must be JSON text (a string)", f"{at}.function.arguments")
+        try:
+            json.loads(arguments)
+        except ValueError as exc:
+            raise bad_request(f"{at}.function.arguments is not JSON: {exc}", f"{at}.function.arguments") from None
+        calls.append({"name": function["name"], "arguments": arguments})
+    return calls
+
+
+def content_text(value: object, where: str) -> str:
+    """A string, or an array of text parts (joined)."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise bad_request(f"{where} must be a string or an array of text parts", where)
+    texts = []
+    for j, part in enumerate(value):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise bad_request(f"{where}[{j}] must be a text part: {{\"type\": \"text\", \"text\": \"...\"}} "
+                              "(this server serves text only)", f"{where}[{j}]")
+        if set(part) - {"type", "text"}:
+            extra = sorted(set(part) - {"type", "text"})[0]
+            raise bad_request(f"{where}[{j}].{extra} is not supported by this server", f"{where}[{j}].{extra}")
+        texts.append(part["text"])
+    return "".join(texts)

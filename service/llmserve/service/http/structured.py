@@ -1,0 +1,106 @@
+"""Structured output on `/v1/chat/completions`: `response_format` and the body extensions
+`grammar` (GBNF), `regex` and `choice` (llama-server's / vLLM's names) → one constraint,
+compiled by the engine (`Engine.compile_constraint`, as the gRPC surface does).
+
+At most one constraint: a second is a 400 naming it. `{"type": "text"}` is none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..domain import request_rules
+from ..domain.errors import GrammarError
+from ..engine.engine import Engine
+from .errors import bad_request
+
+EXTENSIONS = ("grammar", "regex", "choice")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A constraint's kind (as `compile_constraint` takes it), its text, and the request
+    field it came from (named in a 400)."""
+
+    kind: str
+    text: str
+    param: str
+
+
+@dataclass(frozen=True)
+class Format:
+    """What the body asked for: the constraint, and the schema of a JSON answer (a
+    tool-calling reply's `response` must follow it too)."""
+
+    constraint: Constraint | None = None
+    answer_schema: dict[str, Any] | None = None
+
+
+def parse_format(body: dict[str, Any]) -> Format:
+    asked = [name for name in ("response_format", *EXTENSIONS) if name in body]
+    if "response_format" in body and _format_type(body["response_format"]) == "text":
+        asked.remove("response_format")
+    if len(asked) > 1:
+        raise bad_request(f"{asked[0]} and {asked[1]} are two constraints; send at most one", asked[1])
+    if not asked:
+        return Format()
+    name = asked[0]
+    value = body[name]
+    if name == "response_format":
+        return _response_format(value)
+    if name == "choice":
+        if not isinstance(value, list) or not all(isinstance(o, str) for o in value):
+            raise bad_request("choice must be an array of strings", "choice")
+        constraint = Constraint("choice", request_rules.choice_text(value), "choice")
+    else:
+        if not isinstance(value, str):
+            raise bad_request(f"{name} must be a string", name)
+        constraint = Constraint(name, value, name)
+    request_rules.check_constraint(constraint.kind, constraint.text, constraint.param)
+    return Format(constraint)
+
+
+def _format_type(value: object) -> str:
+    if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
+        raise bad_request("response_format.type must be text, json_object or json_schema", "response_format.type")
+    return str(value["type"])
+
+
+def _response_format(value: dict[str, Any]) -> Format:
+    kind = value["type"]
+    extra = sorted(set(value) - {"type", "json_schema"} if kind == "json_schema" else set(value) - {"type"})
+    if extra:
+        raise bad_request(f"response_format.{extra[0]} is not supported by this server", f"response_format.{extra[0]}")
+    if kind == "json_object":
+        return Format(Constraint("json_object", "", "response_format"), {"type": "object"})
+    spec = value.get("json_schema")
+    where = "response_format.json_schema"
+    if not isinstance(spec, dict):
+        raise bad_request(f"{where} must be an object with name and schema", where)
+    for key in spec:
+        if key not in ("name", "schema", "strict", "description"):
+            raise bad_request(f"{where}.{key} is not supported by this server", f"{where}.{key}")
+    if not isinstance(spec.get("name"), str):
+        raise bad_request(f"{where}.name is required (a string)", f"{where}.name")
+    if "strict" in spec and not isinstance(spec["strict"], bool | None):
+        raise bad_request(f"{where}.strict must be a boolean", f"{where}.strict")
+    schema = spec.get("schema", {})  # OpenAI: absent means any JSON object
+    if not isinstance(schema, dict):
+        raise bad_request(f"{where}.schema must be a JSON schema object", f"{where}.schema")
+    constraint = Constraint("json_schema", json.dumps(schema), f"{where}.schema")
+    request_rules.check_constraint(constraint.kind, constraint.text, constraint.param)
+    return Format(constraint, schema)
+
+
+async def compile_constraint(engine: Engine, constraint: Constraint) -> tuple[str, object]:
+    """The constraint as GBNF and compiled (off the loop and the executor). GrammarError →
+    400 naming the field; Overloaded propagates (429)."""
+    compiling = asyncio.wrap_future(engine.compile_constraint(constraint.kind, constraint.text))
+    compiling.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, if this request is gone
+    try:
+        return await asyncio.shield(compiling)  # shared with identical texts: never cancelled
+    except GrammarError as exc:
+        raise bad_request(str(exc), constraint.param) from None
