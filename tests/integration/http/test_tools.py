@@ -64,6 +64,14 @@ def test_auto_gives_a_call_or_an_answer(client: OpenAI, model: str) -> None:
             assert isinstance(choice.message.content, str) and choice.finish_reason == "stop", choice
 
 
+def test_parallel_calls_parse_with_unique_ids(client: OpenAI, model: str) -> None:
+    messages = [{"role": "user", "content": "What is the weather in Oslo, and the time in UTC?"}]
+    choice = _create(client, model, messages, tool_choice="required", parallel_tool_calls=True).choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert 1 <= len(choice.message.tool_calls) <= 8  # MAX_PARALLEL_CALLS
+    _check_calls(choice.message.tool_calls)
+
+
 def test_a_round_trip_ends_in_an_answer(client: OpenAI, model: str) -> None:
     first = _create(client, model, tool_choice={"type": "function", "function": {"name": "get_weather"}})
     message = first.choices[0].message
