@@ -3,7 +3,8 @@
 `transport/server.py` runs it as a `Surface` (cli.py builds it): it listens when gRPC
 does, answers 503 while the model loads and once the server drains, and stops with it.
 Routes: `GET /health` (200 only when ready, as gRPC health's readiness), `GET /v1/models`,
-`POST /v1/chat/completions`. Every error is OpenAI's error object (errors.py); every
+`POST /v1/chat/completions`, `POST /v1/completions` (completions.py), `POST /v1/embeddings`
+(embeddings.py). Every error is OpenAI's error object (errors.py); every
 response carries `x-request-id` (the client's, else a new one). The same `--api-key`
 applies as `Authorization: Bearer`; `/health` needs none, as gRPC health.
 """
@@ -25,6 +26,9 @@ from ..config import ServerConfig
 from ..domain import request_rules
 from ..engine.engine import Engine
 from .chat import ChatResponder
+from .completion_request import parse_completion
+from .completions import CompletionResponder
+from .embeddings import embed, embedding_model_of, model_names, parse_embeddings
 from .errors import ApiError, from_exception, server_error, unavailable
 from .request import parse_chat
 
@@ -56,6 +60,8 @@ class HttpSurface:
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/embeddings", self._embeddings)
         app.on_response_prepare.append(_echo_request_id)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
@@ -179,14 +185,58 @@ class HttpSurface:
         finally:
             self._num_sessions -= 1
 
-    def _admit(self, engine: Engine) -> None:
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        engine = self._engine_or_503()
+        completion = parse_completion(await _json_body(request))
+        model = _known_model(completion.model, self._model_names(engine))
+        max_samples = min(request_rules.MAX_SAMPLES, engine.config.n_parallel)
+        params = completion.session_params(request["request_id"], engine.limits, max_samples)
+        num_prompts = len(completion.prompts)  # each prompt is a session of its own
+        capacity = engine.config.n_parallel + self.config.max_queue
+        if num_prompts > capacity:
+            raise ApiError(400, f"{num_prompts} prompts; one request may send up to {capacity}: the slots "
+                                "plus --max-queue", param="prompt")
+        self._admit(engine, num_prompts)
+        self._num_sessions += num_prompts
+        try:
+            max_input = min(self.config.max_input_tokens or engine.limits.n_ctx_per_slot, engine.limits.n_ctx_per_slot)
+            responder = CompletionResponder(engine, completion, params, model, max_input)
+            return await (responder.stream(request) if completion.stream else responder.whole())
+        finally:
+            self._num_sessions -= num_prompts
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        engine = self._engine_or_503()
+        body = parse_embeddings(await _json_body(request))
+        embedder = embedding_model_of(engine, self._model_names(engine))
+        model = _known_model(body.model, model_names(embedder, self._model_names(engine)))
+        return web.json_response(await embed(engine, embedder, body, model))
+
+    def _admit(self, engine: Engine, num_sessions: int = 1) -> None:
         """Sessions of this surface are capped at the slots plus `--max-queue`, as gRPC's are
         (each surface counts its own for now)."""
         capacity = engine.config.n_parallel + self.config.max_queue
-        if self._num_sessions >= capacity:
+        if self._num_sessions + num_sessions > capacity:
             raise ApiError(429, f"{self._num_sessions} requests are open, the limit is {engine.config.n_parallel} "
                                 f"slots plus {self.config.max_queue} waiting (--max-queue); retry later",
                            "rate_limit_error", retry_after_s=1.0)
+
+
+async def _json_body(request: web.Request) -> object:
+    try:
+        return await request.json(loads=json.loads)
+    except ValueError as exc:
+        raise ApiError(400, f"the body is not JSON: {exc}") from None
+
+
+def _known_model(model: str | None, names: tuple[str, ...]) -> str:
+    """The request's `model` (absent: the first name), or 404 model_not_found."""
+    if model is None:
+        return names[0]
+    if model not in names:
+        raise ApiError(404, f"the model {model!r} does not exist; this server serves {', '.join(names)}",
+                       param="model", code="model_not_found")
+    return model
 
 
 async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:

@@ -1,0 +1,123 @@
+"""`/v1/embeddings`: OpenAI's body → the engine's embedding inputs → OpenAI's list.
+
+It runs as gRPC Embed does (transport/embed_call.py): text is tokenized with the embedding
+model's own vocabulary (its BOS/EOS added, special tokens parsed), token ids are checked
+against it, each input must fit `max_input_tokens` (one ubatch, and the model's trained
+context) or the request is a 400 naming its index; vectors are L2-normalized, as gRPC's
+default and OpenAI's. `encoding_format: "base64"` is the vector's little-endian float32
+bytes, as OpenAI sends them. A server without `--embeddings` answers 404 (param `model`):
+its model does not serve this route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..domain import request_rules
+from ..domain.events import EmbedResult, SessionFailed
+from ..domain.model_meta import EmbeddingModelInfo
+from ..domain.requests import EmbedInput
+from ..engine.engine import Engine
+from . import fields
+from .errors import ApiError, bad_request, from_status_name
+from .sink import EventQueue
+
+FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
+ENCODINGS = ("float", "base64")
+MAX_INPUTS = 2048  # OpenAI's limit per request
+LARGE_TEXT = 16 * 1024  # longer texts are tokenized on the engine's offload thread, as gRPC's
+
+
+@dataclass(frozen=True)
+class EmbeddingsRequest:
+    model: str | None
+    inputs: list[str | list[int]]
+    encoding_format: str = "float"
+    dimensions: int | None = None
+
+
+def parse_embeddings(value: object) -> EmbeddingsRequest:
+    body = fields.body_of(value, FIELDS)
+    if "input" not in body:
+        raise bad_request("input is required", "input")
+    inputs = fields.texts_or_tokens(body["input"], "input")
+    if len(inputs) > MAX_INPUTS:
+        raise bad_request(f"at most {MAX_INPUTS} inputs per request, got {len(inputs)}", "input")
+    encoding = fields.string(body, "encoding_format") if "encoding_format" in body else "float"
+    if encoding not in ENCODINGS:
+        raise bad_request(f"encoding_format must be one of {', '.join(ENCODINGS)}, got {encoding!r}", "encoding_format")
+    if "user" in body:
+        fields.string(body, "user")
+    return EmbeddingsRequest(fields.string(body, "model") if "model" in body else None, inputs, encoding,
+                             fields.integer(body, "dimensions") if "dimensions" in body else None)
+
+
+def embedding_model_of(engine: Engine, names: tuple[str, ...]) -> EmbeddingModelInfo:
+    """The embedding model, or 404 when the server runs without `--embeddings`."""
+    if engine.embedding_model is None:
+        raise ApiError(404, f"the model {names[0]!r} does not serve embeddings: this server was started without "
+                            "--embeddings (or --embedding-model)", param="model", code="model_not_found")
+    return engine.embedding_model
+
+
+def model_names(embedder: EmbeddingModelInfo, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The served model's names, and a separate embedding model's file name and stem."""
+    if not embedder.separate:
+        return names
+    path = Path(embedder.meta.path)
+    return (*names, path.stem, path.name)
+
+
+async def embed(engine: Engine, embedder: EmbeddingModelInfo, request: EmbeddingsRequest,
+                model: str) -> dict[str, object]:
+    if request.dimensions is not None and request.dimensions != embedder.n_embd:
+        raise bad_request(f"dimensions must be the model's {embedder.n_embd} (vectors are not shortened), "
+                          f"got {request.dimensions}", "dimensions")
+    inputs = [EmbedInput(i, await _tokens(engine, embedder, item, i, len(request.inputs)), True, False)
+              for i, item in enumerate(request.inputs)]
+    sink = EventQueue(asyncio.get_running_loop())
+    results: dict[int, EmbedResult] = {}
+    engine.embed(tuple(inputs), sink)
+    try:
+        while len(results) < len(inputs):
+            event = await sink.get()
+            if isinstance(event, SessionFailed):
+                raise from_status_name(event.status, event.message)
+            if isinstance(event, EmbedResult):
+                results[event.index] = event
+    finally:
+        engine.drop_embeds(sink)  # a cancelled request leaves no work behind
+    data = [{"object": "embedding", "index": i, "embedding": _encoded(results[i].vector, request.encoding_format)}
+            for i in range(len(inputs))]
+    num_tokens = sum(len(x.tokens) for x in inputs)
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
+
+
+async def _tokens(engine: Engine, embedder: EmbeddingModelInfo, item: str | list[int], index: int,
+                  num_inputs: int) -> tuple[int, ...]:
+    where = "input" if num_inputs == 1 and isinstance(item, str) else f"input[{index}]"
+    if isinstance(item, list):
+        tokens = request_rules.token_ids(item, engine.n_vocab(embedding_model=True), where)
+    elif len(item) > LARGE_TEXT:
+        future = engine.offload(engine.tokenize, item, True, True, True, may_refuse=False)
+        tokens = tuple(await asyncio.wrap_future(future))
+    else:
+        tokens = tuple(engine.tokenize(item, True, True, embedding_model=True))
+    max_tokens = embedder.max_input_tokens
+    if len(tokens) > max_tokens:
+        limit = "one ubatch, the model's trained context" if max_tokens == embedder.meta.n_ctx_train else "one ubatch"
+        raise bad_request(f"input {index} has {len(tokens)} tokens, more than the {max_tokens} an embedding input "
+                          f"may have ({limit}); split it", where)
+    return tokens
+
+
+def _encoded(vector: np.ndarray, encoding: str) -> list[float] | str:
+    if encoding == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return [float(x) for x in np.asarray(vector, dtype=np.float32)]
