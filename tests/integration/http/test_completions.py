@@ -104,9 +104,10 @@ def test_logprobs_legacy_shape(client: OpenAI, model: str) -> None:
     assert len(lp.tokens) == num_prompt + 3
     assert lp.text_offset[num_prompt] == len(PROMPT) and lp.text_offset[num_prompt - 1] < len(PROMPT)
     assert "".join(lp.tokens[:num_prompt]) == PROMPT and all(v <= 0 for v in lp.token_logprobs)
-    chunks = _streamed(client, model, max_tokens=3, logprobs=2, extra_body={"ignore_eos": True})
+    chunks = _streamed(client, model, max_tokens=3, logprobs=2, echo=True, extra_body={"ignore_eos": True})
     streamed = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
-    assert len(streamed) == 3
+    assert len(streamed) == num_prompt + 3 and "".join(streamed[:num_prompt]) == PROMPT
+    assert chunks[0].choices[0].text.startswith(PROMPT) and len(chunks[0].choices[0].logprobs.tokens) > num_prompt
 
 
 @pytest.mark.parametrize(("field", "value"), [("suffix", "the end"), ("best_of", 2), ("stream_options", {"x": 1})])
@@ -116,9 +117,11 @@ def test_a_field_not_served_is_refused_by_name(client: OpenAI, model: str, field
                   extra_body={field: value})
     param = refused.value.body["param"]
     assert param == (field if field != "stream_options" else "stream_options.x")
-    with pytest.raises(BadRequestError) as refused:
-        _complete(client, model, max_tokens=2, temperature=-1)
-    assert refused.value.body["param"] == "temperature"
+    for kwargs, param in [({"temperature": -1}, "temperature"), ({"logprobs": 21}, "logprobs"),
+                          ({"max_tokens": 10**6}, "max_tokens"), ({"prompt": []}, "prompt")]:
+        with pytest.raises(BadRequestError) as refused:
+            _complete(client, model, **{"max_tokens": 2, **kwargs})
+        assert refused.value.body["param"] == param, refused.value.message
 
 
 def test_a_disconnect_frees_every_prompts_slot(client: OpenAI, model: str, http_server: RunningServer) -> None:

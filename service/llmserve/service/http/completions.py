@@ -37,17 +37,21 @@ Event = TokenEvent | PromptLogprobsEvent | TurnEndEvent
 
 
 class _PromptSink:
-    """One prompt's session's sink: its events go to the request's shared queue, tagged."""
+    """One prompt's session's sink: its events go to the request's shared queue, tagged;
+    its own backlog, so that the executor pauses a prompt only for its own unread events."""
 
     def __init__(self, shared: EventQueue, prompt: int) -> None:
         self._shared = shared
         self._prompt = prompt
+        self._num_put = 0  # written by the executor thread only
+        self.num_taken = 0  # written by the loop thread only
 
     @property
     def backlog(self) -> int:
-        return self._shared.backlog  # a reader that stops pauses all of its prompts
+        return self._num_put - self.num_taken
 
     def put(self, event: object) -> None:
+        self._num_put += 1
         self._shared.put((self._prompt, event))
 
 
@@ -66,16 +70,19 @@ async def prompt_events(engine: Engine, request: CompletionRequest, params: Sess
     ends after every prompt's last turn end. ApiError when the engine refuses or ends one."""
     shared = EventQueue(asyncio.get_running_loop())
     handles: list[SessionHandle] = []
+    sinks: list[_PromptSink] = []
     closed: set[int] = set()
     try:
         for i, prompt in enumerate(request.prompts):
-            handle = engine.open_session(params, _PromptSink(shared, i), max_input_tokens)
+            sinks.append(_PromptSink(shared, i))
+            handle = engine.open_session(params, sinks[i], max_input_tokens)
             handles.append(handle)
             where = "prompt" if len(request.prompts) == 1 else f"prompt[{i}]"
             handle.add_tokens(await prompt_tokens(engine, prompt, handle.needs_bos, where), True)
         num_open = len(handles)
         while num_open:
             i, event = await shared.get()  # type: ignore[misc]
+            sinks[i].num_taken += 1
             if isinstance(event, SessionFailed):
                 raise from_status_name(event.status, event.message)
             if not isinstance(event, (TokenEvent, PromptLogprobsEvent, TurnEndEvent)):
