@@ -50,6 +50,18 @@ def test_max_tokens_and_usage_chunk(client: OpenAI, model: str) -> None:
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_a_stop_string_ends_the_text_before_it(client: OpenAI, model: str) -> None:
+    _complete(client, model, temperature=0, max_tokens=24)
+    text = _complete(client, model, temperature=0, max_tokens=24).choices[0].text
+    words = text.split()
+    assert len(words) > 4, text
+    stopped = _complete(client, model, temperature=0, max_tokens=24, stop=[words[3], "never-there"])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].text == text[: text.index(words[3])]
+    streamed = _streamed(client, model, temperature=0, max_tokens=24, stop=words[3])
+    assert "".join(c.choices[0].text for c in streamed) == stopped.choices[0].text  # never streamed
+
+
 def test_a_list_of_prompts_gives_choices_in_order(client: OpenAI, model: str) -> None:
     prompts = ["1, 2, 3, 4, 5, 6,", "A, B, C, D, E, F,", "Monday, Tuesday, Wednesday,"]
     nexts = ["7", "G", "Thursday"]  # each prompt's obvious continuation: choice i answers prompt i // n
@@ -104,6 +116,12 @@ def test_logprobs_legacy_shape(client: OpenAI, model: str) -> None:
     assert len(lp.tokens) == num_prompt + 3
     assert lp.text_offset[num_prompt] == len(PROMPT) and lp.text_offset[num_prompt - 1] < len(PROMPT)
     assert "".join(lp.tokens[:num_prompt]) == PROMPT and all(v <= 0 for v in lp.token_logprobs)
+    scored = _complete(client, model, max_tokens=0, logprobs=1, echo=True)  # the prompt's logprobs only
+    assert scored.choices[0].text == PROMPT and scored.usage.completion_tokens == 0
+    assert scored.choices[0].logprobs.tokens == lp.tokens[:num_prompt]
+    assert scored.choices[0].finish_reason == "length"
+    streamed_scored = _streamed(client, model, max_tokens=0, echo=True)
+    assert "".join(c.choices[0].text for c in streamed_scored) == PROMPT
     chunks = _streamed(client, model, max_tokens=3, logprobs=2, echo=True, extra_body={"ignore_eos": True})
     streamed = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
     assert len(streamed) == num_prompt + 3 and "".join(streamed[:num_prompt]) == PROMPT

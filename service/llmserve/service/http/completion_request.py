@@ -38,6 +38,7 @@ class CompletionRequest:
     echo: bool = False
     logprobs: int | None = None  # the legacy int: alternatives per token
     n: int | None = None
+    prompt_only: bool = False  # max_tokens 0: no completion tokens are shown
     sampling: dict[str, Any] = field(default_factory=dict)  # our names; only what the body set
     stopping: dict[str, Any] = field(default_factory=dict)
 
@@ -66,8 +67,9 @@ def parse_completion(value: object) -> CompletionRequest:
         sampling["seed"] = fields.seed(body)
     if "logit_bias" in body:
         sampling["logit_bias"] = fields.logit_bias(body["logit_bias"])
-    stopping: dict[str, Any] = {"max_tokens": fields.integer(body, "max_tokens") if "max_tokens" in body
-                                else DEFAULT_MAX_TOKENS}
+    max_tokens = fields.integer(body, "max_tokens") if "max_tokens" in body else DEFAULT_MAX_TOKENS
+    # max_tokens 0 (eval harnesses: the prompt's logprobs with echo): one token runs, none is shown
+    stopping: dict[str, Any] = {"max_tokens": max_tokens or 1}
     if "min_tokens" in body:
         stopping["min_tokens"] = fields.integer(body, "min_tokens")
     if "ignore_eos" in body:
@@ -84,5 +86,6 @@ def parse_completion(value: object) -> CompletionRequest:
         echo=fields.boolean(body, "echo") if "echo" in body else False,
         logprobs=fields.integer(body, "logprobs") if "logprobs" in body else None,
         n=fields.integer(body, "n") if "n" in body else None,
+        prompt_only=max_tokens == 0,
         sampling=sampling, stopping=stopping,
     )

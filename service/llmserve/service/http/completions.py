@@ -151,6 +151,8 @@ class CompletionResponder:
                     continue
                 c = prompt * self.n + event.index
                 if isinstance(event, TokenEvent):
+                    if self.request.prompt_only:
+                        continue
                     texts[c].append(event.text)
                     if (lp := logprobs[c]) is not None:
                         lp.add(event)
@@ -167,7 +169,7 @@ class CompletionResponder:
         """Each prompt once (its samples share it), every sample's completion."""
         firsts = [ends[p * self.n] for p in range(len(self.request.prompts))]
         prompt = sum(end.prompt_tokens for end in firsts)
-        completion = sum(end.completion_tokens for end in ends.values())
+        completion = 0 if self.request.prompt_only else sum(end.completion_tokens for end in ends.values())
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                 "prompt_tokens_details": {"cached_tokens": sum(end.cached_tokens for end in firsts)}}
 
@@ -188,6 +190,8 @@ class CompletionResponder:
                         for c in self._choices_of(prompt):
                             if (lp := logprobs[c]) is not None:
                                 lp.add_prompt(event)
+                        continue
+                    if isinstance(event, TokenEvent) and self.request.prompt_only:
                         continue
                     c = prompt * self.n + event.index
                     text = "" if c in started else self._echo(prompt)
