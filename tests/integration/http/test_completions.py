@@ -157,3 +157,14 @@ def test_a_disconnect_frees_every_prompts_slot(client: OpenAI, model: str, http_
         while busy() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert busy() == 0
+
+
+def test_the_same_seed_gives_generate_texts_tokens(client: OpenAI, model: str, http_server: RunningServer) -> None:
+    """One engine path: the same prompt, seed and settings over HTTP and gRPC GenerateText."""
+    settings = {"temperature": 0.9, "seed": 11, "max_tokens": 12, "top_p": 0.9}
+    _complete(client, model, **settings, extra_body={"ignore_eos": True})  # warms the prefix cache
+    reply = _complete(client, model, logprobs=0, **settings, extra_body={"ignore_eos": True})
+    with Client(http_server.address, api_key=API_KEY) as grpc_client:
+        grpc = grpc_client.generate_text(PROMPT, ignore_eos=True, logprobs=True, **settings).samples[0]
+    assert reply.choices[0].text == grpc.text and reply.usage.completion_tokens == len(grpc.token_ids) == 12
+    assert reply.choices[0].logprobs.token_logprobs == pytest.approx([lp.logprob for lp in grpc.logprobs], abs=1e-4)
