@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP wing: `/v1/chat/completions`, `/v1/models`, `/health` (aiohttp).
+"""The OpenAI-compatible HTTP wing: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
+`/v1/models`, `/health` (aiohttp).
 
 A second transport beside `transport/` (gRPC), on the same event loop and the same
 `Engine`: it translates JSON to the engine's domain values and events back to OpenAI's
