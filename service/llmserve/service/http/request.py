@@ -10,7 +10,6 @@ not sent.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +17,7 @@ from ..domain import request_rules
 from ..domain.model_meta import Limits
 from ..domain.requests import SessionParams
 from ..engine.engine import ChatMessage
-from . import structured, tool_calls
+from . import fields, structured, tool_calls
 from .errors import bad_request
 from .messages import parse_messages
 from .structured import Constraint
@@ -64,39 +63,39 @@ def parse_chat(body: object) -> ChatRequest:
             raise bad_request(f"{name} is not supported by this server", name)
     if "messages" not in body:
         raise bad_request("messages is required", "messages")
-    sampling: dict[str, Any] = {name: _number(body, name) for name in SAMPLING if name in body}
+    sampling: dict[str, Any] = {name: fields.number(body, name) for name in SAMPLING if name in body}
     if "top_k" in sampling:
-        sampling["top_k"] = _int(body, "top_k")
+        sampling["top_k"] = fields.integer(body, "top_k")
     if "seed" in body:
-        sampling["seed"] = _int(body, "seed")
+        sampling["seed"] = fields.integer(body, "seed")
         if not 0 <= sampling["seed"] < 2**32:
             raise bad_request(f"seed must be in [0, {2**32 - 1}), got {sampling['seed']}", "seed")
     if "logit_bias" in body:
-        sampling["logit_bias"] = _logit_bias(body["logit_bias"])
+        sampling["logit_bias"] = fields.logit_bias(body["logit_bias"])
     stopping: dict[str, Any] = {}
-    max_tokens = {name: _int(body, name) for name in ("max_completion_tokens", "max_tokens") if name in body}
+    max_tokens = {name: fields.integer(body, name) for name in ("max_completion_tokens", "max_tokens") if name in body}
     if len(set(max_tokens.values())) > 1:
         raise bad_request("max_tokens and max_completion_tokens differ: send one", "max_tokens")
     if max_tokens:
         stopping["max_tokens"] = next(iter(max_tokens.values()))
     if "min_tokens" in body:
-        stopping["min_tokens"] = _int(body, "min_tokens")
+        stopping["min_tokens"] = fields.integer(body, "min_tokens")
     if "ignore_eos" in body:
-        stopping["ignore_eos"] = _bool(body, "ignore_eos")
+        stopping["ignore_eos"] = fields.boolean(body, "ignore_eos")
     if "stop" in body:
-        stopping["stop"] = _stop(body["stop"])
-    logprobs = _bool(body, "logprobs") if "logprobs" in body else False
+        stopping["stop"] = fields.stop(body["stop"])
+    logprobs = fields.boolean(body, "logprobs") if "logprobs" in body else False
     output: dict[str, Any] = {}
     if "top_logprobs" in body:
         if not logprobs:
             raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
-        output["top_logprobs"] = _int(body, "top_logprobs")
+        output["top_logprobs"] = fields.integer(body, "top_logprobs")
     elif logprobs:
         output["top_logprobs"] = 0  # the sampled token's logprob only
-    stream = _bool(body, "stream") if "stream" in body else False
+    stream = fields.boolean(body, "stream") if "stream" in body else False
     include_usage = False
     if "stream_options" in body:
-        include_usage = _stream_options(body["stream_options"], stream)
+        include_usage = fields.include_usage(body["stream_options"], stream)
     if "user" in body and not isinstance(body["user"], str):
         raise bad_request("user must be a string", "user")
     model = body.get("model")
@@ -110,63 +109,4 @@ def parse_chat(body: object) -> ChatRequest:
             raise bad_request("logprobs with tools is not served: the reply is a tool call's JSON", "logprobs")
         constraint, messages = tool_calls.reply_constraint(tools), tool_calls.with_preamble(messages, tools)
     return ChatRequest(model, messages, stream, include_usage, logprobs,
-                       _int(body, "n") if "n" in body else None, sampling, stopping, output, constraint, tools)
-
-
-def _stop(value: object) -> tuple[str, ...]:
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, list) and all(isinstance(s, str) for s in value):
-        return tuple(value)
-    raise bad_request("stop must be a string or an array of strings", "stop")
-
-
-def _logit_bias(value: object) -> dict[int, float]:
-    if not isinstance(value, dict):
-        raise bad_request("logit_bias must be an object of token id → bias", "logit_bias")
-    biases = {}
-    for key, bias in value.items():
-        where = f"logit_bias[{key}]"
-        try:
-            token = int(key)
-        except ValueError:
-            raise bad_request(f"logit_bias keys are token ids, got {key!r}", where) from None
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
-            raise bad_request(f"a logit bias must be a number in [-100, 100], got {bias!r}", where)
-        biases[token] = float(bias)
-    return biases
-
-
-def _stream_options(value: object, stream: bool) -> bool:
-    if not stream:
-        raise bad_request("stream_options is only allowed with stream: true", "stream_options")
-    if not isinstance(value, dict):
-        raise bad_request("stream_options must be an object", "stream_options")
-    for key in value:
-        if key != "include_usage":
-            raise bad_request(f"stream_options.{key} is not supported by this server", f"stream_options.{key}")
-    include = value.get("include_usage", False)
-    if not isinstance(include, bool):
-        raise bad_request("stream_options.include_usage must be a boolean", "stream_options.include_usage")
-    return include
-
-
-def _number(body: dict[str, Any], name: str) -> float:
-    value = body[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise bad_request(f"{name} must be a number, got {value!r}", name)
-    return float(value)
-
-
-def _int(body: dict[str, Any], name: str) -> int:
-    value = body[name]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(f"{name} must be an integer, got {value!r}", name)
-    return value
-
-
-def _bool(body: dict[str, Any], name: str) -> bool:
-    value = body[name]
-    if not isinstance(value, bool):
-        raise bad_request(f"{name} must be a boolean, got {value!r}", name)
-    return value
+                       fields.integer(body, "n") if "n" in body else None, sampling, stopping, output, constraint, tools)
