@@ -122,7 +122,11 @@ class AsyncSession:
 
     def __init__(self, client: AsyncClient, config: pb.SessionConfig, timeout: float | None = None) -> None:
         self._requests: asyncio.Queue[object] = asyncio.Queue()
-        self._requests.put_nowait(pb.GenerateRequest(config=config))
+        # The config rides with the first turn's input, in one message: if the server refuses
+        # the config, the client has nothing more to write. (grpc aio reports a write after
+        # the server ended the call as INTERNAL "Internal error from Core", hiding the
+        # server's status: grpc/grpc#36066.)
+        self._config: pb.SessionConfig | None = config
         self._call = client.stub.Generate(self._pending(), **client.options.call_kwargs(timeout, config.session_id))
         self._samples = config.n if config.HasField("n") else 1
         self.turn_end: pb.TurnEnd | None = None
@@ -143,7 +147,7 @@ class AsyncSession:
 
     async def responses(self, prompt: Prompt, *, timeout: float | None = None) -> AsyncIterator[pb.GenerateResponse]:
         """See `Session.responses`."""
-        await self._requests.put(pb.GenerateRequest(input=make_input(prompt), end_of_turn=True))
+        await self._requests.put(self._with_config(pb.GenerateRequest(input=make_input(prompt), end_of_turn=True)))
         tracker = TurnTracker(self._samples, timeout)
         loop = asyncio.get_running_loop()
         handles = [loop.call_later(timeout, tracker.expire, self._cancel_now),
@@ -176,7 +180,15 @@ class AsyncSession:
     async def cancel(self) -> None:
         self._cancel_now()
 
+    def _with_config(self, request: pb.GenerateRequest) -> pb.GenerateRequest:
+        if self._config is not None:
+            request.config.CopyFrom(self._config)
+            self._config = None
+        return request
+
     async def close(self) -> None:
+        if self._config is not None:  # no turn was sent: the stream still opens, as it always did
+            await self._requests.put(self._with_config(pb.GenerateRequest()))
         await self._requests.put(_END)
         try:
             while await self._call.read() is not grpc.aio.EOF:
