@@ -60,22 +60,10 @@ def parse_completion(value: object) -> CompletionRequest:
     prompts = fields.texts_or_tokens(body["prompt"], "prompt")
     if len(prompts) > MAX_PROMPTS:
         raise bad_request(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}", "prompt")
-    sampling: dict[str, Any] = {name: fields.number(body, name) for name in SAMPLING if name in body}
-    if "top_k" in sampling:
-        sampling["top_k"] = fields.integer(body, "top_k")
-    if "seed" in body:
-        sampling["seed"] = fields.seed(body)
-    if "logit_bias" in body:
-        sampling["logit_bias"] = fields.logit_bias(body["logit_bias"])
+    sampling = fields.sampling_values(body, SAMPLING)
     max_tokens = fields.integer(body, "max_tokens") if "max_tokens" in body else DEFAULT_MAX_TOKENS
     # max_tokens 0 (eval harnesses: the prompt's logprobs with echo): one token runs, none is shown
-    stopping: dict[str, Any] = {"max_tokens": max_tokens or 1}
-    if "min_tokens" in body:
-        stopping["min_tokens"] = fields.integer(body, "min_tokens")
-    if "ignore_eos" in body:
-        stopping["ignore_eos"] = fields.boolean(body, "ignore_eos")
-    if "stop" in body:
-        stopping["stop"] = fields.stop(body["stop"])
+    stopping: dict[str, Any] = {"max_tokens": max_tokens or 1, **fields.stop_values(body)}
     stream = fields.boolean(body, "stream") if "stream" in body else False
     include_usage = fields.include_usage(body["stream_options"], stream) if "stream_options" in body else False
     if "user" in body:

@@ -123,3 +123,27 @@ def texts_or_tokens(value: object, name: str) -> list[str | list[int]]:
             where = name if isinstance(value, str) else f"{name}[{i}]"
             raise bad_request(f"{where} must not be empty", where)
     return items
+
+
+def sampling_values(body: Body, names: Collection[str]) -> dict[str, Any]:
+    """The sampling fields the body sets (`names`: its float ones), as the shared rules take them."""
+    sampling: dict[str, Any] = {name: number(body, name) for name in names if name in body}
+    if "top_k" in sampling:
+        sampling["top_k"] = integer(body, "top_k")
+    if "seed" in body:
+        sampling["seed"] = seed(body)
+    if "logit_bias" in body:
+        sampling["logit_bias"] = logit_bias(body["logit_bias"])
+    return sampling
+
+
+def stop_values(body: Body) -> dict[str, Any]:
+    """min_tokens, ignore_eos and stop, where the body sets them."""
+    stopping: dict[str, Any] = {}
+    if "min_tokens" in body:
+        stopping["min_tokens"] = integer(body, "min_tokens")
+    if "ignore_eos" in body:
+        stopping["ignore_eos"] = boolean(body, "ignore_eos")
+    if "stop" in body:
+        stopping["stop"] = stop(body["stop"])
+    return stopping

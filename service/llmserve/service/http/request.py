@@ -63,27 +63,13 @@ def parse_chat(body: object) -> ChatRequest:
             raise bad_request(f"{name} is not supported by this server", name)
     if "messages" not in body:
         raise bad_request("messages is required", "messages")
-    sampling: dict[str, Any] = {name: fields.number(body, name) for name in SAMPLING if name in body}
-    if "top_k" in sampling:
-        sampling["top_k"] = fields.integer(body, "top_k")
-    if "seed" in body:
-        sampling["seed"] = fields.integer(body, "seed")
-        if not 0 <= sampling["seed"] < 2**32:
-            raise bad_request(f"seed must be in [0, {2**32 - 1}), got {sampling['seed']}", "seed")
-    if "logit_bias" in body:
-        sampling["logit_bias"] = fields.logit_bias(body["logit_bias"])
-    stopping: dict[str, Any] = {}
+    sampling = fields.sampling_values(body, SAMPLING)
+    stopping = fields.stop_values(body)
     max_tokens = {name: fields.integer(body, name) for name in ("max_completion_tokens", "max_tokens") if name in body}
     if len(set(max_tokens.values())) > 1:
         raise bad_request("max_tokens and max_completion_tokens differ: send one", "max_tokens")
     if max_tokens:
         stopping["max_tokens"] = next(iter(max_tokens.values()))
-    if "min_tokens" in body:
-        stopping["min_tokens"] = fields.integer(body, "min_tokens")
-    if "ignore_eos" in body:
-        stopping["ignore_eos"] = fields.boolean(body, "ignore_eos")
-    if "stop" in body:
-        stopping["stop"] = fields.stop(body["stop"])
     logprobs = fields.boolean(body, "logprobs") if "logprobs" in body else False
     output: dict[str, Any] = {}
     if "top_logprobs" in body:
