@@ -17,6 +17,7 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_DEADLINE: _ClassVar[FinishReason]
     FINISH_REASON_CONTEXT_FULL: _ClassVar[FinishReason]
     FINISH_REASON_ERROR: _ClassVar[FinishReason]
+    FINISH_REASON_TOOL_CALLS: _ClassVar[FinishReason]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -25,6 +26,7 @@ FINISH_REASON_CANCELLED: FinishReason
 FINISH_REASON_DEADLINE: FinishReason
 FINISH_REASON_CONTEXT_FULL: FinishReason
 FINISH_REASON_ERROR: FinishReason
+FINISH_REASON_TOOL_CALLS: FinishReason
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "presence_penalty", "frequency_penalty", "repeat_last_n", "dynatemp_range", "dynatemp_exponent", "typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "mirostat", "mirostat_tau", "mirostat_eta", "logit_bias")
@@ -116,21 +118,75 @@ class OutputOptions(_message.Message):
     def __init__(self, top_logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[bool] = ..., include_special: _Optional[bool] = ...) -> None: ...
 
 class Constraint(_message.Message):
-    __slots__ = ("grammar", "json_schema", "regex", "choice", "json_object")
+    __slots__ = ("grammar", "json_schema", "regex", "choice", "json_object", "strict")
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     REGEX_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FIELD_NUMBER: _ClassVar[int]
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
     grammar: str
     json_schema: str
     regex: str
     choice: StringList
     json_object: bool
-    def __init__(self, grammar: _Optional[str] = ..., json_schema: _Optional[str] = ..., regex: _Optional[str] = ..., choice: _Optional[_Union[StringList, _Mapping]] = ..., json_object: _Optional[bool] = ...) -> None: ...
+    strict: bool
+    def __init__(self, grammar: _Optional[str] = ..., json_schema: _Optional[str] = ..., regex: _Optional[str] = ..., choice: _Optional[_Union[StringList, _Mapping]] = ..., json_object: _Optional[bool] = ..., strict: _Optional[bool] = ...) -> None: ...
+
+class Tool(_message.Message):
+    __slots__ = ("name", "description", "parameters")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    parameters: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters: _Optional[str] = ...) -> None: ...
+
+class ToolChoice(_message.Message):
+    __slots__ = ("mode", "function_name")
+    class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        MODE_UNSPECIFIED: _ClassVar[ToolChoice.Mode]
+        MODE_NONE: _ClassVar[ToolChoice.Mode]
+        MODE_AUTO: _ClassVar[ToolChoice.Mode]
+        MODE_REQUIRED: _ClassVar[ToolChoice.Mode]
+        MODE_FUNCTION: _ClassVar[ToolChoice.Mode]
+    MODE_UNSPECIFIED: ToolChoice.Mode
+    MODE_NONE: ToolChoice.Mode
+    MODE_AUTO: ToolChoice.Mode
+    MODE_REQUIRED: ToolChoice.Mode
+    MODE_FUNCTION: ToolChoice.Mode
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    mode: ToolChoice.Mode
+    function_name: str
+    def __init__(self, mode: _Optional[_Union[ToolChoice.Mode, str]] = ..., function_name: _Optional[str] = ...) -> None: ...
+
+class ToolCall(_message.Message):
+    __slots__ = ("id", "name", "arguments")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    arguments: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
+
+class ToolCallDelta(_message.Message):
+    __slots__ = ("index", "id", "name", "arguments")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    id: str
+    name: str
+    arguments: str
+    def __init__(self, index: _Optional[int] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class SessionConfig(_message.Message):
-    __slots__ = ("request_id", "sampling", "stopping", "add_bos", "priority", "output", "constraint", "n", "session_id")
+    __slots__ = ("request_id", "sampling", "stopping", "add_bos", "priority", "output", "constraint", "n", "session_id", "tools", "tool_choice", "parallel_tool_calls")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STOPPING_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +196,9 @@ class SessionConfig(_message.Message):
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     sampling: SamplingParams
     stopping: StoppingCriteria
@@ -149,7 +208,10 @@ class SessionConfig(_message.Message):
     constraint: Constraint
     n: int
     session_id: str
-    def __init__(self, request_id: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., add_bos: _Optional[bool] = ..., priority: _Optional[int] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., n: _Optional[int] = ..., session_id: _Optional[str] = ...) -> None: ...
+    tools: _containers.RepeatedCompositeFieldContainer[Tool]
+    tool_choice: ToolChoice
+    parallel_tool_calls: bool
+    def __init__(self, request_id: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., add_bos: _Optional[bool] = ..., priority: _Optional[int] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., n: _Optional[int] = ..., session_id: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -158,12 +220,16 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
-    __slots__ = ("role", "content")
+    __slots__ = ("role", "content", "tool_calls", "tool_call_id")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    tool_call_id: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ...) -> None: ...
 
 class ChatMessages(_message.Message):
     __slots__ = ("messages",)
@@ -214,16 +280,18 @@ class TokenLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
-    __slots__ = ("text", "token_ids", "logprobs", "index")
+    __slots__ = ("text", "token_ids", "logprobs", "index", "tool_calls")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
     index: int
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCallDelta]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ...) -> None: ...
 
 class PromptLogprobs(_message.Message):
     __slots__ = ("tokens",)
@@ -260,7 +328,7 @@ class Timings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., time_to_first_token_ms: _Optional[float] = ..., prompt_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., decode_tokens_per_second: _Optional[float] = ...) -> None: ...
 
 class TurnEnd(_message.Message):
-    __slots__ = ("finish_reason", "matched_stop", "usage", "timings", "seed", "message", "index", "matched_stop_token_id")
+    __slots__ = ("finish_reason", "matched_stop", "usage", "timings", "seed", "message", "index", "matched_stop_token_id", "tool_calls")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     MATCHED_STOP_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +337,7 @@ class TurnEnd(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     MATCHED_STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     finish_reason: FinishReason
     matched_stop: str
     usage: Usage
@@ -277,7 +346,8 @@ class TurnEnd(_message.Message):
     message: str
     index: int
     matched_stop_token_id: int
-    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., matched_stop: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., index: _Optional[int] = ..., matched_stop_token_id: _Optional[int] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., matched_stop: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., index: _Optional[int] = ..., matched_stop_token_id: _Optional[int] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "chunk", "turn_end", "prompt_logprobs")
@@ -513,7 +583,7 @@ class EmbeddingModelInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., num_parameters: _Optional[int] = ..., n_ctx_train: _Optional[int] = ..., n_embd: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling_type: _Optional[str] = ..., max_input_tokens: _Optional[int] = ..., n_ubatch: _Optional[int] = ..., separate: _Optional[bool] = ...) -> None: ...
 
 class Features(_message.Message):
-    __slots__ = ("samplers", "max_top_logprobs", "prompt_logprobs", "grammar", "json_schema", "chat", "chat_template_source", "max_samples", "regex", "choice", "json_object")
+    __slots__ = ("samplers", "max_top_logprobs", "prompt_logprobs", "grammar", "json_schema", "chat", "chat_template_source", "max_samples", "regex", "choice", "json_object", "tools", "strict")
     SAMPLERS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -525,6 +595,8 @@ class Features(_message.Message):
     REGEX_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FIELD_NUMBER: _ClassVar[int]
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
     samplers: _containers.RepeatedScalarFieldContainer[str]
     max_top_logprobs: int
     prompt_logprobs: bool
@@ -536,4 +608,6 @@ class Features(_message.Message):
     regex: bool
     choice: bool
     json_object: bool
-    def __init__(self, samplers: _Optional[_Iterable[str]] = ..., max_top_logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[bool] = ..., grammar: _Optional[bool] = ..., json_schema: _Optional[bool] = ..., chat: _Optional[bool] = ..., chat_template_source: _Optional[str] = ..., max_samples: _Optional[int] = ..., regex: _Optional[bool] = ..., choice: _Optional[bool] = ..., json_object: _Optional[bool] = ...) -> None: ...
+    tools: bool
+    strict: bool
+    def __init__(self, samplers: _Optional[_Iterable[str]] = ..., max_top_logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[bool] = ..., grammar: _Optional[bool] = ..., json_schema: _Optional[bool] = ..., chat: _Optional[bool] = ..., chat_template_source: _Optional[str] = ..., max_samples: _Optional[int] = ..., regex: _Optional[bool] = ..., choice: _Optional[bool] = ..., json_object: _Optional[bool] = ..., tools: _Optional[bool] = ..., strict: _Optional[bool] = ...) -> None: ...
