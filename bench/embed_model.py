@@ -81,12 +81,13 @@ llama-server `--embeddings --pooling mean`; {NP} slots, {CTX} context, {THREADS}
 {END}"""
 
 
-def write_section(out: Path, text: str) -> None:
-    """Replace the section in `out` (or append it)."""
+def write_section(out: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the section between `begin` and `end` in `out` (or append it); `text`
+    carries the markers."""
     current = out.read_text() if out.exists() else ""
-    if BEGIN in current and END in current:
-        head, rest = current.split(BEGIN, 1)
-        current = head + text + rest.split(END, 1)[1]
+    if begin in current and end in current:
+        head, rest = current.split(begin, 1)
+        current = head + text + rest.split(end, 1)[1]
     else:
         current = current.rstrip("\n") + "\n\n" + text + "\n"
     out.write_text(current)

@@ -36,11 +36,16 @@ def wait_http(url: str, timeout: float = 120) -> None:
     raise RuntimeError(f"{url} did not become healthy")
 
 
-def start_llmserve(log: Path, embed_args: tuple[str, ...] = ("--embeddings",)) -> tuple[subprocess.Popen[bytes], str]:
+def start_llmserve(
+    log: Path, embed_args: tuple[str, ...] = ("--embeddings",), extra: tuple[str, ...] = (), http_port: int | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """llmserve with the bench's slots, context and threads; `http_port`: also its OpenAI
+    HTTP API there (`--http-port`). Returns the process and the gRPC address."""
     sys.path.insert(0, str(ROOT))
     from tests.conftest import start_server
 
-    server = start_server(["-np", str(NP), "-c", str(CTX), "-t", str(THREADS), *embed_args], log)
+    args = ["-np", str(NP), "-c", str(CTX), "-t", str(THREADS), *embed_args, *extra]
+    server = start_server(args, log, http_port=http_port)
     return server.process, server.address
 
 
