@@ -2,13 +2,18 @@
 llama-server uses): a JSON schema, a regular expression (the converter's pattern
 translation, unquoted), one of several strings, any JSON object, or GBNF itself.
 Runs in the grammar worker, under its CPU and memory budget: a hostile schema or
-pattern can take that long to convert."""
+pattern can take that long to convert. A schema's `$ref`s resolve within it (recursive
+schemas too); one with a part that can never end (grammar_ends.py) is refused. What the
+converter enforces of a schema, and what `strict` refuses: domain/schema_strict.py."""
 
 from __future__ import annotations
 
 import json
 
-from llama_cpp.llama_grammar import SchemaConverter, json_schema_to_gbnf
+from llama_cpp.llama_grammar import INVALID_RULE_CHARS_RE, RESERVED_NAMES, SchemaConverter
+
+from ..domain.schema_pointer import resolve_pointer
+from .grammar_ends import unending_rules
 
 KINDS = ("grammar", "json_schema", "regex", "choice", "json_object")
 
@@ -23,8 +28,56 @@ def _strict_strings(gbnf: str) -> str:
     return gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
 
 
-def _converter(raw_pattern: bool = False) -> SchemaConverter:
-    return SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=raw_pattern)
+class _Converter(SchemaConverter):
+    """The converter with its `$ref`s read right. As shipped, it resolved only the
+    references it met outside a referenced subschema (so a schema whose root is a `$ref`
+    into its own `$defs`, as a recursive tree usually is, failed with a KeyError), and it
+    named a reference's rule by the pointer's last segment, so two targets of one name, or
+    a target named like a builtin rule or a property's rule, shared one rule. Here every
+    local reference resolves (domain/schema_pointer.py, as the strict check reads it), and
+    each target gets a rule of its own."""
+
+    def __init__(self, raw_pattern: bool = False) -> None:
+        super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=raw_pattern)
+        self._ref_rules: dict[str, str] = {}
+
+    def resolve_refs(self, schema: dict, url: str) -> dict:  # type: ignore[type-arg]
+        todo: list[object] = [schema]
+        while todo:
+            node = todo.pop()
+            if isinstance(node, dict):
+                ref = node.get("$ref")
+                if ref is not None:
+                    target = resolve_pointer(schema, ref)  # ValueError names what is wrong
+                    node["$ref"] = f"{url}{ref}"
+                    self._refs[node["$ref"]] = target
+                todo.extend(node.values())
+            elif isinstance(node, list):
+                todo.extend(node)
+        return schema
+
+    def _resolve_ref(self, ref: str) -> str:
+        name = self._ref_rules.get(ref)
+        if name is None:
+            base = INVALID_RULE_CHARS_RE.sub("-", ref.split("/")[-1]).strip("-") or "ref"
+            name, i = base, 0
+            while name in RESERVED_NAMES or name in self._rules:
+                name, i = f"{base}{i}", i + 1
+            self._ref_rules[ref] = name
+            self._rules[name] = ""  # held while its target (which may name it again) is visited
+            self._rules[name] = self.visit(self._refs[ref], name)
+        return name
+
+
+def _schema_gbnf(text: str) -> str:
+    converter = _Converter()
+    converter.visit(converter.resolve_refs(json.loads(text), "schema"), "")
+    gbnf = converter.format_grammar()
+    unending = unending_rules(gbnf)
+    if unending:
+        raise ValueError(f"the schema has no finite instance: its grammar's rules {', '.join(unending[:4])} never "
+                         "end (a required property, or minItems, always leads back into itself)")
+    return _strict_strings(gbnf)
 
 
 def to_gbnf(kind: str, text: str) -> str:
@@ -33,10 +86,10 @@ def to_gbnf(kind: str, text: str) -> str:
     if kind == "grammar":
         return text
     if kind == "json_schema":
-        return _strict_strings(json_schema_to_gbnf(text))
+        return _schema_gbnf(text)
     if kind == "json_object":
-        return _strict_strings(json_schema_to_gbnf('{"type": "object"}'))
-    converter = _converter(raw_pattern=True)
+        return _schema_gbnf('{"type": "object"}')
+    converter = _Converter(raw_pattern=True)
     if kind == "regex":
         pattern = text if text.startswith("^") else "^" + text
         pattern = pattern if pattern.endswith("$") and not pattern.endswith("\\$") else pattern + "$"
