@@ -59,11 +59,12 @@ RUN mkdir -p /var/cache/llmserve && chown 10001:10001 /var/cache/llmserve
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     LLMSERVE_MODEL=/opt/llmserve/models/gemma-3-270m-q4_k_m.gguf \
     LLMSERVE_CACHE_DIR=/var/cache/llmserve \
-    LLMSERVE_HOST=0.0.0.0 LLMSERVE_PORT=50051 \
+    LLMSERVE_HOST=0.0.0.0 LLMSERVE_PORT=50051 LLMSERVE_HTTP_PORT=8080 \
     LLMSERVE_METRICS_HOST=0.0.0.0 LLMSERVE_METRICS_PORT=9090
 USER 10001:10001
 WORKDIR /home/llmserve
-EXPOSE 50051 9090
+# gRPC, the OpenAI HTTP API (docs/openai.md; GET /health is readiness), Prometheus metrics.
+EXPOSE 50051 8080 9090
 # `llmserve health` reads the server's own variables: 127.0.0.1:$LLMSERVE_PORT, TLS when
 # LLMSERVE_TLS_CERT is set. With TLS, also set LLMSERVE_TLS_CA (the CA of the server's
 # certificate), LLMSERVE_TLS_SERVER_NAME if that certificate does not name 127.0.0.1, and

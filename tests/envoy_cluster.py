@@ -59,13 +59,15 @@ class Replica:
     log_path: Path
     args: list[str] = field(default_factory=lambda: list(REPLICA_ARGS))
     server: RunningServer | None = None
+    http_port: int | None = None  # --http-port: the OpenAI HTTP API too
 
     def start(self) -> None:
         """Start the replica; the log of a previous process on this address is kept as `<log>.<n>`."""
         if self.log_path.exists():
             kept = sum(1 for _ in self.log_path.parent.glob(self.log_path.name + ".*")) + 1
             self.log_path.rename(self.log_path.with_name(f"{self.log_path.name}.{kept}"))
-        self.server = start_server(self.args, self.log_path, port=self.port, metrics_port=self.metrics_port)
+        self.server = start_server(self.args, self.log_path, port=self.port, metrics_port=self.metrics_port,
+                                   http_port=self.http_port)
 
     def metric(self, sample: str) -> float:
         """A sample's value (0 when absent), e.g. 'llmserve_requests_total{code="OK",rpc="Generate"}'."""
@@ -103,9 +105,11 @@ class Cluster:
     num_replicas: int = 3
     replica_args: list[str] = field(default_factory=lambda: list(REPLICA_ARGS))
     health_interval_s: float = HEALTH_INTERVAL_S
+    http: bool = False  # replicas serve the OpenAI HTTP API too, and Envoy its HTTP listener
     replicas: list[Replica] = field(default_factory=list)
     envoy: subprocess.Popen[bytes] | None = None
     port: int = 0
+    http_port: int = 0
     admin_port: int = 0
 
     @property
@@ -114,14 +118,18 @@ class Cluster:
 
     def start(self) -> None:
         self.replicas = [
-            Replica(free_port(), free_port(), self.directory / f"replica-{i}.log", list(self.replica_args))
+            Replica(free_port(), free_port(), self.directory / f"replica-{i}.log", list(self.replica_args),
+                    http_port=free_port() if self.http else None)
             for i in range(self.num_replicas)
         ]
         for replica in self.replicas:
             replica.start()
         self.port, self.admin_port = free_port(), free_port()
+        self.http_port = free_port() if self.http else 0
         config = render([("127.0.0.1", r.port) for r in self.replicas], dns=False, listen_address="127.0.0.1",
-                        listen_port=self.port, admin_port=self.admin_port, health_interval_s=self.health_interval_s)
+                        listen_port=self.port, admin_port=self.admin_port, health_interval_s=self.health_interval_s,
+                        http_endpoints=[("127.0.0.1", r.http_port or 0) for r in self.replicas],
+                        http_listen_port=self.http_port or None)
         config_path = self.directory / "envoy.yaml"
         config_path.write_text(dump(config))
         binary = envoy_binary()
@@ -131,6 +139,8 @@ class Cluster:
             stdout=(self.directory / "envoy.log").open("wb"), stderr=subprocess.STDOUT,
         )
         self.wait_healthy(set(range(self.num_replicas)))
+        if self.http:
+            self.wait_healthy(set(range(self.num_replicas)), cluster="llmserve_http")
 
     def stop(self) -> None:
         if self.envoy is not None:
@@ -140,15 +150,15 @@ class Cluster:
             if replica.server is not None and replica.server.process.poll() is None:
                 stop_server(replica.server)
 
-    def host_health(self) -> dict[int, str]:
-        """Envoy's view of each replica (by index) in the LEAST_REQUEST cluster: "healthy",
-        or its failure flags."""
+    def host_health(self, cluster_name: str = "llmserve") -> dict[int, str]:
+        """Envoy's view of each replica (by index) in a cluster (the gRPC LEAST_REQUEST one by
+        default): "healthy", or its failure flags."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/clusters?format=json", timeout=5) as r:
             clusters = json.loads(r.read())["cluster_statuses"]
-        by_port = {replica.port: i for i, replica in enumerate(self.replicas)}
+        by_port = {port: i for i, r in enumerate(self.replicas) for port in (r.port, r.http_port) if port}
         health: dict[int, str] = {}
         for cluster in clusters:
-            if cluster["name"] != "llmserve":
+            if cluster["name"] != cluster_name:
                 continue
             for host in cluster.get("host_statuses", []):
                 port = host["address"]["socket_address"]["port_value"]
@@ -156,18 +166,18 @@ class Cluster:
                 health[by_port[port]] = "healthy" if not flags else ",".join(sorted(flags))
         return health
 
-    def wait_healthy(self, expected: set[int], timeout: float = 60) -> float:
-        """Wait until exactly `expected` replicas are healthy in Envoy; returns seconds waited."""
+    def wait_healthy(self, expected: set[int], timeout: float = 60, cluster: str = "llmserve") -> float:
+        """Wait until exactly `expected` replicas are healthy in an Envoy cluster; returns seconds waited."""
         start = time.monotonic()
         while time.monotonic() - start < timeout:
             try:
-                health = self.host_health()
+                health = self.host_health(cluster)
                 if {i for i, state in health.items() if state == "healthy"} == expected:
                     return time.monotonic() - start
             except OSError:
                 pass
             time.sleep(0.1)
-        raise AssertionError(f"Envoy never saw exactly {expected} healthy: {self.host_health()}")
+        raise AssertionError(f"Envoy never saw exactly {expected} healthy in {cluster}: {self.host_health(cluster)}")
 
     def envoy_stats(self, prefix: str = "cluster.llmserve.upstream_rq_retry") -> dict[str, int]:
         """Envoy's counters whose names start with `prefix` (its retries, by default)."""

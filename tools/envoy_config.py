@@ -26,42 +26,69 @@ K8S_OUT = ROOT / "deploy" / "k8s" / "envoy-configmap.yaml"
 HEADER = "# Generated from deploy/envoy/envoy.template.yaml by `python -m tools.envoy_config`: edit the template.\n"
 
 
+HTTP_LISTENER = "http"
+HTTP_CLUSTERS = ("llmserve_http", "llmserve_http_affinity")  # the replicas' HTTP port (the OpenAI API)
+COMPOSE_HTTP_LISTEN_PORT = 8081  # Envoy's OpenAI HTTP listener in compose and Kubernetes
+REPLICA_HTTP_PORT = 8080  # LLMSERVE_HTTP_PORT of the image, compose and the Deployment
+
+
 def render(
     endpoints: Sequence[tuple[str, int]],
     *,
     dns: bool,
+    http_endpoints: Sequence[tuple[str, int]] = (),
     listen_port: int = 8080,
+    http_listen_port: int | None = None,
     listen_address: str = "0.0.0.0",
     admin_port: int = 9901,
     health_interval_s: float = 5.0,
 ) -> dict[str, Any]:
-    """The config as a dict. `dns`: STRICT_DNS (every A record of each name is a
-    replica), else STATIC IP endpoints."""
+    """The config as a dict. `endpoints`: the replicas' gRPC addresses; `http_endpoints`:
+    the same replicas' HTTP ports, served on `http_listen_port` (None: no HTTP listener and
+    no HTTP clusters, the gRPC path alone). `dns`: STRICT_DNS (every A record of each name
+    is a replica), else STATIC IP endpoints."""
     text = string.Template(TEMPLATE.read_text()).substitute(
         listen_address=listen_address, listen_port=listen_port, admin_port=admin_port,
+        http_listen_port=http_listen_port or 0,
         cluster_type="STRICT_DNS" if dns else "STATIC", health_interval=f"{health_interval_s}s",
     )
     config = yaml.safe_load(text)
-    lb_endpoints = [
-        {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}} for host, port in endpoints
-    ]
-    clusters = config["static_resources"]["clusters"]
+    resources = config["static_resources"]
+    if http_listen_port is None:
+        resources["listeners"] = [li for li in resources["listeners"] if li["name"] != HTTP_LISTENER]
+        resources["clusters"] = [c for c in resources["clusters"] if c["name"] not in HTTP_CLUSTERS]
+    clusters = resources["clusters"]
     for i, cluster in enumerate(clusters):
         cluster = clusters[i] = copy.deepcopy(cluster)  # merge keys share one dict
+        lb_endpoints = _lb_endpoints(http_endpoints if cluster["name"] in HTTP_CLUSTERS else endpoints)
         cluster["load_assignment"] = {"cluster_name": cluster["name"], "endpoints": [{"lb_endpoints": lb_endpoints}]}
     return config
 
 
+def _lb_endpoints(endpoints: Sequence[tuple[str, int]]) -> list[dict[str, Any]]:
+    return [{"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}} for host, port in endpoints]
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Every shared value written out in full (the template's anchors), no `&id001` aliases."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def dump(config: dict[str, Any]) -> str:
-    return HEADER + yaml.safe_dump(config, sort_keys=False, width=120)
+    return HEADER + yaml.dump(config, Dumper=_PlainDumper, sort_keys=False, width=120)
 
 
 def compose_config() -> str:
-    return dump(render([("llmserve", 50051)], dns=True))
+    return dump(render([("llmserve", 50051)], http_endpoints=[("llmserve", REPLICA_HTTP_PORT)], dns=True,
+                       http_listen_port=COMPOSE_HTTP_LISTEN_PORT))
 
 
 def k8s_configmap() -> str:
-    config = render([("llmserve-headless.llmserve.svc", 50051)], dns=True)  # the headless Service
+    headless = "llmserve-headless.llmserve.svc"  # the headless Service
+    config = render([(headless, 50051)], http_endpoints=[(headless, REPLICA_HTTP_PORT)], dns=True,
+                    http_listen_port=COMPOSE_HTTP_LISTEN_PORT)
     configmap = {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "llmserve-envoy"},  # mounted by envoy-deployment.yaml
@@ -70,7 +97,7 @@ def k8s_configmap() -> str:
     return HEADER + yaml.dump(configmap, Dumper=_BlockDumper, sort_keys=False, width=120)
 
 
-class _BlockDumper(yaml.SafeDumper):
+class _BlockDumper(_PlainDumper):
     """Multi-line strings as `|` blocks (the ConfigMap's envoy.yaml stays readable)."""
 
 

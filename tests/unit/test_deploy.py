@@ -72,7 +72,7 @@ def test_rendered_envoy_configs_match_the_template() -> None:
 
 def test_compose_does_not_publish_envoy_admin() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    assert compose["services"]["envoy"]["ports"] == ["8080:8080"]
+    assert compose["services"]["envoy"]["ports"] == ["8080:8080", "8081:8081"]  # gRPC, OpenAI HTTP
 
 
 def test_prometheus_scrapes_every_replica() -> None:
@@ -179,18 +179,19 @@ def test_entrypoint_is_llmserve_serve() -> None:
     assert 'llmserve = "llmserve.service.cli:main"' in scripts and "serve" in subcommands()
 
 
-def test_exposed_ports_are_the_grpc_and_metrics_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_exposed_ports_are_the_grpc_http_and_metrics_ports(monkeypatch: pytest.MonkeyPatch) -> None:
     from llmserve.service import cli
 
     env = image_env()
     exposed = {int(p) for p in dockerfile()[1][-1].one("EXPOSE").split()}
-    assert exposed == {int(env["LLMSERVE_PORT"]), int(env["LLMSERVE_METRICS_PORT"])}
+    assert exposed == {int(env["LLMSERVE_PORT"]), int(env["LLMSERVE_HTTP_PORT"]), int(env["LLMSERVE_METRICS_PORT"])}
     for name in [n for n in os.environ if n.startswith("LLMSERVE_")]:
         monkeypatch.delenv(name)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     args = cli.parse_args(["serve"])  # metrics on, on all interfaces, by default in the image
     assert (args.host, args.port) == ("0.0.0.0", int(env["LLMSERVE_PORT"]))
+    assert args.http_port == int(env["LLMSERVE_HTTP_PORT"])  # the OpenAI HTTP API, on --host
     assert (args.metrics_host, args.metrics_port) == ("0.0.0.0", int(env["LLMSERVE_METRICS_PORT"]))
 
 

@@ -296,5 +296,5 @@ def test_kubectl_kustomize_renders_the_base() -> None:
 
 def test_pod_and_image_agree_on_listen_addresses() -> None:
     image, pod = image_env(), container_env("llmserve", "llmserve")
-    for name in ("LLMSERVE_PORT", "LLMSERVE_METRICS_PORT", "LLMSERVE_HOST", "LLMSERVE_METRICS_HOST"):
+    for name in ("LLMSERVE_PORT", "LLMSERVE_HTTP_PORT", "LLMSERVE_METRICS_PORT", "LLMSERVE_HOST", "LLMSERVE_METRICS_HOST"):
         assert image[name] == pod[name]
