@@ -1,7 +1,7 @@
 """The house rules of the code base, checked from the source (ast, nothing imported):
 wings import downward only (transport -> engine -> model, and http -> engine: each transport
 wing through the engine's facade module engine/engine.py alone; everything may use the root's
-config/domain/metrics/logs), the two transport wings (gRPC's transport, OpenAI's http) never
+config/domain/metrics/logs/tracing/turn_record), the two transport wings (gRPC's transport, OpenAI's http) never
 import each other, engine, model and http never touch grpc or the generated stubs, the client never imports the service or the benchmarks, no import
 circles, no file over 300 lines outside generated code (service, client, bench, tools,
 tests, and the example clients in Go, C++, Java and TypeScript)."""
@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = ROOT / "service" / "llmserve" / "service"
 CLIENT = ROOT / "client" / "llmserve" / "client"
-BASE = {"config", "domain", "metrics", "logs", "__init__"}
+BASE = {"config", "domain", "metrics", "logs", "tracing", "turn_record", "__init__"}
 RANK = {"model": 0, "engine": 1, "transport": 2, "http": 2}
 TRANSPORT_WINGS = ("transport", "http")
 

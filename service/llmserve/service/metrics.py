@@ -1,10 +1,16 @@
 """Prometheus metrics (prometheus-client): `llmserve_*`, `grpc_server_*`, `process_*`.
 
 One `Metrics` object per server, on its own registry; the executor records
-steps, batch sizes, inter-token latency and slot gauges, the transport records
-requests, turns and tokens, and `transport/rpc_metrics.py` every RPC (the
-go-grpc-prometheus names, so stock gRPC dashboards work). `process_*` and
+steps, batch sizes, inter-token latency and slot gauges, each transport wing records
+its turns and tokens (`observe_turn`: the per-turn histograms carry `surface`, "grpc"
+or "http"), `transport/rpc_metrics.py` every RPC (the go-grpc-prometheus names, so
+stock gRPC dashboards work) and `http/telemetry.py` every HTTP request. `process_*` and
 `python_*` come from prometheus-client's own collectors. Served on `--metrics-port`.
+
+The Gateway API Inference Extension's model server protocol reads three gauges, all
+from the executor, so both surfaces count: queued requests `llmserve_waiting_sessions`,
+running requests `llmserve_running_sessions`, KV-cache utilization (0..1)
+`llmserve_kv_cells_used_ratio` (docs/observability.md).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 
 _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 _REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _REQUEST_TOKEN_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+SURFACES = ("grpc", "http")  # the `surface` label: which wing served the turn
 
 
 class Metrics:
@@ -42,22 +49,32 @@ class Metrics:
         self.generated_tokens = Counter("llmserve_generated_tokens", "Tokens sampled", registry=r)
         self.embeddings = Counter("llmserve_embeddings", "Embedding inputs computed", registry=r)
         self.embedding_tokens = Counter("llmserve_embedding_tokens", "Tokens of embedding inputs", registry=r)
+        surface = ["surface"]
         self.ttft = Histogram(
-            "llmserve_time_to_first_token_seconds", "End of input to first token", buckets=_LATENCY_BUCKETS, registry=r
+            "llmserve_time_to_first_token_seconds", "End of input to first token", surface,
+            buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.queue_time = Histogram(
-            "llmserve_queue_time_seconds", "Session open to slot assigned", buckets=_REQUEST_BUCKETS, registry=r
+            "llmserve_queue_time_seconds", "Session open to slot assigned", surface, buckets=_REQUEST_BUCKETS, registry=r
         )
         self.turn_duration = Histogram(
-            "llmserve_turn_duration_seconds", "End of a turn's input to its end (each sample)",
+            "llmserve_turn_duration_seconds", "End of a turn's input to its end (each sample)", surface,
             buckets=_REQUEST_BUCKETS, registry=r,
         )
         self.turn_prompt_tokens = Histogram(
-            "llmserve_turn_prompt_tokens", "Input tokens per turn", buckets=_REQUEST_TOKEN_BUCKETS, registry=r
+            "llmserve_turn_prompt_tokens", "Input tokens per turn", surface, buckets=_REQUEST_TOKEN_BUCKETS, registry=r
         )
         self.turn_generated_tokens = Histogram(
-            "llmserve_turn_generated_tokens", "Tokens sampled per turn (each sample)",
+            "llmserve_turn_generated_tokens", "Tokens sampled per turn (each sample)", surface,
             buckets=_REQUEST_TOKEN_BUCKETS, registry=r,
+        )
+        self.http_requests = Counter(
+            "llmserve_http_requests", "Finished HTTP requests by route template (unknown paths: other), method and "
+            "status code", ["route", "method", "status"], registry=r,
+        )
+        self.http_seconds = Histogram(
+            "llmserve_http_request_duration_seconds", "HTTP request start to end (a stream's last byte)", ["route"],
+            buckets=_REQUEST_BUCKETS, registry=r,
         )
         self.rpc_started = Counter(
             "grpc_server_started", "RPCs started", ["grpc_type", "grpc_service", "grpc_method"], registry=r
@@ -71,7 +88,8 @@ class Metrics:
             buckets=_REQUEST_BUCKETS, registry=r,
         )
         self.itl = Histogram(
-            "llmserve_inter_token_latency_seconds", "Time between a session's tokens", buckets=_LATENCY_BUCKETS, registry=r
+            "llmserve_inter_token_latency_seconds", "Time between a session's tokens", surface,
+            buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.step_duration = Histogram(
             "llmserve_step_duration_seconds", "Executor step (one llama_decode) duration", ["kind"],
@@ -81,8 +99,12 @@ class Metrics:
             "llmserve_batch_tokens", "Tokens per executor step", ["kind"], buckets=_TOKEN_BUCKETS, registry=r
         )
         self.slots = Gauge("llmserve_slots", "KV slots by state", ["state"], registry=r)
-        self.waiting = Gauge("llmserve_waiting_sessions", "Sessions waiting for a slot", registry=r)
-        self.sessions = Gauge("llmserve_sessions", "Open Generate sessions", registry=r)
+        self.waiting = Gauge("llmserve_waiting_sessions", "Sessions waiting for a slot (both surfaces)", registry=r)
+        self.running = Gauge(
+            "llmserve_running_sessions", "Sessions holding a slot (both surfaces; with n > 1 still one)", registry=r
+        )
+        self.sessions = Gauge("llmserve_sessions", "Open gRPC Generate sessions (admitted, waiting or running)",
+                              registry=r)
         self.preemptions = Counter(
             "llmserve_preemptions", "Slots given up to waiting calls, by why the holder could give it (paused, idle)",
             ["reason"], registry=r,
@@ -105,6 +127,10 @@ class Metrics:
             "llmserve_spec_accepted_tokens", "Speculative draft tokens accepted", registry=r
         )
         self.kv_used = Gauge("llmserve_kv_cells_used_ratio", "KV cells holding tokens / generation cells", registry=r)
+        for histogram in (self.ttft, self.itl, self.queue_time, self.turn_duration, self.turn_prompt_tokens,
+                          self.turn_generated_tokens):
+            for name in SURFACES:  # exported at zero from the start, so that dashboards find both
+                histogram.labels(name)
 
     def describe_model(self, meta: Any, n_ctx: int, n_parallel: int, version: str) -> None:
         """`llmserve_model_info{model=..., quantization=..., ...} 1`, for dashboards to join on."""
@@ -113,13 +139,20 @@ class Metrics:
             "n_ctx": str(n_ctx), "n_parallel": str(n_parallel), "version": version,
         })
 
-    def observe_turn(self, event: Any) -> None:
-        """A finished turn's histograms (`event`: a TurnEndEvent)."""
+    def observe_turn(self, event: Any, surface: str) -> None:
+        """A finished turn's counters and histograms (`event`: a TurnEndEvent; `surface`:
+        one of SURFACES)."""
+        self.turns.labels(event.finish_reason.name).inc()
+        self.prompt_tokens.inc(event.prompt_tokens)
+        self.cached_tokens.inc(event.cached_tokens)
+        self.generated_tokens.inc(event.completion_tokens)
+        if event.completion_tokens:
+            self.ttft.labels(surface).observe(event.ttft_ms / 1000.0)
         if event.queue_ms > 0 and event.index == 0:  # set on a session's first turn only
-            self.queue_time.observe(event.queue_ms / 1000.0)
-        self.turn_duration.observe((event.ttft_ms + event.decode_ms) / 1000.0)
-        self.turn_prompt_tokens.observe(event.prompt_tokens)
-        self.turn_generated_tokens.observe(event.completion_tokens)
+            self.queue_time.labels(surface).observe(event.queue_ms / 1000.0)
+        self.turn_duration.labels(surface).observe((event.ttft_ms + event.decode_ms) / 1000.0)
+        self.turn_prompt_tokens.labels(surface).observe(event.prompt_tokens)
+        self.turn_generated_tokens.labels(surface).observe(event.completion_tokens)
 
     def observe_snapshot(self, snapshot: Any, num_cells: int) -> None:
         """Slot, queue and KV gauges from the executor's published snapshot."""
@@ -127,6 +160,7 @@ class Metrics:
         self.slots.labels("busy").set(num_busy)
         self.slots.labels("idle").set(len(snapshot.slots) - num_busy)
         self.waiting.set(snapshot.num_waiting)
+        self.running.set(snapshot.num_sessions - snapshot.num_waiting)
         for slot in snapshot.slots:
             self.slot_tokens.labels(str(slot.seq_id)).set(slot.num_cached_tokens)
         self.kv_used.set(snapshot.num_kv_tokens / num_cells)

@@ -72,13 +72,13 @@ def test_metrics_endpoint(server) -> None:  # type: ignore[no-untyped-def]
     assert _value(after, ok) >= (_value(before, ok) if ok in before else 0) + 1
     assert _value(after, "llmserve_generated_tokens_total") >= 8
     assert _value(after, "llmserve_embeddings_total") >= 3
-    assert _value(after, "llmserve_time_to_first_token_seconds_count") >= 1
-    assert _value(after, "llmserve_inter_token_latency_seconds_count") >= 7
+    assert _value(after, 'llmserve_time_to_first_token_seconds_count{surface="grpc"}') >= 1
+    assert _value(after, 'llmserve_inter_token_latency_seconds_count{surface="grpc"}') >= 7
     assert _value(after, 'llmserve_step_duration_seconds_count{kind="generate"}') >= 8
     assert _value(after, 'llmserve_batch_tokens_count{kind="embed"}') >= 1
     assert _value(after, 'llmserve_slots{state="idle"}') + _value(after, 'llmserve_slots{state="busy"}') == 8
-    for name in ("llmserve_waiting_sessions", "llmserve_kv_cells_used_ratio", "llmserve_prompt_tokens_total",
-                 "llmserve_cached_tokens_total", "llmserve_sessions"):
+    for name in ("llmserve_waiting_sessions", "llmserve_running_sessions", "llmserve_kv_cells_used_ratio",
+                 "llmserve_prompt_tokens_total", "llmserve_cached_tokens_total", "llmserve_sessions"):
         assert _value(after, name) >= 0
     assert 0 < _value(after, "llmserve_kv_cells_used_ratio") <= 1
 
@@ -91,9 +91,9 @@ def test_dashboard_metrics_are_exported(server) -> None:  # type: ignore[no-unty
     text = _scrape(server.metrics_port)
     for histogram in ("llmserve_queue_time_seconds", "llmserve_turn_duration_seconds",
                       "llmserve_turn_prompt_tokens", "llmserve_turn_generated_tokens"):
-        assert _value(text, f"{histogram}_count") >= 1, histogram
-    assert _value(text, 'llmserve_turn_generated_tokens_bucket{le="4.0"}') < _value(
-        text, 'llmserve_turn_generated_tokens_bucket{le="16.0"}')
+        assert _value(text, f'{histogram}_count{{surface="grpc"}}') >= 1, histogram
+    assert _value(text, 'llmserve_turn_generated_tokens_bucket{le="4.0",surface="grpc"}') < _value(
+        text, 'llmserve_turn_generated_tokens_bucket{le="16.0",surface="grpc"}')
     info = next(line for line in text.splitlines() if line.startswith("llmserve_model_info{"))
     assert 'quantization="Q4_K_M"' in info and 'architecture="gemma3"' in info and info.endswith(" 1.0")
     assert _value(text, "process_resident_memory_bytes") > 100e6

@@ -79,6 +79,7 @@ class SessionParams:
     priority: int = 0
     num_samples: int = 1
     session_id: str = ""  # saved when the stream ends, restored by a later stream
+    surface: str = "grpc"  # the wing that opened it ("grpc", "http"): the metrics' `surface` label
 
 
 @dataclass(frozen=True)

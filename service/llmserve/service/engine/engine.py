@@ -65,6 +65,7 @@ class Engine:
             )
         self.config = config
         self.version = __version__
+        self.metrics = metrics = metrics or Metrics()  # the executor's: the wings count their turns in it too
         self._runner = runner = LlamaRunner(
             RunnerConfig(
                 model_path=model_path,

@@ -64,7 +64,7 @@ class TokenPicker:
         if turn.t_first_token is None:
             turn.t_first_token = now
         else:
-            self.metrics.itl.observe(now - s.t_last_token)
+            self.metrics.itl.labels(s.params.surface).observe(now - s.t_last_token)
         s.t_last_token = now
         turn.completion_tokens += 1
         turn.held_ids.append(token)

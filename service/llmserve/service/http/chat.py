@@ -22,6 +22,7 @@ from aiohttp import web
 from ..domain.events import FinishReason, SessionFailed, TokenEvent, TurnEndEvent
 from ..domain.requests import SessionParams
 from ..engine.engine import Engine, parse_reply
+from ..turn_record import record_turn
 from . import shapes, tool_calls
 from .errors import bad_request, from_exception, from_status_name, server_error
 from .request import ChatRequest
@@ -37,7 +38,7 @@ async def turn_events(engine: Engine, request: ChatRequest, params: SessionParam
     last sample's turn end. ApiError when the engine refuses or ends the session. `grammar`:
     the compiled constraint of `params.sampling.grammar`."""
     sink = EventQueue(asyncio.get_running_loop())
-    handle = engine.open_session(params, sink, max_input_tokens, grammar=grammar)
+    handle = engine.open_session(params, sink, max_input_tokens, request.deadline, grammar=grammar)
     try:
         await handle.add_messages(request.messages, end_of_turn=True)
         while True:
@@ -47,6 +48,8 @@ async def turn_events(engine: Engine, request: ChatRequest, params: SessionParam
             if not isinstance(event, (TokenEvent, TurnEndEvent)):
                 continue  # prompt logprobs: not asked by this wing
             await handle.observe(event)
+            if isinstance(event, TurnEndEvent):
+                record_turn(engine.metrics, event, params)
             if isinstance(event, TurnEndEvent) and event.finish_reason == FinishReason.ERROR:
                 raise bad_request(event.message or "the turn failed")
             yield event

@@ -41,6 +41,7 @@ class CompletionRequest:
     prompt_only: bool = False  # max_tokens 0: no completion tokens are shown
     sampling: dict[str, Any] = field(default_factory=dict)  # our names; only what the body set
     stopping: dict[str, Any] = field(default_factory=dict)
+    deadline: float | None = None  # time.monotonic() by which the turns end (x-request-timeout)
 
     def session_params(self, request_id: str, limits: Limits, max_samples: int) -> SessionParams:
         output: dict[str, Any] = {}

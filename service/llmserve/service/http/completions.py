@@ -24,6 +24,7 @@ from ..domain import request_rules
 from ..domain.events import FinishReason, PromptLogprobsEvent, SessionFailed, TokenEvent, TurnEndEvent
 from ..domain.requests import SessionParams
 from ..engine.engine import Engine, SessionHandle
+from ..turn_record import record_turn
 from . import shapes
 from .completion_request import CompletionRequest
 from .errors import bad_request, from_exception, from_status_name, server_error
@@ -75,7 +76,7 @@ async def prompt_events(engine: Engine, request: CompletionRequest, params: Sess
     try:
         for i, prompt in enumerate(request.prompts):
             sinks.append(_PromptSink(shared, i))
-            handle = engine.open_session(params, sinks[i], max_input_tokens)
+            handle = engine.open_session(params, sinks[i], max_input_tokens, request.deadline)
             handles.append(handle)
             where = "prompt" if len(request.prompts) == 1 else f"prompt[{i}]"
             handle.add_tokens(await prompt_tokens(engine, prompt, handle.needs_bos, where), True)
@@ -89,6 +90,7 @@ async def prompt_events(engine: Engine, request: CompletionRequest, params: Sess
                 continue
             await handles[i].observe(event)
             if isinstance(event, TurnEndEvent):
+                record_turn(engine.metrics, event, params)
                 if event.finish_reason == FinishReason.ERROR:
                     raise bad_request(event.message or "the turn failed")
                 if event.final:  # one turn per session: its slot serves the next prompt at once

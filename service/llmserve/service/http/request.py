@@ -48,6 +48,7 @@ class ChatRequest:
     output: dict[str, Any] = field(default_factory=dict)
     constraint: Constraint | None = None  # compiled before the session opens
     tools: ToolPlan | None = None  # active: the reply is parsed for tool calls
+    deadline: float | None = None  # time.monotonic() by which the turn ends (x-request-timeout)
 
     def session_params(self, request_id: str, limits: Limits, max_samples: int) -> SessionParams:
         return request_rules.session_params(request_id, limits, NAMES, self.sampling, self.stopping, self.output,

@@ -5,8 +5,10 @@ does, answers 503 while the model loads and once the server drains, and stops wi
 Routes: `GET /health` (200 only when ready, as gRPC health's readiness), `GET /v1/models`,
 `POST /v1/chat/completions`, `POST /v1/completions` (completions.py), `POST /v1/embeddings`
 (embeddings.py). Every error is OpenAI's error object (errors.py); every
-response carries `x-request-id` (the client's, else a new one). The same `--api-key`
-applies as `Authorization: Bearer`; `/health` needs none, as gRPC health.
+response carries `x-request-id` (the client's, else a new one), which the request's log
+lines carry too. The same `--api-key` applies as `Authorization: Bearer`; `/health` needs
+none, as gRPC health. Every request is counted, timed and traced (telemetry.py); an
+`x-request-timeout` header (seconds) ends the request's turns as a gRPC deadline does.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import os
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import structlog
@@ -25,18 +28,21 @@ from aiohttp import web
 from ..config import ServerConfig
 from ..domain import request_rules
 from ..engine.engine import Engine
+from ..metrics import Metrics
 from .chat import ChatResponder
 from .completion_request import parse_completion
 from .completions import CompletionResponder
 from .embeddings import embed, embedding_model_of, model_names, parse_embeddings
 from .errors import ApiError, from_exception, server_error, unavailable
 from .request import parse_chat
+from .telemetry import Telemetry, request_deadline
 
 log = structlog.get_logger("llmserve.http")
 
 MAX_REQUEST_ID_LENGTH = request_rules.MAX_REQUEST_ID_LENGTH
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OPEN = ("/health",)  # served without the API key
+SURFACE = "http"  # SessionParams.surface: the metrics' `surface` label
 
 
 class HttpSurface:
@@ -54,15 +60,18 @@ class HttpSurface:
 
     # ------------------------------------------------------------ lifecycle (Surface)
 
-    async def start(self, engine: Callable[[], Engine | None], ready: Callable[[], bool]) -> None:
+    async def start(self, engine: Callable[[], Engine | None], ready: Callable[[], bool], metrics: Metrics) -> None:
         self._engine, self._ready = engine, ready
-        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=self.config.max_message_bytes)
+        telemetry = Telemetry(metrics, traced=self.config.otlp_traces_endpoint is not None)
+        app = web.Application(middlewares=[telemetry.middleware, self._errors, self._auth],
+                              client_max_size=self.config.max_message_bytes)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.on_response_prepare.append(_echo_request_id)
+        telemetry.know_routes(app)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         host, port = self.config.host, self.config.http_port
@@ -168,14 +177,14 @@ class HttpSurface:
             body = await request.json(loads=json.loads)
         except ValueError as exc:
             raise ApiError(400, f"the body is not JSON: {exc}") from None
-        chat = parse_chat(body)
+        chat = replace(parse_chat(body), deadline=request_deadline(request))
         names = self._model_names(engine)
         model = chat.model or names[0]
         if model not in names:
             raise ApiError(404, f"the model {model!r} does not exist; this server serves {', '.join(names)}",
                            param="model", code="model_not_found")
         max_samples = min(request_rules.MAX_SAMPLES, engine.config.n_parallel)
-        params = chat.session_params(request["request_id"], engine.limits, max_samples)
+        params = replace(chat.session_params(request["request_id"], engine.limits, max_samples), surface=SURFACE)
         self._admit(engine)
         self._num_sessions += 1
         try:
@@ -187,10 +196,10 @@ class HttpSurface:
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         engine = self._engine_or_503()
-        completion = parse_completion(await _json_body(request))
+        completion = replace(parse_completion(await _json_body(request)), deadline=request_deadline(request))
         model = _known_model(completion.model, self._model_names(engine))
         max_samples = min(request_rules.MAX_SAMPLES, engine.config.n_parallel)
-        params = completion.session_params(request["request_id"], engine.limits, max_samples)
+        params = replace(completion.session_params(request["request_id"], engine.limits, max_samples), surface=SURFACE)
         num_prompts = len(completion.prompts)  # each prompt is a session of its own
         capacity = engine.config.n_parallel + self.config.max_queue
         if num_prompts > capacity:

@@ -20,11 +20,11 @@ from ..domain.requests import SessionParams
 from ..domain.snapshots import SavedSession
 from ..engine.engine import ChatMessage, Engine, SessionHandle
 from ..metrics import Metrics
+from ..turn_record import record_turn
 from .errors import DeadlineExceeded, Unavailable, check_decoded, error_from_status_name
 from .inputs import input_tokens
 from .loop_sink import LoopSink
 from .responses import logprob_proto, turn_end_proto
-from .turn_record import record_turn
 
 log = structlog.get_logger("llmserve.generate")
 

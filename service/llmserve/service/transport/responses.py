@@ -12,12 +12,8 @@ from ..domain.events import EmbedResult, TokenLogprob, TurnEndEvent
 from ..domain.model_meta import EmbeddingModelInfo
 from ..domain.request_rules import MAX_TOP_LOGPROBS
 from ..engine.engine import Engine
+from ..turn_record import tokens_per_second
 from . import validation
-
-
-def tokens_per_second(event: TurnEndEvent) -> float:
-    decode_s = event.decode_ms / 1000.0
-    return (event.completion_tokens - 1) / decode_s if decode_s > 0 and event.completion_tokens > 1 else 0.0
 
 
 def logprob_proto(lp: TokenLogprob) -> pb.TokenLogprob:

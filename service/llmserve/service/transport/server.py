@@ -59,9 +59,9 @@ EXIT_EXECUTOR_FAILED = 70  # EX_SOFTWARE
 
 
 class Surface(Protocol):
-    """Another wing on this loop and engine (OpenAI HTTP, from cli.py), listening, draining and stopping with
-    gRPC. `start`: OSError (one line) if it cannot listen; `engine()` None while loading; `ready()` readiness."""
-    async def start(self, engine: Callable[[], Engine | None], ready: Callable[[], bool]) -> None: ...
+    """Another wing on this loop and engine (OpenAI HTTP, from cli.py), listening, draining and stopping with gRPC.
+    `start`: OSError (one line) if it cannot listen; `engine()` None while loading; `ready()` readiness; `metrics`."""
+    async def start(self, engine: Callable[[], Engine | None], ready: Callable[[], bool], metrics: Metrics) -> None: ...
     def begin_drain(self) -> None: ...
     async def wait_idle(self, timeout: float) -> bool: ...
     async def stop(self) -> None: ...
@@ -225,7 +225,7 @@ async def serve(config: ServerConfig, surfaces: Sequence[Surface] = ()) -> None:
                      and (llm.engine.stalled_for() or 0.0) <= _ready_stall_s(config))
     for surface in surfaces:
         try:
-            await surface.start(lambda: llm.engine, ready)
+            await surface.start(lambda: llm.engine, ready, metrics)
         except OSError as exc:
             await server.stop(0)
             raise SystemExit(f"llmserve: {exc}") from None
