@@ -100,6 +100,7 @@ def model_info(engine: Engine, max_queue: int) -> pb.ModelInfo:
             regex=True,
             choice=True,
             json_object=True,
+            strict=True,  # Constraint.strict: domain/schema_strict.py
             chat=engine.chat_template is not None,
             chat_template_source=engine.chat_template.origin if engine.chat_template else "",
             max_samples=min(validation.MAX_SAMPLES, config.n_parallel),

@@ -7,6 +7,7 @@ the vocabulary, sizes against the slot context and the ubatch.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from ..domain.model_meta import Limits
 from ..domain.request_rules import MAX_REQUEST_ID_LENGTH as MAX_REQUEST_ID_LENGTH
 from ..domain.request_rules import MAX_SAMPLES as MAX_SAMPLES
 from ..domain.requests import SessionParams
+from ..domain.schema_strict import check_strict
 
 MAX_EMBED_INPUTS_PER_MESSAGE = 1024
 
@@ -44,8 +46,9 @@ def _set_fields(msg: Any) -> dict[str, Any]:
 
 def constraint_of(msg: pb.Constraint) -> tuple[str, str] | None:
     """The constraint's kind (grammar, json_schema, regex, choice, json_object) and text,
-    within the size limits. The engine compiles it (in the grammar worker, with a time and
-    memory budget)."""
+    within the size limits; with `strict`, a schema the converter enforces in full
+    (domain/schema_strict.py). The engine compiles it (in the grammar worker, with a time
+    and memory budget)."""
     kind = msg.WhichOneof("kind")
     if kind is None:
         return None
@@ -56,6 +59,8 @@ def constraint_of(msg: pb.Constraint) -> tuple[str, str] | None:
     else:
         text = getattr(msg, kind)
     rules.check_constraint(kind, text, f"config.constraint.{kind}")
+    if msg.strict and kind == "json_schema":  # refuse what the converter would drop (OpenAI's strict)
+        check_strict(json.loads(text), "config.constraint.json_schema")
     return kind, text
 
 
