@@ -1,5 +1,7 @@
 """The TypeScript client (client/node: @bufbuild/protobuf + Connect, generated types) against
 the real server: its node:test suite, and the client scenario (tests/client_scenario.py).
+The suite's test/openai.test.ts drives the same server's OpenAI HTTP API with the official
+`openai` npm package (a devDependency of client/node).
 
 Needs node >= 20.10 (`make tools` installs one when the system's is older), `npm ci` in
 client/node (`make tools`) and the generated code in client/node/src/gen (`make gen`);
@@ -18,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from tests import client_scenario, toolchains
-from tests.conftest import RunningServer, start_server, stop_server
+from tests.conftest import ROOT, RunningServer, free_port, start_server, stop_server
 
 NODE_DIR = Path(__file__).resolve().parents[3] / "client" / "node"
 API_KEY = "node-client-key"
-NODE_TESTS = 19  # test/*.test.ts, the API-key one included
+NODE_TESTS = 25  # test/*.test.ts, the API-key and OpenAI ones included
 
 
 def _missing() -> str | None:
@@ -53,9 +55,12 @@ def built() -> Path:
 
 @pytest.fixture(scope="module")
 def key_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """A small second server that requires `authorization: Bearer API_KEY`."""
+    """A small second server that requires `authorization: Bearer API_KEY`, on gRPC and on the
+    OpenAI HTTP API (with a chat template, --embeddings, and two slots for n=2)."""
     directory = tmp_path_factory.mktemp("node-api-key")
-    running = start_server(["-np", "1", "-c", "2048", "-t", "2", "--api-key", API_KEY], directory / "server.log")
+    args = ["-np", "2", "-c", "4096", "-t", "2", "--embeddings", "--api-key", API_KEY,
+            "--chat-template-file", str(ROOT / "templates" / "gemma3.jinja")]
+    running = start_server(args, directory / "server.log", http_port=free_port())
     yield running
     assert stop_server(running) == 0
 
@@ -67,6 +72,7 @@ def test_node_client_suite(server, key_server, built: Path) -> None:  # type: ig
         "LLMSERVE_ADDRESS": server.address,
         "LLMSERVE_API_KEY_ADDRESS": key_server.address,
         "LLMSERVE_API_KEY": API_KEY,
+        "LLMSERVE_OPENAI_BASE_URL": f"http://127.0.0.1:{key_server.http_port}/v1",
     }
     out = subprocess.run(
         ["node", "--test", "--test-concurrency=1", *tests],
