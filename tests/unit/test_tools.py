@@ -1,5 +1,6 @@
 """Tool calling's generic format (engine/tools.py): the reply schema, what the grammar
-converter makes of it, parsing replies, and tool messages for templates without tools."""
+converter makes of it, parsing whole replies (engine/tool_reply.py; streamed ones in
+test_tool_reply.py), and tool messages for templates without tools."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ import json
 import jsonschema
 import pytest
 from llmserve.service.domain.errors import InvalidRequest
+from llmserve.service.domain.events import ToolCall
+from llmserve.service.engine.chat import ChatMessage
+from llmserve.service.engine.tool_reply import parse_reply
 from llmserve.service.engine.tools import (
     Tool,
     ToolChoice,
     as_generic_messages,
     check_tools,
-    parse_reply,
+    plan_tools,
     preamble,
     reply_schema,
+    with_preamble,
 )
 
 WEATHER = Tool("get_weather", "The weather in a city", json.dumps(
@@ -83,8 +88,12 @@ def test_replies_parse_into_calls_or_text() -> None:
     assert len(two.tool_calls) == 2 and two.tool_calls[0].id != two.tool_calls[1].id
     assert all(c.id.startswith("call_") for c in two.tool_calls)
     assert parse_reply('{"response": "Sunny."}').content == "Sunny."
-    assert parse_reply('{"tool_call": {"name": "get_we').content == '{"tool_call": {"name": "get_we'  # cut short
-    assert parse_reply("plain words").content == "plain words"
+    cut = parse_reply('{"tool_call": {"name": "get_weather", "arguments": {"ci')  # cut short: no call
+    assert cut.tool_calls == () and cut.content == ""
+    assert parse_reply('{"response": "Sun') == parse_reply('{"response": "Sun"}')  # an answer cut short: its text
+    assert parse_reply("plain words").content == "plain words"  # not the format (no grammar held it)
+    raw = '{"tool_call": {"name": "get_time", "arguments": { "zone" : "UTC" }}}'
+    assert parse_reply(raw).tool_calls[0].arguments == '{ "zone" : "UTC" }'  # as the model wrote it
 
 
 def test_the_preamble_names_every_tool_and_the_format() -> None:
@@ -95,12 +104,24 @@ def test_the_preamble_names_every_tool_and_the_format() -> None:
 
 
 def test_tool_messages_become_plain_messages() -> None:
-    calls = [{"id": "call_1", "name": "get_weather", "arguments": '{"city": "Oslo"}'}]
+    calls = (ToolCall("call_1", "get_weather", '{"city": "Oslo"}'),)
     plain = as_generic_messages([
-        {"role": "user", "content": "Weather in Oslo?"},
-        {"role": "assistant", "content": None, "tool_calls": calls},
-        {"role": "tool", "tool_call_id": "call_1", "content": "12 C, rain"},
+        ChatMessage("user", "Weather in Oslo?"),
+        ChatMessage("assistant", "", calls),
+        ChatMessage("tool", "12 C, rain", tool_call_id="call_1"),
     ])
-    assert [m["role"] for m in plain] == ["user", "assistant", "user"]
-    assert json.loads(plain[1]["content"]) == {"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
-    assert json.loads(plain[2]["content"])["tool_response"]["content"] == "12 C, rain"
+    assert [m.role for m in plain] == ["user", "assistant", "user"]
+    assert json.loads(plain[1].content) == {"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+    assert json.loads(plain[2].content)["tool_response"] == {"tool_call_id": "call_1", "content": "12 C, rain"}
+    with pytest.raises(InvalidRequest) as refused:
+        as_generic_messages([ChatMessage("assistant", "", (ToolCall("c", "f", "{not json"),))])
+    assert refused.value.field == "input.messages[0].tool_calls[0].arguments"
+
+
+def test_a_plan_puts_its_preamble_after_the_system_text() -> None:
+    plan = plan_tools(TOOLS, ToolChoice("auto"), parallel=False)
+    assert plan.active and not plan_tools(TOOLS, ToolChoice("none"), parallel=False).active
+    messages = with_preamble([ChatMessage("system", "Be brief."), ChatMessage("user", "Hi")], plan)
+    assert [m.role for m in messages] == ["system", "user"]
+    assert messages[0].content.startswith("Be brief.\n\n") and "get_weather" in messages[0].content
+    assert with_preamble([ChatMessage("user", "Hi")], plan)[0].role == "system"

@@ -1,66 +1,137 @@
-"""Tool calling's generic format against the real model (engine/tools.py): the preamble as a
-system message and the reply held to `reply_schema` by the JSON-schema constraint, over
-today's gRPC surface. Whatever the model picks, the reply parses, and a call's arguments
-validate against its function's schema."""
+"""Tool calling over gRPC against the real model: `SessionConfig.tools`, `tool_choice` and
+`parallel_tool_calls` hold the reply to the generic format (engine/tools.py). Whatever the
+model picks, a call's arguments validate against its function's schema; the chunks'
+`tool_calls` deltas add up to the turn end's calls; a tool's result goes back as a `tool`
+message on the next turn of the same session."""
 
 from __future__ import annotations
 
 import json
+import queue
 
 import grpc
 import jsonschema
 import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 from llmserve.client import pb
-from llmserve.service.engine.tools import MAX_PARALLEL_CALLS, Tool, ToolChoice, parse_reply, preamble, reply_schema
+from llmserve.service.engine.tools import MAX_PARALLEL_CALLS
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-WEATHER = Tool("get_weather", "Current weather for a city", json.dumps({
+WEATHER = pb.Tool(name="get_weather", description="Current weather for a city", parameters=json.dumps({
     "type": "object",
     "properties": {"city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["celsius", "fahrenheit"]}},
     "required": ["city", "unit"],
 }))
-TIME = Tool("get_time", "The local time in a time zone", json.dumps({
+TIME = pb.Tool(name="get_time", description="The local time in a time zone", parameters=json.dumps({
     "type": "object", "properties": {"zone": {"type": "string", "maxLength": 40}}, "required": ["zone"]}))
-TOOLS = {t.name: t for t in (WEATHER, TIME)}
+SCHEMAS = {t.name: json.loads(t.parameters) for t in (WEATHER, TIME)}
+Mode = pb.ToolChoice.Mode
 
 
-def _reply(address: str, choice: ToolChoice, question: str, parallel: bool = False) -> str:
-    schema = reply_schema(list(TOOLS.values()), choice, parallel)
-    assert schema is not None
-    messages = pb.ChatMessages(messages=[
-        pb.ChatMessage(role="system", content=preamble(list(TOOLS.values()), schema)),
-        pb.ChatMessage(role="user", content=question),
-    ])
-    config = pb.SessionConfig(
-        sampling=pb.SamplingParams(temperature=0.0), stopping=pb.StoppingCriteria(max_tokens=320),
-        constraint=pb.Constraint(json_schema=json.dumps(schema)),
-    )
-    request = pb.GenerateRequest(config=config, input=pb.Input(messages=messages), end_of_turn=True)
-    with grpc.insecure_channel(address) as channel:
-        responses = list(pb_grpc.LLMServiceStub(channel).Generate(iter([request]), timeout=120))
-    end = responses[-1].turn_end
-    assert end.finish_reason == pb.FinishReason.FINISH_REASON_STOP, end  # the grammar completed
-    return "".join(r.chunk.text for r in responses if r.HasField("chunk"))
+def _config(mode: int, function: str = "", parallel: bool = False, **extra: object) -> pb.SessionConfig:
+    return pb.SessionConfig(sampling=pb.SamplingParams(temperature=0.0), stopping=pb.StoppingCriteria(max_tokens=320),
+                            tools=[WEATHER, TIME], tool_choice=pb.ToolChoice(mode=mode, function_name=function),
+                            parallel_tool_calls=parallel, **extra)
 
 
-@pytest.mark.parametrize("choice", [ToolChoice("required"), ToolChoice("function", "get_time")])
-def test_a_required_call_parses_and_its_arguments_validate(chat_server, choice: ToolChoice) -> None:  # type: ignore[no-untyped-def]
-    reply = parse_reply(_reply(chat_server.address, choice, "What is the weather in Oslo, in celsius?"))
-    assert reply.content is None and len(reply.tool_calls) == 1, reply
-    call = reply.tool_calls[0]
-    if choice.mode == "function":
-        assert call.name == "get_time"
-    jsonschema.validate(json.loads(call.arguments), json.loads(TOOLS[call.name].parameters))
+def _user(text: str) -> pb.Input:
+    return pb.Input(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=text)]))
 
 
-def test_auto_gives_a_call_or_an_answer_and_parallel_calls_parse(chat_server) -> None:  # type: ignore[no-untyped-def]
-    auto = parse_reply(_reply(chat_server.address, ToolChoice("auto"), "Say hello to me."))
-    assert (auto.content is not None) != bool(auto.tool_calls), auto
-    for call in auto.tool_calls:
-        jsonschema.validate(json.loads(call.arguments), json.loads(TOOLS[call.name].parameters))
-    several = parse_reply(_reply(chat_server.address, ToolChoice("required"), "Weather in Oslo and time in UTC?",
-                                 parallel=True))
-    assert 1 <= len(several.tool_calls) <= MAX_PARALLEL_CALLS
-    assert len({c.id for c in several.tool_calls}) == len(several.tool_calls)
-    for call in several.tool_calls:
-        jsonschema.validate(json.loads(call.arguments), json.loads(TOOLS[call.name].parameters))
+def _turn(responses: list[pb.GenerateResponse]) -> tuple[str, dict[int, dict[str, str]], pb.TurnEnd]:
+    """One turn's answer text, its calls reassembled from the chunks' deltas, its turn end."""
+    text, calls = [], {}
+    for r in responses:
+        if r.HasField("chunk"):
+            text.append(r.chunk.text)
+            for d in r.chunk.tool_calls:
+                call = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+                if d.id:
+                    call.update(id=d.id, name=d.name)
+                call["arguments"] += d.arguments
+    return "".join(text), calls, responses[-1].turn_end
+
+
+def _validated(end: pb.TurnEnd, calls: dict[int, dict[str, str]]) -> None:
+    assert end.finish_reason == pb.FinishReason.FINISH_REASON_TOOL_CALLS, end
+    assert [(c["id"], c["name"], c["arguments"]) for c in calls.values()] == [
+        (c.id, c.name, c.arguments) for c in end.tool_calls]  # streamed as they formed = the whole calls
+    for call in end.tool_calls:
+        jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+
+
+@pytest.mark.parametrize("mode,function", [(Mode.MODE_REQUIRED, ""), (Mode.MODE_FUNCTION, "get_time")])
+def test_a_required_call_streams_and_its_arguments_validate(chat_server, mode: int, function: str) -> None:  # type: ignore[no-untyped-def]
+    request = pb.GenerateOnceRequest(config=_config(mode, function),
+                                     input=_user("What is the weather in Oslo, in celsius?"))
+    with grpc.insecure_channel(chat_server.address) as channel:
+        responses = list(pb_grpc.LLMServiceStub(channel).GenerateOnce(request, timeout=300))
+    text, calls, end = _turn(responses)
+    assert text == "" and len(end.tool_calls) == 1
+    _validated(end, calls)
+    if function:
+        assert end.tool_calls[0].name == "get_time"
+
+
+def test_auto_answers_or_calls_and_parallel_calls_are_unique(chat_server) -> None:  # type: ignore[no-untyped-def]
+    with grpc.insecure_channel(chat_server.address) as channel:
+        stub = pb_grpc.LLMServiceStub(channel)
+        auto = stub.GenerateText(pb.GenerateTextRequest(config=_config(Mode.MODE_AUTO), input=_user("Say hello.")),
+                                 timeout=300).samples[0]
+        several = stub.GenerateText(pb.GenerateTextRequest(config=_config(Mode.MODE_REQUIRED, parallel=True),
+                                                           input=_user("Weather in Oslo and time in UTC?")),
+                                    timeout=300).samples[0]
+    if auto.turn_end.tool_calls:  # the model chose a call: no text beside it
+        assert auto.text == "" and auto.turn_end.finish_reason == pb.FinishReason.FINISH_REASON_TOOL_CALLS
+    else:
+        assert auto.text and not auto.text.lstrip().startswith('{"response"'), auto.text  # the answer, unwrapped
+    assert 1 <= len(several.turn_end.tool_calls) <= MAX_PARALLEL_CALLS
+    assert len({c.id for c in several.turn_end.tool_calls}) == len(several.turn_end.tool_calls)
+    for call in several.turn_end.tool_calls:
+        jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+
+
+def test_a_call_its_result_and_the_answer_in_one_session(chat_server) -> None:  # type: ignore[no-untyped-def]
+    """Turn 1 must call get_weather; turn 2 sends its result as a `tool` message (rendered
+    in the generic format) and, as the session's tool_choice still asks for a call, gets a
+    valid call again, on top of turn 1's KV (the call the model wrote is in the history)."""
+    outbox: queue.Queue[pb.GenerateRequest | None] = queue.Queue()
+    outbox.put(pb.GenerateRequest(config=_config(Mode.MODE_FUNCTION, "get_weather"),
+                                  input=_user("What is the weather in Oslo, in celsius?"), end_of_turn=True))
+    with grpc.insecure_channel(chat_server.address) as channel:
+        call = pb_grpc.LLMServiceStub(channel).Generate(iter(outbox.get, None), timeout=300)
+        responses = []
+        for r in call:
+            responses.append(r)
+            if r.HasField("turn_end"):
+                break
+        _, calls, end = _turn(responses)
+        _validated(end, calls)
+        result = pb.ChatMessage(role="tool", tool_call_id=end.tool_calls[0].id, content='{"temperature": 12}')
+        outbox.put(pb.GenerateRequest(input=pb.Input(messages=pb.ChatMessages(messages=[result])), end_of_turn=True))
+        outbox.put(None)
+        second = list(call)
+    _, calls2, end2 = _turn(second)
+    _validated(end2, calls2)
+    assert end2.tool_calls[0].id != end.tool_calls[0].id
+    assert end2.usage.cached_tokens >= end.usage.prompt_tokens  # turn 1's prompt and reply stay in the KV
+
+
+@pytest.mark.parametrize("config,field", [
+    (pb.SessionConfig(tools=[pb.Tool(name="bad name")]), "config.tools[0].name"),
+    (pb.SessionConfig(tools=[WEATHER], tool_choice=pb.ToolChoice(mode=Mode.MODE_FUNCTION, function_name="nope")),
+     "config.tool_choice"),
+    (pb.SessionConfig(tools=[pb.Tool(name="f", parameters="[1]")]), "config.tools[0].parameters"),
+    (pb.SessionConfig(tools=[WEATHER], constraint=pb.Constraint(regex="a+")), "config.constraint.regex"),
+    (pb.SessionConfig(tool_choice=pb.ToolChoice(mode=Mode.MODE_REQUIRED)), "config.tool_choice"),
+])
+def test_refusals_name_the_field(chat_server, config: pb.SessionConfig, field: str) -> None:  # type: ignore[no-untyped-def]
+    with grpc.insecure_channel(chat_server.address) as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            pb_grpc.LLMServiceStub(channel).GenerateText(pb.GenerateTextRequest(config=config, input=_user("Hi")),
+                                                         timeout=60)
+    status = rpc_status.from_call(refused.value)  # type: ignore[arg-type]
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and status is not None
+    bad = error_details_pb2.BadRequest()
+    assert any(d.Unpack(bad) for d in status.details) and bad.field_violations[0].field == field, status

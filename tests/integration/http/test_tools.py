@@ -90,12 +90,16 @@ def test_streamed_calls_reassemble_to_the_whole_shape(client: OpenAI, model: str
     chunks = list(_create(client, model, stream=True, **kwargs))
     assert chunks[0].choices[0].delta.role == "assistant"
     calls: dict[int, dict[str, str]] = {}
+    num_fragments = 0
     for chunk in chunks:
         for delta in chunk.choices[0].delta.tool_calls or []:
             if delta.id is not None:  # a call's head: its index, id, type and name come first
                 assert delta.index not in calls and delta.type == "function" and delta.function.name
                 calls[delta.index] = {"id": delta.id, "name": delta.function.name, "arguments": ""}
+            else:
+                num_fragments += 1
             calls[delta.index]["arguments"] += delta.function.arguments or ""
+    assert num_fragments > len(calls), "the arguments stream as they form, not whole at the end"
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert not any(c.choices[0].delta.content for c in chunks)
     assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == \

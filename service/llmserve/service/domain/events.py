@@ -31,6 +31,7 @@ class FinishReason(enum.IntEnum):
     DEADLINE = 5
     CONTEXT_FULL = 6
     ERROR = 7
+    TOOL_CALLS = 8  # the reply is tool calls
 
 
 @dataclass(frozen=True)
@@ -41,13 +42,35 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A parsed tool call: `arguments` is JSON text, as OpenAI's API carries it."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A tool call as it forms: its head (id and name) first, then argument fragments."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
 class TokenEvent:
-    """Text that is safe to show (complete UTF-8, no stop string) and its tokens."""
+    """Text that is safe to show (complete UTF-8, no stop string) and its tokens. With
+    tools the session's handle rewrites it: `text` is the answer's, `tool_calls` the calls
+    as they form."""
 
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
     index: int = 0
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,6 +96,7 @@ class TurnEndEvent:
     final: bool = True  # the last turn end of this turn (all samples done)
     draft_tokens: int = 0  # speculative draft tokens verified
     accepted_draft_tokens: int = 0
+    tool_calls: tuple[ToolCall, ...] = ()  # with tools: the reply's calls (finish_reason TOOL_CALLS)
     # When the phases ran (time.monotonic() seconds), for trace spans: waiting for a slot
     # [t_queued, t_slot], prefill [t_ready, t_first_token], decode [t_first_token, t_end].
     t_queued: float = 0.0

@@ -18,6 +18,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..domain.errors import InvalidRequest
+from ..domain.events import ToolCall
 
 MAX_MESSAGES = 1024
 SavedChat = tuple[tuple[str, str], ...]  # (role, content) pairs, as a named session keeps them
@@ -33,8 +34,13 @@ def _raise_exception(message: str) -> None:
 
 @dataclass(frozen=True)
 class ChatMessage:
+    """A message as a client sends it: with tools, an assistant's calls or a tool's result
+    (`tool_call_id`); the session renders those in the generic format (engine/tools.py)."""
+
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
 
 
 class ChatTemplate:

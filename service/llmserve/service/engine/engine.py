@@ -37,15 +37,11 @@ from .session_file import StorageFault as StorageFault
 from .session_handle import SessionHandle
 from .session_store import SessionStore, model_fingerprint
 from .startup import chat_template, log_loaded
-from .tools import Reply as Reply  # tool calling's generic format, for the transport wings
-from .tools import Tool as Tool
-from .tools import ToolCall as ToolCall
+from .tools import Tool as Tool  # tool calling, for the transport wings
 from .tools import ToolChoice as ToolChoice
-from .tools import as_generic_messages as as_generic_messages
-from .tools import check_tools as check_tools
-from .tools import parse_reply as parse_reply
-from .tools import preamble as preamble
-from .tools import reply_schema as reply_schema
+from .tools import ToolPlan as ToolPlan
+from .tools import plan_tools as plan_tools
+from .tools import reply_constraint as reply_constraint
 
 log = structlog.get_logger("llmserve.engine")
 
@@ -162,18 +158,21 @@ class Engine:
     def open_session(
         self, params: SessionParams, sink: EventSink, max_input_tokens: int, deadline: float | None = None,
         restore: SavedSession | None = None, grammar: object | None = None, add_bos: bool = True,
+        tools: ToolPlan | None = None,
     ) -> SessionHandle:
         """Open a Generate session; its events go to `sink`. `max_input_tokens` bounds all the
         input it is sent; `deadline` is time.monotonic(); `restore` resumes a saved session
         (see `load_session`); `grammar` is what `compile_constraint` returned for
-        `params.sampling.grammar`; `add_bos`: the first text starts with BOS (if the model's does)."""
+        `params.sampling.grammar`; `add_bos`: the first text starts with BOS (if the model's does);
+        `tools`: the session's tools (`plan_tools`; an active plan's `reply_constraint` must be
+        the grammar)."""
         if params.session_id and self._store is not None:
             self._store.begin(params.session_id)  # a reopen waits until this session is saved
         conversation = Conversation(restore.chat if restore is not None else None)
         key = self._executor.open_session(params, sink, deadline, restore, grammar, conversation)
         render = self.render_chat if self.chat_template is not None else None
         return SessionHandle(self._executor, key, conversation, self.limits, render, max_input_tokens,
-                             params.stopping.max_tokens, add_bos and self.meta.add_bos, restore)
+                             params.stopping.max_tokens, add_bos and self.meta.add_bos, restore, tools)
 
     @property
     def has_session_store(self) -> bool:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from ..domain.errors import InvalidRequest, PreconditionFailed
-from ..domain.events import TokenEvent, TurnEndEvent
+from ..domain.events import FinishReason, TokenEvent, TurnEndEvent
 from ..domain.model_meta import Limits
 from ..domain.snapshots import SavedSession
 from .chat import ChatMessage, Conversation
 from .executor import Executor
+from .tool_reply import ReplyReader
+from .tools import ToolPlan, as_generic_messages, with_preamble
 
 MAX_TURNS_PENDING = 2  # the running turn and one queued behind it
 
@@ -29,11 +32,13 @@ class SessionHandle:
 
     def __init__(self, executor: Executor, key: int, conversation: Conversation, limits: Limits,
                  render_chat: RenderChat | None, max_input_tokens: int, max_tokens: int | None,
-                 add_bos: bool, restore: SavedSession | None) -> None:
+                 add_bos: bool, restore: SavedSession | None, tools: ToolPlan | None = None) -> None:
         """`key`: the executor's name for the session; `conversation`: the one the executor
         saves with a named session; `render_chat`: the chat template as tokens (None: the
         model has none); `max_tokens`: the per-turn limit; `add_bos`: whether the first text
-        starts with BOS; `restore`: the saved session it goes on from."""
+        starts with BOS; `restore`: the saved session it goes on from; `tools`: an active
+        plan puts its preamble in the rendering and reads each reply for calls (its
+        constraint must be the session's grammar)."""
         self._executor = executor
         self.key = key
         self.conversation = conversation
@@ -47,6 +52,8 @@ class SessionHandle:
         self._session_tokens = len(restore.tokens) + len(restore.pending) if restore is not None else 0
         self._has_history = restore is not None
         self.needs_bos = add_bos and restore is None
+        self._tools = tools if tools is not None and tools.active else None
+        self._replies: dict[int, ReplyReader] = {}  # per sample, with tools
 
     @property
     def num_turns_pending(self) -> int:
@@ -87,6 +94,7 @@ class SessionHandle:
             )
         if not self.conversation.started and (self._has_history or self._turn_tokens):
             raise InvalidRequest("a session that started with text or tokens cannot switch to messages", field="input")
+        messages = as_generic_messages(messages)
         self.conversation.check(messages)
         if end_of_turn and self.num_turns_pending >= MAX_TURNS_PENDING:
             raise self._turn_queue_full()
@@ -100,6 +108,8 @@ class SessionHandle:
         tokens are prefilled)."""
         assert self._render_chat is not None
         conversation = self.conversation.add(messages, end_of_turn)
+        if self._tools is not None:
+            conversation = with_preamble(conversation, self._tools)
         tokens = await asyncio.to_thread(self._render_chat, conversation)
         self._turn_tokens = self._session_tokens = len(tokens)
         self._check_sizes()
@@ -151,9 +161,11 @@ class SessionHandle:
 
     # ----------------------------------------------------------------- events
 
-    async def observe(self, event: object) -> None:
-        """The transport calls this with each event before sending it on: sample 0's text is
-        the chat's reply; a turn's end lets deferred chat messages run."""
+    async def observe(self, event: object) -> object:
+        """The transport calls this with each event and sends on what it returns: sample 0's
+        text is the chat's reply; a turn's end lets deferred chat messages run. With tools,
+        token events carry the answer's text and the calls as they form, and a turn end
+        the parsed calls (`_read_reply`)."""
         chat = self.conversation.started
         if isinstance(event, TokenEvent) and event.index == 0 and chat:
             self.conversation.on_reply_text(event.text)
@@ -164,6 +176,17 @@ class SessionHandle:
                 self.conversation.end_reply()
             if event.final:
                 await self._run_deferred()
+        return self._read_reply(event) if self._tools is not None else event
+
+    def _read_reply(self, event: object) -> object:
+        if isinstance(event, TokenEvent):
+            text, calls = self._replies.setdefault(event.index, ReplyReader()).feed(event.text)
+            return replace(event, text=text, tool_calls=calls)
+        if isinstance(event, TurnEndEvent):
+            reply = self._replies.pop(event.index, ReplyReader()).finish()
+            if reply.tool_calls and event.finish_reason in (FinishReason.STOP, FinishReason.STOP_SEQUENCE):
+                return replace(event, finish_reason=FinishReason.TOOL_CALLS, tool_calls=reply.tool_calls)
+        return event
 
     async def _run_deferred(self) -> None:
         while self.conversation.has_deferred and not self.num_turns_open:

@@ -10,8 +10,8 @@ response:
     {"response": "It is sunny."}                                 (tool_choice auto)
 
 So a call's arguments always parse and validate against its function's schema.
-`parse_reply` turns a finished reply into text or `ToolCall`s with unique ids. Both
-surfaces (gRPC, OpenAI HTTP) use these; nothing here knows either.
+engine/tool_reply.py reads a reply, as it streams, into text and `ToolCall`s with unique
+ids. Both surfaces (gRPC, OpenAI HTTP) use these; nothing here knows either.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..domain.errors import InvalidRequest
+from ..domain.events import ToolCall
+from .chat import ChatMessage
 
 MAX_TOOLS = 128
 MAX_PARALLEL_CALLS = 8  # calls in one reply: a small model repeats calls until the grammar stops it
@@ -47,13 +49,6 @@ class ToolChoice:
 
     mode: str = "auto"
     name: str = ""
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # JSON text, as OpenAI's API carries it
 
 
 @dataclass(frozen=True)
@@ -137,42 +132,62 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def parse_reply(text: str) -> Reply:
-    """A finished generic-format reply: its tool calls (each with a new id) or its response.
-    Text that is not the format (a reply cut short, or no constraint) stays text."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return Reply(text)
-    if not isinstance(value, dict):
-        return Reply(text)
-    if "response" in value and len(value) == 1:
-        response = value["response"]
-        return Reply(response if isinstance(response, str) else json.dumps(response))
-    raw = value.get("tool_calls") if "tool_calls" in value else [value.get("tool_call")]
-    if not isinstance(raw, list) or not raw:
-        return Reply(text)
-    calls = []
-    for item in raw:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or "arguments" not in item:
-            return Reply(text)
-        calls.append(ToolCall(new_call_id(), item["name"], json.dumps(item["arguments"], ensure_ascii=False)))
-    return Reply(None, tuple(calls))
+@dataclass(frozen=True)
+class ToolPlan:
+    """A session's tools; `schema` is the reply's JSON schema, None when no call is possible."""
+
+    tools: tuple[Tool, ...]
+    choice: ToolChoice
+    schema: dict[str, Any] | None
+
+    @property
+    def active(self) -> bool:
+        return self.schema is not None
 
 
-def as_generic_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+def plan_tools(tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
+               answer_schema: dict[str, Any] | None = None, field: str = "tools") -> ToolPlan:
+    """The checked tools (InvalidRequest naming the field) and the reply's schema.
+    `answer_schema`: what a text answer's `response` must follow (response_format)."""
+    check_tools(tools, choice, field)
+    return ToolPlan(tuple(tools), choice, reply_schema(tools, choice, parallel, answer_schema))
+
+
+def reply_constraint(plan: ToolPlan) -> tuple[str, str]:
+    """The constraint an active plan's replies are held to, as `compile_constraint` takes it."""
+    return "json_schema", json.dumps(plan.schema)
+
+
+def with_preamble(messages: Sequence[ChatMessage], plan: ToolPlan) -> list[ChatMessage]:
+    """The conversation as rendered with tools: the preamble is the system message, after
+    an existing first system message's text."""
+    assert plan.schema is not None
+    text = preamble(plan.tools, plan.schema)
+    if messages and messages[0].role == "system":
+        return [ChatMessage("system", messages[0].content + "\n\n" + text), *messages[1:]]
+    return [ChatMessage("system", text), *messages]
+
+
+def as_generic_messages(messages: Sequence[ChatMessage], field: str = "input.messages") -> list[ChatMessage]:
     """A conversation with tool calls and tool results, as plain messages a template
     without tools can render: an assistant's calls become its JSON reply, a tool's result
-    a user message carrying `tool_response`."""
-    plain: list[dict[str, str]] = []
-    for m in messages:
-        if m.get("role") == "assistant" and m.get("tool_calls"):
-            calls = [{"name": c["name"], "arguments": json.loads(c["arguments"])} for c in m["tool_calls"]]
+    a user message carrying `tool_response`. InvalidRequest when a call's arguments are
+    not JSON."""
+    plain: list[ChatMessage] = []
+    for i, m in enumerate(messages):
+        if m.tool_calls:
+            calls = []
+            for j, c in enumerate(m.tool_calls):
+                try:
+                    calls.append({"name": c.name, "arguments": json.loads(c.arguments)})
+                except ValueError as exc:
+                    raise InvalidRequest(f"the arguments are not JSON: {exc}",
+                                         field=f"{field}[{i}].tool_calls[{j}].arguments") from None
             body = {"tool_calls": calls} if len(calls) > 1 else {"tool_call": calls[0]}
-            plain.append({"role": "assistant", "content": json.dumps(body, ensure_ascii=False)})
-        elif m.get("role") == "tool":
-            result = {"tool_response": {"tool_call_id": m.get("tool_call_id", ""), "content": m.get("content", "")}}
-            plain.append({"role": "user", "content": json.dumps(result, ensure_ascii=False)})
+            plain.append(ChatMessage(m.role, json.dumps(body, ensure_ascii=False)))
+        elif m.role == "tool":
+            result = {"tool_response": {"tool_call_id": m.tool_call_id, "content": m.content}}
+            plain.append(ChatMessage("user", json.dumps(result, ensure_ascii=False)))
         else:
-            plain.append({"role": m["role"], "content": m.get("content") or ""})
+            plain.append(ChatMessage(m.role, m.content))
     return plain

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from ..domain.events import FinishReason, SessionFailed, TokenEvent, TurnEndEvent
 from ..domain.requests import SessionParams
-from ..engine.engine import Engine, parse_reply
+from ..engine.engine import Engine
 from ..turn_record import record_turn
 from . import shapes, tool_calls
 from .errors import bad_request, from_exception, from_status_name, server_error
@@ -38,7 +38,7 @@ async def turn_events(engine: Engine, request: ChatRequest, params: SessionParam
     last sample's turn end. ApiError when the engine refuses or ends the session. `grammar`:
     the compiled constraint of `params.sampling.grammar`."""
     sink = EventQueue(asyncio.get_running_loop())
-    handle = engine.open_session(params, sink, max_input_tokens, request.deadline, grammar=grammar)
+    handle = engine.open_session(params, sink, max_input_tokens, request.deadline, grammar=grammar, tools=request.tools)
     try:
         await handle.add_messages(request.messages, end_of_turn=True)
         while True:
@@ -47,7 +47,8 @@ async def turn_events(engine: Engine, request: ChatRequest, params: SessionParam
                 raise from_status_name(event.status, event.message)
             if not isinstance(event, (TokenEvent, TurnEndEvent)):
                 continue  # prompt logprobs: not asked by this wing
-            await handle.observe(event)
+            event = await handle.observe(event)  # with tools: the answer's text and the calls as they form
+            assert isinstance(event, (TokenEvent, TurnEndEvent))
             if isinstance(event, TurnEndEvent):
                 record_turn(engine.metrics, event, params)
             if isinstance(event, TurnEndEvent) and event.finish_reason == FinishReason.ERROR:
@@ -67,7 +68,6 @@ class ChatResponder:
         self.params = params
         self.max_input_tokens = max_input_tokens
         self.grammar: object | None = None
-        self.with_tools = request.tools is not None and request.tools.active  # the reply is parsed for calls
         fingerprint = f"llmserve-{engine.version}"
         self.envelope = shapes.Envelope(f"chatcmpl-{params.request_id}", int(time.time()), model, fingerprint)
 
@@ -90,12 +90,9 @@ class ChatResponder:
     def _choice(self, index: int, text: str, end: TurnEndEvent,
                 logprobs: list[dict[str, object]] | None) -> dict[str, object]:
         finish = shapes.FINISH_REASONS.get(end.finish_reason, "stop")
-        if not self.with_tools:
-            return shapes.choice(index, text, finish, logprobs)
-        reply = parse_reply(text)  # a reply cut short stays text
-        if reply.tool_calls:
-            return shapes.choice(index, None, "tool_calls", None, tool_calls.openai_calls(reply))
-        return shapes.choice(index, reply.content, finish, None)
+        if end.tool_calls:
+            return shapes.choice(index, None, finish, None, tool_calls.openai_calls(end.tool_calls))
+        return shapes.choice(index, text, finish, logprobs)
 
     async def whole(self) -> web.Response:
         await self._constrain()
@@ -115,11 +112,10 @@ class ChatResponder:
         return web.json_response(self.envelope.completion(choices, shapes.usage(ends)))
 
     async def stream(self, http_request: web.Request) -> web.StreamResponse:
-        """SSE: each sample's role, its content deltas, its finish reason; the usage when
-        asked; `[DONE]`. An error after the headers went out is an `error` event instead. With
-        tools each sample's reply is held until it ends (`_send_held`)."""
+        """SSE: each sample's role, its content (or tool-call) deltas, its finish reason; the
+        usage when asked; `[DONE]`. An error after the headers went out is an `error` event
+        instead."""
         await self._constrain()
-        held: dict[int, list[str]] = {}
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         ends: dict[int, TurnEndEvent] = {}
         with_usage = self.request.include_usage
@@ -130,18 +126,16 @@ class ChatResponder:
                         await response.prepare(http_request)
                         for i in range(self.params.num_samples):
                             await self._send(response, shapes.delta(i, {"role": "assistant", "content": ""}))
-                    if isinstance(event, TokenEvent) and self.with_tools:
-                        held.setdefault(event.index, []).append(event.text)
-                    elif isinstance(event, TokenEvent):
-                        if event.text or event.logprobs and self.request.logprobs:
+                    if isinstance(event, TokenEvent):
+                        if event.tool_calls:
+                            fields: dict[str, object] = {"tool_calls": tool_calls.openai_deltas(event.tool_calls)}
+                            await self._send(response, shapes.delta(event.index, fields))
+                        elif event.text or event.logprobs and self.request.logprobs:
                             fields = {"content": event.text}
                             await self._send(response, shapes.delta(event.index, fields, None, self._logprobs(event)))
                     else:
                         ends[event.index] = event
                         finish = shapes.FINISH_REASONS.get(event.finish_reason, "stop")
-                        if self.with_tools:
-                            finish = await self._send_held(response, event.index, "".join(held.pop(event.index, [])),
-                                                           finish)
                         await self._send(response, shapes.delta(event.index, {}, finish))
         except ConnectionError:
             return response  # the client went away: the session is closed (aclosing), nobody to tell
@@ -159,18 +153,6 @@ class ChatResponder:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
-
-    async def _send_held(self, response: web.StreamResponse, index: int, text: str, finish: str) -> str:
-        """A held reply: per call its head (index, id, type, name) then its arguments; or
-        the response as one content delta. Its finish reason."""
-        reply = parse_reply(text)
-        if not reply.tool_calls:
-            if reply.content:
-                await self._send(response, shapes.delta(index, {"content": reply.content}))
-            return finish
-        for fields in tool_calls.call_deltas(reply):
-            await self._send(response, shapes.delta(index, fields))
-        return "tool_calls"
 
     async def _send(self, response: web.StreamResponse, choice: dict[str, object] | None,
                     usage: dict[str, object] | None = None) -> None:

@@ -1,18 +1,17 @@
-"""A chat body's `messages` → the engine's plain `ChatMessage`s, or a 400 naming the field.
+"""A chat body's `messages` → the engine's `ChatMessage`s, or a 400 naming the field.
 
 Roles: system, user, assistant (with `tool_calls`, its content then optional) and tool
-(with `tool_call_id`). The chat template knows no tools, so a conversation with calls and
-results is rendered in tool calling's generic format (`as_generic_messages`, engine/tools.py):
-an assistant's calls become its JSON reply, a tool's result a user message. A key sent
-as `null` counts as not sent (the SDK sends back a reply's `refusal: null`).
+(with `tool_call_id`). The session renders calls and results in tool calling's generic
+format (engine/tools.py). A key sent as `null` counts as not sent (the SDK sends back a
+reply's `refusal: null`).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from ..engine.engine import ChatMessage, as_generic_messages
+from ..domain.events import ToolCall
+from ..engine.engine import ChatMessage
 from .errors import bad_request
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -23,7 +22,7 @@ _KEYS = {"system": {"content"}, "user": {"content"}, "assistant": {"content", "t
 def parse_messages(value: object) -> list[ChatMessage]:
     if not isinstance(value, list) or not value:
         raise bad_request("messages must be a non-empty array", "messages")
-    plain: list[dict[str, Any]] = []
+    messages: list[ChatMessage] = []
     for i, m in enumerate(value):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -35,25 +34,23 @@ def parse_messages(value: object) -> list[ChatMessage]:
         for key in m:
             if key != "role" and key not in _KEYS[role]:
                 raise bad_request(f"{where}.{key} is not supported by this server", f"{where}.{key}")
-        message: dict[str, Any] = {"role": role}
+        calls: tuple[ToolCall, ...] = ()
         if role == "assistant" and "tool_calls" in m:
-            message["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
-            message["content"] = content_text(m["content"], f"{where}.content") if "content" in m else ""
+            calls = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
+            content = content_text(m["content"], f"{where}.content") if "content" in m else ""
         else:
             if "content" not in m:
                 raise bad_request(f"{where}.content is required", f"{where}.content")
-            message["content"] = content_text(m["content"], f"{where}.content")
-        if role == "tool":
-            if not isinstance(m.get("tool_call_id"), str):
-                raise bad_request(f"{where}.tool_call_id is required (a string)", f"{where}.tool_call_id")
-            message["tool_call_id"] = m["tool_call_id"]
-        plain.append(message)
-    return [ChatMessage(m["role"], m["content"]) for m in as_generic_messages(plain)]
+            content = content_text(m["content"], f"{where}.content")
+        if role == "tool" and not isinstance(m.get("tool_call_id"), str):
+            raise bad_request(f"{where}.tool_call_id is required (a string)", f"{where}.tool_call_id")
+        messages.append(ChatMessage(role, content, calls, m.get("tool_call_id", "")))
+    return messages
 
 
-def _tool_calls(value: object, where: str) -> list[dict[str, str]]:
-    """OpenAI's `[{"id", "type": "function", "function": {"name", "arguments"}}]` → the
-    generic format's `[{"name", "arguments"}]` (arguments: JSON text that must parse)."""
+def _tool_calls(value: object, where: str) -> tuple[ToolCall, ...]:
+    """OpenAI's `[{"id", "type": "function", "function": {"name", "arguments"}}]` (arguments:
+    JSON text that must parse)."""
     if not isinstance(value, list) or not value:
         raise bad_request(f"{where} must be a non-empty array", where)
     calls = []
@@ -71,8 +68,11 @@ def _tool_calls(value: object, where: str) -> list[dict[str, str]]:
             json.loads(arguments)
         except ValueError as exc:
             raise bad_request(f"{at}.function.arguments is not JSON: {exc}", f"{at}.function.arguments") from None
-        calls.append({"name": function["name"], "arguments": arguments})
-    return calls
+        call_id = call.get("id", "")
+        if not isinstance(call_id, str):
+            raise bad_request(f"{at}.id must be a string", f"{at}.id")
+        calls.append(ToolCall(call_id, function["name"], arguments))
+    return tuple(calls)
 
 
 def content_text(value: object, where: str) -> str:

@@ -94,6 +94,6 @@ def parse_chat(body: object) -> ChatRequest:
     if tools is not None and tools.active:
         if logprobs:
             raise bad_request("logprobs with tools is not served: the reply is a tool call's JSON", "logprobs")
-        constraint, messages = tool_calls.reply_constraint(tools), tool_calls.with_preamble(messages, tools)
+        constraint = tool_calls.plan_constraint(tools)
     return ChatRequest(model, messages, stream, include_usage, logprobs,
                        fields.integer(body, "n") if "n" in body else None, sampling, stopping, output, constraint, tools)

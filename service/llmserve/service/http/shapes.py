@@ -19,6 +19,7 @@ FINISH_REASONS = {
     FinishReason.CONTEXT_FULL: "length",
     FinishReason.DEADLINE: "length",
     FinishReason.CANCELLED: "stop",
+    FinishReason.TOOL_CALLS: "tool_calls",
 }
 
 PieceOf = Callable[[int], str]  # a token id's text

@@ -1,46 +1,26 @@
-"""Tool calling on `/v1/chat/completions`, in the generic format (engine/tools.py).
+"""Tool calling on `/v1/chat/completions`: the body's fields → the engine's `ToolPlan`,
+and the engine's calls → OpenAI's shapes.
 
-`tools`, `tool_choice` and `parallel_tool_calls` → a `ToolPlan`. When a call is possible
-(the reply schema is not None) the preamble goes first in the system message and the
-whole reply is constrained to the schema; the finished reply is parsed into OpenAI's
-`tool_calls` (or its `response` into plain content). `parallel_tool_calls` defaults to
-false, as llama-server's: a small model asked for a list repeats calls.
+`tools`, `tool_choice` and `parallel_tool_calls` → a `ToolPlan` (engine/tools.py). When a
+call is possible the session puts the preamble in the system message, holds the reply to
+the plan's schema and reads it as it streams into answer text and calls; this module only
+translates. `parallel_tool_calls` defaults to false, as llama-server's: a small model
+asked for a list repeats calls.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from ..domain.errors import InvalidRequest
-from ..engine.engine import (
-    ChatMessage,
-    Reply,
-    Tool,
-    ToolChoice,
-    check_tools,
-    preamble,
-    reply_schema,
-)
+from ..domain.events import ToolCall, ToolCallDelta
+from ..engine.engine import Tool, ToolChoice, ToolPlan, plan_tools, reply_constraint
 from .errors import bad_request
 from .structured import Constraint, Format
 
 FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
-
-
-@dataclass(frozen=True)
-class ToolPlan:
-    """The request's tools; `schema` is the reply's JSON schema, None when no call is possible."""
-
-    tools: tuple[Tool, ...]
-    choice: ToolChoice
-    schema: dict[str, Any] | None
-
-    @property
-    def active(self) -> bool:
-        return self.schema is not None
 
 
 def parse_tools(body: dict[str, Any], asked: Format) -> ToolPlan | None:
@@ -53,46 +33,38 @@ def parse_tools(body: dict[str, Any], asked: Format) -> ToolPlan | None:
     if not isinstance(parallel, bool):
         raise bad_request("parallel_tool_calls must be a boolean", "parallel_tool_calls")
     try:
-        check_tools(tools, choice)
+        plan = plan_tools(tools, choice, parallel, asked.answer_schema)
     except InvalidRequest as exc:  # its tools[i].name is the body's tools[i].function.name
         raise bad_request(str(exc), re.sub(r"^(tools\[\d+\])\.", r"\1.function.", exc.field or "tools")) from None
-    schema = reply_schema(tools, choice, parallel, asked.answer_schema)
-    if schema is not None and asked.constraint is not None and asked.constraint.kind not in ("json_schema",
+    if plan.active and asked.constraint is not None and asked.constraint.kind not in ("json_schema",
                                                                                             "json_object"):
         field = asked.constraint.param
         raise bad_request(f"{field} cannot hold a reply that may call tools; send tool_choice none, "
                           "or response_format", field)
-    return ToolPlan(tools, choice, schema)
+    return plan
 
 
-def reply_constraint(plan: ToolPlan) -> Constraint:
-    return Constraint("json_schema", json.dumps(plan.schema), "tools")
+def plan_constraint(plan: ToolPlan) -> Constraint:
+    kind, text = reply_constraint(plan)
+    return Constraint(kind, text, "tools")
 
 
-def with_preamble(messages: list[ChatMessage], plan: ToolPlan) -> list[ChatMessage]:
-    """The preamble as the system message, after an existing first system message's text."""
-    assert plan.schema is not None
-    text = preamble(plan.tools, plan.schema)
-    if messages and messages[0].role == "system":
-        return [ChatMessage("system", messages[0].content + "\n\n" + text), *messages[1:]]
-    return [ChatMessage("system", text), *messages]
+def openai_calls(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
+    """Calls as OpenAI's `message.tool_calls`."""
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
 
 
-def openai_calls(reply: Reply) -> list[dict[str, Any]]:
-    """The reply's calls as OpenAI's `message.tool_calls`."""
-    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in reply.tool_calls]
-
-
-def call_deltas(reply: Reply) -> list[dict[str, Any]]:
-    """The `delta`s that stream the calls: per call, its index, id, type and name (arguments
-    ""), then its arguments."""
-    deltas: list[dict[str, Any]] = []
-    for k, call in enumerate(reply.tool_calls):
-        head = {"index": k, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
-        deltas.append({"tool_calls": [head]})
-        deltas.append({"tool_calls": [{"index": k, "function": {"arguments": call.arguments}}]})
-    return deltas
+def openai_deltas(deltas: tuple[ToolCallDelta, ...]) -> list[dict[str, Any]]:
+    """Calls as they form, as OpenAI's `delta.tool_calls`: a call's head carries its index,
+    id, type and name (arguments ""), later pieces its index and argument fragments."""
+    out: list[dict[str, Any]] = []
+    for d in deltas:
+        if d.id:
+            out.append({"index": d.index, "id": d.id, "type": "function",
+                        "function": {"name": d.name, "arguments": d.arguments}})
+        else:
+            out.append({"index": d.index, "function": {"arguments": d.arguments}})
+    return out
 
 
 def _list(value: object, where: str) -> list[object]:

@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator
 import structlog
 from llmserve.v1 import llmserve_pb2 as pb
 
-from ..domain.events import FinishReason, PromptLogprobsEvent, SessionFailed, TokenEvent, TurnEndEvent
+from ..domain.events import FinishReason, PromptLogprobsEvent, SessionFailed, TokenEvent, ToolCall, TurnEndEvent
 from ..domain.requests import SessionParams
 from ..domain.snapshots import SavedSession
-from ..engine.engine import ChatMessage, Engine, SessionHandle
+from ..engine.engine import ChatMessage, Engine, SessionHandle, ToolPlan
 from ..metrics import Metrics
 from ..turn_record import record_turn
 from .errors import DeadlineExceeded, Unavailable, check_decoded, error_from_status_name
@@ -44,8 +44,9 @@ class _ReaderFailed:
 
 class GenerateCall:
     def __init__(self, engine: Engine, metrics: Metrics, max_input_tokens: int, restore: SavedSession | None = None,
-                 grammar: object | None = None) -> None:
+                 grammar: object | None = None, tools: ToolPlan | None = None) -> None:
         self.engine = engine
+        self.tools = tools
         self.restore = restore
         self.grammar = grammar  # the compiled constraint (Engine.compile_constraint)
         self.metrics = metrics
@@ -58,14 +59,15 @@ class GenerateCall:
     ) -> AsyncIterator[pb.GenerateResponse]:
         add_bos = first.config.add_bos if first.config.HasField("add_bos") else True
         session = self.engine.open_session(params, self.sink, self.max_input_tokens, deadline, self.restore,
-                                           self.grammar, add_bos)
+                                           self.grammar, add_bos, self.tools)
         reader = asyncio.create_task(self._read(first, requests, session))
         client_done = draining = False
         try:
             while True:
                 event = await self.sink.get()
                 if isinstance(event, (TokenEvent, PromptLogprobsEvent, TurnEndEvent)):
-                    await session.observe(event)
+                    event = await session.observe(event)  # with tools: the answer's text and the calls
+                    assert isinstance(event, (TokenEvent, PromptLogprobsEvent, TurnEndEvent))
                     if isinstance(event, TurnEndEvent):
                         record_turn(self.metrics, event, params)
                     yield _response(params.request_id, event)
@@ -107,7 +109,8 @@ class GenerateCall:
         if message.cancel:
             session.cancel()
         if message.HasField("input") and message.input.WhichOneof("kind") == "messages":
-            messages = [ChatMessage(m.role, m.content) for m in message.input.messages.messages]
+            messages = [ChatMessage(m.role, m.content, tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls),
+                                    m.tool_call_id) for m in message.input.messages.messages]
             await session.add_messages(messages, message.end_of_turn)
             return
         tokens: tuple[int, ...] = ()
@@ -120,7 +123,9 @@ class GenerateCall:
 def _response(request_id: str, event: TokenEvent | PromptLogprobsEvent | TurnEndEvent) -> pb.GenerateResponse:
     if isinstance(event, TokenEvent):
         chunk = pb.TokenChunk(text=event.text, token_ids=event.token_ids,
-                              logprobs=[logprob_proto(lp) for lp in event.logprobs], index=event.index)
+                              logprobs=[logprob_proto(lp) for lp in event.logprobs], index=event.index,
+                              tool_calls=[pb.ToolCallDelta(index=d.index, id=d.id, name=d.name, arguments=d.arguments)
+                                          for d in event.tool_calls])
         return pb.GenerateResponse(request_id=request_id, chunk=chunk)
     if isinstance(event, PromptLogprobsEvent):
         tokens = [logprob_proto(lp) for lp in event.tokens]

@@ -46,6 +46,7 @@ def turn_end_proto(event: TurnEndEvent) -> pb.TurnEnd:
         message=event.message,
         index=event.index,
         matched_stop_token_id=event.matched_stop_token_id,
+        tool_calls=[pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in event.tool_calls],
     )
 
 
@@ -101,6 +102,7 @@ def model_info(engine: Engine, max_queue: int) -> pb.ModelInfo:
             choice=True,
             json_object=True,
             strict=True,  # Constraint.strict: domain/schema_strict.py
+            tools=engine.chat_template is not None,  # tools need chat messages
             chat=engine.chat_template is not None,
             chat_template_source=engine.chat_template.origin if engine.chat_template else "",
             max_samples=min(validation.MAX_SAMPLES, config.n_parallel),

@@ -21,7 +21,7 @@ from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 from ..domain.errors import GrammarError
 from ..domain.requests import SessionParams
 from ..domain.snapshots import SavedSession
-from ..engine.engine import Engine
+from ..engine.engine import Engine, ToolPlan
 from ..metrics import Metrics
 from . import responses, unary, validation
 from .embed_call import EmbedCall
@@ -35,6 +35,7 @@ from .errors import (
     rpc_errors,
 )
 from .generate_call import Drain, GenerateCall
+from .tool_config import tool_plan
 
 log = structlog.get_logger("llmserve.servicer")
 
@@ -149,21 +150,23 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
 
     async def _session_params(
         self, engine: Engine, first: pb.GenerateRequest, rid: str
-    ) -> tuple[SessionParams, object | None]:
-        """The session's parameters, and its constraint compiled (off the loop and the executor)."""
+    ) -> tuple[SessionParams, object | None, ToolPlan | None]:
+        """The session's parameters, its constraint compiled (off the loop and the executor)
+        and its tools."""
         max_samples = min(validation.MAX_SAMPLES, engine.config.n_parallel)
         params = validation.session_params(first.config, engine.limits, rid, max_samples)  # cheap checks first
-        constraint = validation.constraint_of(first.config.constraint)
+        tools, constraint = tool_plan(first.config, validation.constraint_of(first.config.constraint))
         if constraint is None:
-            return params, None
+            return params, None, tools
         kind, text = constraint
+        field = "config.tools" if tools is not None and tools.active else f"config.constraint.{kind}"
         compiling = asyncio.wrap_future(engine.compile_constraint(kind, text))  # Overloaded: RESOURCE_EXHAUSTED
         compiling.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, if this call is gone
         try:
             gbnf, compiled = await asyncio.shield(compiling)  # shared with identical texts: never cancelled
         except GrammarError as exc:
-            raise InvalidArgument(str(exc), field=f"config.constraint.{kind}") from None
-        return replace(params, sampling=replace(params.sampling, grammar=gbnf)), compiled
+            raise InvalidArgument(str(exc), field=field) from None
+        return replace(params, sampling=replace(params.sampling, grammar=gbnf)), compiled, tools
 
     @rpc_errors
     async def Generate(self, request_iterator, context):  # type: ignore[no-untyped-def]
@@ -216,12 +219,12 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
             self._session_s = 0.8 * self._session_s + 0.2 * (time.monotonic() - started)
 
     async def _run_session(self, engine: Engine, first, rid: str, request_iterator, context):  # type: ignore[no-untyped-def]
-        params, grammar = await self._session_params(engine, first, rid)
+        params, grammar, tools = await self._session_params(engine, first, rid)
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
         max_input = min(self.max_input_tokens or engine.limits.n_ctx_per_slot, engine.limits.n_ctx_per_slot)
         restore = await self._claim_session(engine, params.session_id)
-        call = GenerateCall(engine, self.metrics, max_input, restore, grammar)
+        call = GenerateCall(engine, self.metrics, max_input, restore, grammar, tools)
         self._calls.add(call)
         if self.draining:
             call.sink.put_local(Drain())
