@@ -14,6 +14,7 @@ from typing import Any
 
 from ..domain import request_rules
 from ..domain.errors import GrammarError
+from ..domain.schema_strict import check_strict
 from ..engine.engine import Engine
 from .errors import bad_request
 
@@ -92,6 +93,8 @@ def _response_format(value: dict[str, Any]) -> Format:
         raise bad_request(f"{where}.schema must be a JSON schema object", f"{where}.schema")
     constraint = Constraint("json_schema", json.dumps(schema), f"{where}.schema")
     request_rules.check_constraint(constraint.kind, constraint.text, constraint.param)
+    if spec.get("strict") is True:  # refuse what the converter would drop, never loosen the schema
+        check_strict(schema, constraint.param)
     return Format(constraint, schema)
 
 
