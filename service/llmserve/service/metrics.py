@@ -103,7 +103,7 @@ class Metrics:
         self.running = Gauge(
             "llmserve_running_sessions", "Sessions holding a slot (both surfaces; with n > 1 still one)", registry=r
         )
-        self.sessions = Gauge("llmserve_sessions", "Open gRPC Generate sessions (admitted, waiting or running)",
+        self.sessions = Gauge("llmserve_sessions", "Open sessions of both surfaces (admitted, waiting or running)",
                               registry=r)
         self.preemptions = Counter(
             "llmserve_preemptions", "Slots given up to waiting calls, by why the holder could give it (paused, idle)",

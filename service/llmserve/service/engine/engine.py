@@ -28,6 +28,7 @@ from ..model.grammar_compiler import GrammarCompiler
 from ..model.runner import LlamaRunner, RunnerConfig
 from ..model.sampler import SAMPLER_NAMES
 from ..model.tokenizer import Vocab
+from .call_gate import CallGate
 from .chat import ChatMessage, Conversation
 from .constraints import ConstraintCache
 from .executor import Executor, ExecutorConfig
@@ -103,6 +104,7 @@ class Engine:
             context_shift=config.context_shift,
         )
         self._executor = Executor(runner, executor_config, metrics, self._store)
+        self.calls = CallGate(config.n_parallel, config.max_queue, metrics.sessions.set)  # both surfaces' admission
         embedder = runner.embedder  # None without embeddings
         self.embedding_model: EmbeddingModelInfo | None = None
         if embedder is not None:

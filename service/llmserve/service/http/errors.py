@@ -87,7 +87,7 @@ def from_exception(exc: BaseException) -> ApiError | None:
         error.retry_after_s = exc.retry_after_s
         return error
     if isinstance(exc, Overloaded):
-        return ApiError(429, str(exc), "rate_limit_error", retry_after_s=1.0)
+        return ApiError(429, str(exc), "rate_limit_error", retry_after_s=exc.retry_after_s)
     return None
 
 

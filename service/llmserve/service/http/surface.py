@@ -54,7 +54,6 @@ class HttpSurface:
         self._ready: Callable[[], bool] = lambda: False
         self._runner: web.AppRunner | None = None
         self._num_requests = 0
-        self._num_sessions = 0
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -185,14 +184,10 @@ class HttpSurface:
                            param="model", code="model_not_found")
         max_samples = min(request_rules.MAX_SAMPLES, engine.config.n_parallel)
         params = replace(chat.session_params(request["request_id"], engine.limits, max_samples), surface=SURFACE)
-        self._admit(engine)
-        self._num_sessions += 1
-        try:
+        with engine.calls.admitted():  # open sessions of both surfaces: the slots plus --max-queue
             max_input = min(self.config.max_input_tokens or engine.limits.n_ctx_per_slot, engine.limits.n_ctx_per_slot)
             responder = ChatResponder(engine, chat, params, model, max_input)
             return await (responder.stream(request) if chat.stream else responder.whole())
-        finally:
-            self._num_sessions -= 1
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         engine = self._engine_or_503()
@@ -201,18 +196,13 @@ class HttpSurface:
         max_samples = min(request_rules.MAX_SAMPLES, engine.config.n_parallel)
         params = replace(completion.session_params(request["request_id"], engine.limits, max_samples), surface=SURFACE)
         num_prompts = len(completion.prompts)  # each prompt is a session of its own
-        capacity = engine.config.n_parallel + self.config.max_queue
-        if num_prompts > capacity:
-            raise ApiError(400, f"{num_prompts} prompts; one request may send up to {capacity}: the slots "
-                                "plus --max-queue", param="prompt")
-        self._admit(engine, num_prompts)
-        self._num_sessions += num_prompts
-        try:
+        if num_prompts > engine.calls.capacity:
+            raise ApiError(400, f"{num_prompts} prompts; one request may send up to {engine.calls.capacity}: the "
+                                "slots plus --max-queue", param="prompt")
+        with engine.calls.admitted(num_prompts):
             max_input = min(self.config.max_input_tokens or engine.limits.n_ctx_per_slot, engine.limits.n_ctx_per_slot)
             responder = CompletionResponder(engine, completion, params, model, max_input)
             return await (responder.stream(request) if completion.stream else responder.whole())
-        finally:
-            self._num_sessions -= num_prompts
 
     async def _embeddings(self, request: web.Request) -> web.Response:
         engine = self._engine_or_503()
@@ -220,15 +210,6 @@ class HttpSurface:
         embedder = embedding_model_of(engine, self._model_names(engine))
         model = _known_model(body.model, model_names(embedder, self._model_names(engine)))
         return web.json_response(await embed(engine, embedder, body, model))
-
-    def _admit(self, engine: Engine, num_sessions: int = 1) -> None:
-        """Sessions of this surface are capped at the slots plus `--max-queue`, as gRPC's are
-        (each surface counts its own for now)."""
-        capacity = engine.config.n_parallel + self.config.max_queue
-        if self._num_sessions + num_sessions > capacity:
-            raise ApiError(429, f"{self._num_sessions} requests are open, the limit is {engine.config.n_parallel} "
-                                f"slots plus {self.config.max_queue} waiting (--max-queue); retry later",
-                           "rate_limit_error", retry_after_s=1.0)
 
 
 async def _json_body(request: web.Request) -> object:

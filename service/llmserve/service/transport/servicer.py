@@ -29,7 +29,6 @@ from .errors import (
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
-    ResourceExhausted,
     Unavailable,
     check_decoded,
     rpc_errors,
@@ -78,13 +77,11 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         self.max_queue = max_queue
         self.max_input_tokens = max_input_tokens
         self.draining = False
-        self._num_sessions = 0
         self._num_calls = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._calls: set[GenerateCall] = set()
         self._sessions_in_use: set[str] = set()
-        self._session_s = 1.0  # moving average of a session's duration (retry hint)
 
     def _engine(self) -> Engine:
         if self.draining:
@@ -118,20 +115,6 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
             self._idle.set()
 
     # ----------------------------------------------------------------- Generate
-
-    def _admit(self, engine: Engine) -> None:
-        """Open sessions (those that sent their first message) are capped at the slots plus
-        `--max-queue`; a stream still waiting for its first message counts for nothing,
-        and has `--first-message-timeout` seconds to send it."""
-        capacity = engine.config.n_parallel + self.max_queue
-        if self._num_sessions >= capacity:
-            waiting = max(self._num_sessions - engine.config.n_parallel, 0)
-            retry = min(max(self._session_s * (waiting + 1) / engine.config.n_parallel, 0.05), 30.0)
-            raise ResourceExhausted(
-                f"{self._num_sessions} sessions are open, the limit is {engine.config.n_parallel} slots plus "
-                f"{self.max_queue} waiting (--max-queue); retry later",
-                retry_after_s=retry,
-            )
 
     async def _first_message(self, request_iterator, engine: Engine) -> pb.GenerateRequest:  # type: ignore[no-untyped-def]
         timeout = engine.config.first_message_timeout_s
@@ -206,17 +189,9 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     async def _session(self, engine: Engine, first, request_iterator, context, rpc: str):  # type: ignore[no-untyped-def]
         rid = request_id(context, first.config.request_id)
         bind_request(context, rpc, rid)
-        self._admit(engine)
-        self._num_sessions += 1
-        self.metrics.sessions.set(self._num_sessions)
-        started = time.monotonic()
-        try:
+        with engine.calls.admitted():  # open sessions of both surfaces: the slots plus --max-queue
             async for response in self._run_session(engine, first, rid, request_iterator, context):
                 yield response
-        finally:
-            self._num_sessions -= 1
-            self.metrics.sessions.set(self._num_sessions)
-            self._session_s = 0.8 * self._session_s + 0.2 * (time.monotonic() - started)
 
     async def _run_session(self, engine: Engine, first, rid: str, request_iterator, context):  # type: ignore[no-untyped-def]
         params, grammar, tools = await self._session_params(engine, first, rid)
