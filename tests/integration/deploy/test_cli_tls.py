@@ -1,6 +1,6 @@
 """The client commands and the SDK against a server with mTLS and an API key: the TLS
 flags and their LLMSERVE_* variables, `health` as a container's HEALTHCHECK runs it,
-and a list of host names over TLS."""
+a list of host names over TLS, and the OpenAI HTTP port under the same TLS."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 from llmserve.client import Client
 
 from tests import certs
-from tests.conftest import RunningServer, start_server, stop_server
+from tests.conftest import RunningServer, free_port, start_server, stop_server
 
 API_KEY = "cli-s3cret"
 
@@ -57,6 +57,7 @@ def mtls_server(files: Files) -> Iterator[RunningServer]:
          "--api-key", API_KEY],
         files.ca.parent / "server.log",
         channel_factory=functools.partial(_secure, files=files),
+        http_port=free_port(),
     )
     yield running
     assert stop_server(running) == 0
@@ -132,3 +133,28 @@ def test_sdk_list_of_host_names_over_mtls(mtls_server: RunningServer, files: Fil
     with Client([f"localhost:{port}", f"127.0.0.1:{port}"], **options) as client:
         assert client.model_info().architecture == "gemma3"
         assert client.generate("Hello", max_tokens=2).turn_end.usage.completion_tokens == 2
+
+
+def test_the_http_port_has_the_same_tls_and_key(mtls_server: RunningServer, files: Files) -> None:
+    """The OpenAI SDK over HTTPS with the client certificate and the key; without the client
+    certificate, or over plain HTTP, there is no answer."""
+    import ssl
+
+    import openai
+
+    base = f"https://localhost:{mtls_server.http_port}/v1"
+    trust = ssl.create_default_context(cafile=str(files.ca))
+    with_cert = ssl.create_default_context(cafile=str(files.ca))
+    with_cert.load_cert_chain(str(files.client_cert), str(files.client_key))
+    with openai.DefaultHttpxClient(verify=with_cert) as http:
+        client = openai.OpenAI(base_url=base, api_key=API_KEY, http_client=http, max_retries=0, timeout=60)
+        model = client.models.list().data[0].id
+        reply = client.completions.create(model=model, prompt="Hello", max_tokens=2)
+        assert reply.usage is not None and reply.usage.completion_tokens == 2
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base, api_key="wrong", http_client=http, max_retries=0).models.list()
+    with openai.DefaultHttpxClient(verify=trust) as no_client_cert, pytest.raises(openai.APIConnectionError):
+        openai.OpenAI(base_url=base, api_key=API_KEY, http_client=no_client_cert, max_retries=0).models.list()
+    with pytest.raises(openai.APIConnectionError):
+        openai.OpenAI(base_url=f"http://localhost:{mtls_server.http_port}/v1", api_key=API_KEY,
+                      max_retries=0, timeout=10).models.list()

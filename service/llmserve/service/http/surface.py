@@ -17,6 +17,7 @@ import asyncio
 import hmac
 import json
 import os
+import ssl
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -75,13 +76,13 @@ class HttpSurface:
         await self._runner.setup()
         host, port = self.config.host, self.config.http_port
         try:
-            await web.TCPSite(self._runner, host, port, reuse_address=True).start()
+            await web.TCPSite(self._runner, host, port, reuse_address=True, ssl_context=_tls(self.config)).start()
         except OSError as exc:
             await self._runner.cleanup()
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
             raise OSError(f"cannot listen on {host}:{port} for HTTP ({reason}): "
                           "choose another address with --host/--http-port") from None
-        log.info("http_listening", host=host, http_port=port, api="openai")
+        log.info("http_listening", host=host, http_port=port, api="openai", tls=self.config.tls_cert is not None)
 
     def begin_drain(self) -> None:
         self.draining = True
@@ -210,6 +211,19 @@ class HttpSurface:
         embedder = embedding_model_of(engine, self._model_names(engine))
         model = _known_model(body.model, model_names(embedder, self._model_names(engine)))
         return web.json_response(await embed(engine, embedder, body, model))
+
+
+def _tls(config: ServerConfig) -> ssl.SSLContext | None:
+    """The gRPC port's TLS for HTTP too: the same certificate, and with --tls-client-ca the
+    same client certificates required (mTLS)."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    if config.tls_client_ca is not None:
+        context.load_verify_locations(config.tls_client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
 
 
 async def _json_body(request: web.Request) -> object:
