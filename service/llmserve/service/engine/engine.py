@@ -32,6 +32,7 @@ from .call_gate import CallGate
 from .chat import ChatMessage, Conversation
 from .constraints import ConstraintCache
 from .executor import Executor, ExecutorConfig
+from .loop_sink import LoopSink as LoopSink  # executor thread -> event loop, for the wings
 from .offload import OffloadPool
 from .offload import Overloaded as Overloaded  # the facade's errors, for the transport
 from .session_file import StorageFault as StorageFault

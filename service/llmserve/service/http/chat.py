@@ -21,12 +21,11 @@ from aiohttp import web
 
 from ..domain.events import FinishReason, SessionFailed, TokenEvent, TurnEndEvent
 from ..domain.requests import SessionParams
-from ..engine.engine import Engine
+from ..engine.engine import Engine, LoopSink
 from ..turn_record import record_turn
 from . import shapes, tool_calls
 from .errors import bad_request, from_exception, from_status_name, server_error
 from .request import ChatRequest
-from .sink import EventQueue
 from .structured import compile_constraint
 
 log = structlog.get_logger("llmserve.http.chat")
@@ -37,7 +36,7 @@ async def turn_events(engine: Engine, request: ChatRequest, params: SessionParam
     """The turn's token and turn-end events, each shown to the session first; ends after the
     last sample's turn end. ApiError when the engine refuses or ends the session. `grammar`:
     the compiled constraint of `params.sampling.grammar`."""
-    sink = EventQueue(asyncio.get_running_loop())
+    sink = LoopSink(asyncio.get_running_loop())
     handle = engine.open_session(params, sink, max_input_tokens, request.deadline, grammar=grammar, tools=request.tools)
     try:
         await handle.add_messages(request.messages, end_of_turn=True)

@@ -23,13 +23,12 @@ from aiohttp import web
 from ..domain import request_rules
 from ..domain.events import FinishReason, PromptLogprobsEvent, SessionFailed, TokenEvent, TurnEndEvent
 from ..domain.requests import SessionParams
-from ..engine.engine import Engine, SessionHandle
+from ..engine.engine import Engine, LoopSink, SessionHandle
 from ..turn_record import record_turn
 from . import shapes
 from .completion_request import CompletionRequest
 from .errors import bad_request, from_exception, from_status_name, server_error
 from .legacy_logprobs import LegacyLogprobs
-from .sink import EventQueue
 
 log = structlog.get_logger("llmserve.http.completions")
 
@@ -41,7 +40,7 @@ class _PromptSink:
     """One prompt's session's sink: its events go to the request's shared queue, tagged;
     its own backlog, so that the executor pauses a prompt only for its own unread events."""
 
-    def __init__(self, shared: EventQueue, prompt: int) -> None:
+    def __init__(self, shared: LoopSink, prompt: int) -> None:
         self._shared = shared
         self._prompt = prompt
         self._num_put = 0  # written by the executor thread only
@@ -69,7 +68,7 @@ async def prompt_events(engine: Engine, request: CompletionRequest, params: Sess
                         max_input_tokens: int) -> AsyncIterator[tuple[int, Event]]:
     """(prompt, event) for every prompt's session, each event shown to its session first;
     ends after every prompt's last turn end. ApiError when the engine refuses or ends one."""
-    shared = EventQueue(asyncio.get_running_loop())
+    shared = LoopSink(asyncio.get_running_loop())
     handles: list[SessionHandle] = []
     sinks: list[_PromptSink] = []
     closed: set[int] = set()

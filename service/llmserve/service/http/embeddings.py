@@ -22,10 +22,9 @@ from ..domain import request_rules
 from ..domain.events import EmbedResult, SessionFailed
 from ..domain.model_meta import EmbeddingModelInfo
 from ..domain.requests import EmbedInput
-from ..engine.engine import Engine
+from ..engine.engine import Engine, LoopSink
 from . import fields
 from .errors import ApiError, bad_request, from_status_name
-from .sink import EventQueue
 
 FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
 ENCODINGS = ("float", "base64")
@@ -80,7 +79,7 @@ async def embed(engine: Engine, embedder: EmbeddingModelInfo, request: Embedding
                           f"got {request.dimensions}", "dimensions")
     inputs = [EmbedInput(i, await _tokens(engine, embedder, item, i, len(request.inputs)), True, False)
               for i, item in enumerate(request.inputs)]
-    sink = EventQueue(asyncio.get_running_loop())
+    sink = LoopSink(asyncio.get_running_loop())
     results: dict[int, EmbedResult] = {}
     engine.embed(tuple(inputs), sink)
     try:

@@ -20,10 +20,9 @@ from llmserve.v1 import llmserve_pb2 as pb
 from ..domain.events import EmbedResult, SessionFailed
 from ..domain.model_meta import EmbeddingModelInfo
 from ..domain.requests import EmbedInput
-from ..engine.engine import Engine
+from ..engine.engine import Engine, LoopSink
 from .errors import FailedPrecondition, InvalidArgument, check_decoded, error_from_status_name
 from .inputs import input_tokens
-from .loop_sink import LoopSink
 from .tracing import note_embed
 from .validation import MAX_EMBED_INPUTS_PER_MESSAGE
 

@@ -18,12 +18,11 @@ from llmserve.v1 import llmserve_pb2 as pb
 from ..domain.events import FinishReason, PromptLogprobsEvent, SessionFailed, TokenEvent, ToolCall, TurnEndEvent
 from ..domain.requests import SessionParams
 from ..domain.snapshots import SavedSession
-from ..engine.engine import ChatMessage, Engine, SessionHandle, ToolPlan
+from ..engine.engine import ChatMessage, Engine, LoopSink, SessionHandle, ToolPlan
 from ..metrics import Metrics
 from ..turn_record import record_turn
 from .errors import DeadlineExceeded, Unavailable, check_decoded, error_from_status_name
 from .inputs import input_tokens
-from .loop_sink import LoopSink
 from .responses import logprob_proto, turn_end_proto
 
 log = structlog.get_logger("llmserve.generate")

@@ -1,8 +1,9 @@
-"""Executor thread → event loop: a per-request event queue.
+"""Executor thread → event loop: a per-request event queue, for both surfaces.
 
 The executor calls `put` from its thread; it schedules the event on the request's
 asyncio queue and returns at once, so a slow client never blocks the executor.
-Code on the loop thread (the request reader) uses `put_local`.
+`backlog` is what the executor reads to pause a sequence nobody reads (the stalled-reader
+rule, engine/admission.py). Code on the loop thread (the request reader) uses `put_local`.
 """
 
 from __future__ import annotations
