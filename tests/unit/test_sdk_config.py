@@ -36,6 +36,10 @@ def _sample(field: descriptor.FieldDescriptor) -> Any:
     """A value, unlike the default, that the keyword of this field takes."""
     if field.message_type is not None and field.message_type.GetOptions().map_entry:
         return {7: -1.5}
+    if field.message_type is not None and field.message_type.name == "Tool":
+        return [pb.Tool(name="f", parameters="{}")]
+    if field.message_type is not None and field.message_type.name == "ToolChoice":
+        return pb.ToolChoice(mode=pb.ToolChoice.MODE_REQUIRED)
     if field.message_type is not None:  # StringList
         return ["a", "b"]
     scalar = {FD.TYPE_BOOL: True, FD.TYPE_STRING: "x", FD.TYPE_FLOAT: 0.5, FD.TYPE_DOUBLE: 0.5}.get(field.type, 3)
@@ -63,7 +67,7 @@ def test_every_session_config_field_is_a_keyword_of_session_config() -> None:
         got = _get(config, path)
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             got = dict(got)
-        elif field.message_type is not None:
+        elif field.message_type is not None and field.message_type.name == "StringList":
             got = list(got.values)
         elif field.is_repeated:
             got = list(got)
@@ -89,6 +93,11 @@ def test_session_config_conveniences_and_mistakes() -> None:
     assert session_config(json_object=True).constraint.WhichOneof("kind") == "json_object"
     with pytest.raises(TypeError, match="temprature"):
         session_config(temprature=0.5)
+    tools = session_config(tools=[{"name": "f", "description": "d", "parameters": {"type": "object"}}],
+                           tool_choice="f", parallel_tool_calls=True)
+    assert json.loads(tools.tools[0].parameters) == {"type": "object"} and tools.tools[0].description == "d"
+    assert (tools.tool_choice.mode, tools.tool_choice.function_name) == (pb.ToolChoice.MODE_FUNCTION, "f")
+    assert session_config(tool_choice="auto").tool_choice.mode == pb.ToolChoice.MODE_AUTO
 
 
 def test_published_service_config_retries_and_waits_for_ready() -> None:

@@ -45,6 +45,10 @@ def session_config(
     regex: str | None = None,
     choice: Sequence[str] | None = None,
     json_object: bool = False,
+    strict: bool = False,
+    tools: Sequence[Mapping[str, Any] | pb.Tool] = (),
+    tool_choice: str | pb.ToolChoice | None = None,
+    parallel_tool_calls: bool = False,
     **sampling: Any,
 ) -> pb.SessionConfig:
     """A SessionConfig from keyword arguments; every field of the message has one.
@@ -55,7 +59,11 @@ def session_config(
     the k most likely alternatives), `prompt_logprobs`, `include_special`.
     Constraint (one at most): `grammar` (GBNF), `json_schema` (a JSON string or a dict),
     `regex` (the whole output matches it), `choice` (one of these strings) or
-    `json_object=True` (any JSON object).
+    `json_object=True` (any JSON object); `strict=True` refuses a json_schema keyword the
+    server would not enforce.
+    Tools: `tools` as dicts {"name", "description", "parameters": a JSON Schema dict or
+    text} (or pb.Tool), `tool_choice` "none", "auto", "required" or a tool's name, and
+    `parallel_tool_calls`; calls come back in `TurnEnd.tool_calls`.
     Everything else is a SamplingParams field: temperature=0, seed=1, top_k=..., with
     `logit_bias` a {token id: bias} dict and `dry_sequence_breakers` a list of strings.
     None leaves a field unset (the server's default).
@@ -86,7 +94,28 @@ def session_config(
         config.constraint.choice.values.extend(choice)
     if json_object:
         config.constraint.json_object = True
+    config.constraint.strict = strict
+    config.tools.extend(_tool(t) for t in tools)
+    if isinstance(tool_choice, pb.ToolChoice):
+        config.tool_choice.CopyFrom(tool_choice)
+    elif tool_choice is not None:
+        mode = _TOOL_MODES.get(tool_choice)
+        config.tool_choice.CopyFrom(pb.ToolChoice(mode=mode) if mode is not None else
+                                    pb.ToolChoice(mode=pb.ToolChoice.MODE_FUNCTION, function_name=tool_choice))
+    config.parallel_tool_calls = parallel_tool_calls
     return config
+
+
+_TOOL_MODES = {"none": pb.ToolChoice.MODE_NONE, "auto": pb.ToolChoice.MODE_AUTO,
+               "required": pb.ToolChoice.MODE_REQUIRED}
+
+
+def _tool(tool: Mapping[str, Any] | pb.Tool) -> pb.Tool:
+    if isinstance(tool, pb.Tool):
+        return tool
+    parameters = tool.get("parameters", "")
+    return pb.Tool(name=tool["name"], description=tool.get("description", ""),
+                   parameters=parameters if isinstance(parameters, str) else json.dumps(parameters))
 
 
 _SAMPLING_FIELDS = frozenset(pb.SamplingParams.DESCRIPTOR.fields_by_name)

@@ -14,6 +14,9 @@ import {
   SessionConfigSchema,
   StoppingCriteriaSchema,
   StringListSchema,
+  ToolChoice_Mode,
+  ToolChoiceSchema,
+  ToolSchema,
   type EmbedRequest,
   type Input,
   type SamplingParams,
@@ -43,7 +46,11 @@ export type SamplingOptions = Omit<MessageInitShape<typeof SamplingParamsSchema>
  * Stopping: `maxTokens`, `minTokens`, `stop`, `stopTokenIds`, `ignoreEos`.
  * Output: `logprobs` (each sampled token's logprob), `topLogprobs`, `promptLogprobs`,
  * `includeSpecial`. Constraint (one at most): `grammar` (GBNF), `jsonSchema` (string or
- * object), `regex`, `choice` (strings) or `jsonObject: true`.
+ * object), `regex`, `choice` (strings) or `jsonObject: true`; `strict` refuses a jsonSchema
+ * keyword the server would not enforce.
+ * Tools: `tools` (`{name, description?, parameters?}`, parameters a JSON Schema object or
+ * text), `toolChoice` ("none", "auto", "required" or a tool's name), `parallelToolCalls`;
+ * calls come back in `TurnEnd.toolCalls`.
  * Sampling: every SamplingParams field (`temperature`, `topK`, `seed`, `logitBias`, ...).
  * `config`: a SessionConfig init merged under the flat options.
  */
@@ -67,13 +74,28 @@ export type GenerateConfig = SamplingOptions & {
   regex?: string;
   choice?: string[];
   jsonObject?: boolean;
+  strict?: boolean;
+  tools?: ToolInit[];
+  toolChoice?: string;
+  parallelToolCalls?: boolean;
   config?: MessageInitShape<typeof SessionConfigSchema>;
+};
+
+/** A function the model may call: `parameters` is its arguments' JSON Schema. */
+export interface ToolInit {
+  name: string;
+  description?: string;
+  parameters?: string | Record<string, unknown>;
+}
+
+const TOOL_MODES: Record<string, ToolChoice_Mode> = {
+  none: ToolChoice_Mode.NONE, auto: ToolChoice_Mode.AUTO, required: ToolChoice_Mode.REQUIRED,
 };
 
 const SESSION_KEYS = new Set([
   "requestId", "sessionId", "priority", "addBos", "n", "maxTokens", "minTokens", "stop", "stopTokenIds",
   "ignoreEos", "logprobs", "topLogprobs", "promptLogprobs", "includeSpecial", "grammar", "jsonSchema", "regex", "choice",
-  "jsonObject", "config",
+  "jsonObject", "strict", "tools", "toolChoice", "parallelToolCalls", "config",
 ]);
 /** Keys of call options that may ride along in the same object; not config. */
 const CALL_KEYS = new Set(["timeoutMs", "signal", "headers"]);
@@ -148,6 +170,19 @@ export function sessionConfig(options: GenerateConfig = {}): SessionConfig {
   } else if (o.jsonObject) {
     config.constraint = create(ConstraintSchema, { kind: { case: "jsonObject", value: true } });
   }
+  if (o.strict !== undefined) (config.constraint ??= create(ConstraintSchema)).strict = o.strict;
+  if (o.tools !== undefined) {
+    config.tools = o.tools.map((t) => create(ToolSchema, {
+      name: t.name, description: t.description ?? "",
+      parameters: typeof t.parameters === "string" ? t.parameters : t.parameters ? JSON.stringify(t.parameters) : "",
+    }));
+  }
+  if (o.toolChoice !== undefined) {
+    const mode = TOOL_MODES[o.toolChoice];
+    config.toolChoice = create(ToolChoiceSchema, mode !== undefined ? { mode }
+      : { mode: ToolChoice_Mode.FUNCTION, functionName: o.toolChoice });
+  }
+  if (o.parallelToolCalls !== undefined) config.parallelToolCalls = o.parallelToolCalls;
   return config;
 }
 

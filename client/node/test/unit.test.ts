@@ -85,6 +85,13 @@ test("sessionConfig maps flat options onto SessionConfig", () => {
   assert.deepEqual(sessionConfig({ jsonObject: true }).constraint?.kind, { case: "jsonObject", value: true });
   assert.throws(() => sessionConfig({ regex: "x", choice: ["y"] }), /give one of/);
   assert.throws(() => sessionConfig({ temprature: 1 } as never), TypeError);
+  const tools = sessionConfig({ tools: [{ name: "f", parameters: { type: "object" } }], toolChoice: "f",
+    parallelToolCalls: true, jsonSchema: "{}", strict: true });
+  assert.deepEqual(tools.tools.map((t) => [t.name, t.parameters]), [["f", '{"type":"object"}']]);
+  assert.deepEqual([tools.toolChoice?.mode, tools.toolChoice?.functionName], [pb.ToolChoice_Mode.FUNCTION, "f"]);
+  assert.equal(tools.parallelToolCalls, true);
+  assert.equal(tools.constraint?.strict, true);
+  assert.equal(sessionConfig({ toolChoice: "required" }).toolChoice?.mode, pb.ToolChoice_Mode.REQUIRED);
   assert.equal(parseGrpcTimeout("250m"), 250);
   assert.equal(parseGrpcTimeout("3S"), 3000);
 });
