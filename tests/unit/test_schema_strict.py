@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from llmserve.service.domain.errors import InvalidRequest
+from llmserve.service.domain.schema_pattern import unsafe_piece
 from llmserve.service.domain.schema_strict import check_strict
 from llmserve.service.model.grammar_sources import to_gbnf
 
@@ -94,6 +95,9 @@ LOOSENED: list[tuple[dict[str, Any], str]] = [
     ({"anyOf": []}, "/anyOf"),  # nothing would be written
     ({"type": "string", "minLength": 3, "maxLength": 2}, "/maxLength"),
     ({"type": "object", "properties": {"p": {"not": STR}}}, "/properties/p/not"),
+    ({"type": "string", "pattern": "^.+$"}, "/pattern"),  # "." can be a raw quote in the JSON string
+    ({"type": "string", "pattern": "^[^@]+@[a-z]+$"}, "/pattern"),
+    ({"type": "string", "pattern": '^say "hi"$'}, "/pattern"),
 ]
 
 
@@ -135,6 +139,8 @@ ENFORCED = [
     {"type": "integer", "format": "int32", "uniqueItems": False, "minLength": 0},
     {"const": 5, "type": "number", "maxLength": 2},
     {"type": "string", "enum": ["a", "b"], "const": "a"},
+    {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
+    {"type": "string", "pattern": "^[a-z0-9._%+-]+@[a-z]+(com|org)$"},
 ]
 
 
@@ -175,3 +181,14 @@ def test_any_json_is_checked_without_crashing(schema: object) -> None:
         check_strict(schema, "f")
     except InvalidRequest as refused:
         assert refused.field == "f" and "` at /" in str(refused)
+
+
+def test_a_pattern_that_could_write_what_json_escapes_is_found() -> None:
+    """The converter copies a pattern into the string's raw text: its `.` admits a raw quote."""
+    assert "dot ::= [^\\x0A\\x0D]" in to_gbnf("json_schema", json.dumps({"type": "string", "pattern": "^.$"}))
+    found = {"^a.b$": ".", "^[^x]$": "[^x]", "^[ -~]+$": "[ -~]", '^\\"$': '\\"', "^\\\\$": "\\\\",
+             "^\\x22$": "\\x22", "^[\\x00-\\x1f]$": "[\\x00-\\x1f]", "^\\n$": "\\n", "^a\tb$": "\t"}
+    for pattern, piece in found.items():
+        assert unsafe_piece(pattern) == piece, pattern
+    for pattern in ("^[a-z]+$", "^[!\\-~]$", "^(ab|cd){2}$", "^\\x41$", "^[\\x20-\\x21]$", "^\\d$", "[", "\\"):
+        assert unsafe_piece(pattern) is None, pattern

@@ -11,10 +11,11 @@ value of each type, nothing beside); `const` or `enum` (the values as listed);
 `pattern`; `format` date, time, date-time or uuid; `type: string` with `minLength` or
 `maxLength`; `type: object` or nothing (any object); one other `type` (any value of it).
 
-A keyword is refused when it asserts something (a JSON Schema validation keyword, not an
-annotation or an unknown word: validators ignore those too), the node's way drops it,
-and it applies to what that way writes (`maxLength` beside an object is moot). The walk
-follows what the converter visits, each `$ref` target once, so recursive schemas end.
+A keyword is refused when it asserts something (not an annotation or an unknown word:
+validators ignore those too), the node's way drops it, and it applies to what that way
+writes (`maxLength` beside an object is moot); so is a `pattern` that could write raw
+what a JSON string must escape (schema_pattern.py). The walk follows what the converter
+visits, each `$ref` target once, so recursive schemas end.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from typing import Any
 from urllib.parse import unquote
 
 from .errors import InvalidRequest
-from .schema_pointer import escape_token as _escape
-from .schema_pointer import resolve_pointer
+from .schema_pattern import unsafe_piece
+from .schema_pointer import escape_token, resolve_pointer
 
 _JSON_TYPES = frozenset(("null", "boolean", "object", "array", "number", "integer", "string"))
 _KEYWORD_TYPE = {  # the instance type a keyword applies to; the others apply to every type
@@ -46,7 +47,7 @@ _FORMATS, _MAX_ONE_OF = ("date", "time", "date-time", "uuid"), 256  # formats it
 
 class _Dropped(Exception):
     def __init__(self, path: str, keyword: str, why: str) -> None:
-        super().__init__(f"`{keyword}` at {path}/{_escape(keyword)}: {why}")
+        super().__init__(f"`{keyword}` at {path}/{escape_token(keyword)}: {why}")
 
 
 def check_strict(schema: Any, field: str) -> None:
@@ -56,10 +57,8 @@ def check_strict(schema: Any, field: str) -> None:
     try:
         _walk(schema)
     except _Dropped as dropped:
-        raise InvalidRequest(
-            f"strict: the grammar converter does not enforce {dropped}; change the schema, or send it without strict",
-            field=field,
-        ) from None
+        message = f"strict: the grammar converter does not enforce {dropped}; change the schema, or send it without strict"
+        raise InvalidRequest(message, field=field) from None
 
 
 def _walk(root: Any) -> None:
@@ -98,6 +97,10 @@ def _type_of(value: Any) -> str:
     return {float: "number", str: "string", list: "array", dict: "object"}[type(value)]
 
 
+def _int(value: Any, default: int | None) -> int | None:  # a count, when it is one
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
 def _leftovers(node: dict[str, Any], path: str, consumed: set[str], types: frozenset[str] | set[str],
                why: str) -> None:
     """Refuse the first asserting keyword of `node` that the way it is read does not consume
@@ -111,10 +114,6 @@ def _leftovers(node: dict[str, Any], path: str, consumed: set[str], types: froze
         if key == "format" and value not in _FORMATS:
             why = f"{value!r} is not a format it knows ({', '.join(_FORMATS)})"
         raise _Dropped(path, key, why)
-
-
-def _int(value: Any, default: int | None) -> int | None:  # a count, when it is one
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def _children(node: dict[str, Any], path: str, root: Any) -> list[tuple[Any, str]]:
@@ -151,6 +150,10 @@ def _children(node: dict[str, Any], path: str, root: Any) -> list[tuple[Any, str
     if kind in (None, "string") and ("pattern" in node or fmt in _FORMATS):
         _leftovers(node, path, {"type", "pattern" if "pattern" in node else "format"}, {"string"},
                    "beside pattern or format (the converter reads only that)")
+        piece = unsafe_piece(node["pattern"]) if isinstance(node.get("pattern"), str) else None
+        if piece:
+            raise _Dropped(path, "pattern", f"its {piece!r} can write a quote, backslash or control character raw in "
+                                            "the JSON string (the reply may not parse); list the characters allowed")
     elif kind == "string" and ("minLength" in node or "maxLength" in node):
         low, high = _int(node.get("minLength"), 0), _int(node.get("maxLength"), None)
         if low is not None and high is not None and high < low:
@@ -206,7 +209,7 @@ def _object(node: dict[str, Any], path: str) -> list[tuple[Any, str]]:
                                                      "may repeat a property with another value; set it to false")
     _leftovers(node, path, {"type", "properties", "required", "additionalProperties"}, {"object"},
                "in an object with properties (the converter reads properties, required, additionalProperties)")
-    children = [(schema, f"{path}/properties/{_escape(name)}") for name, schema in properties.items()]
+    children = [(schema, f"{path}/properties/{escape_token(name)}") for name, schema in properties.items()]
     return children + ([(extra, f"{path}/additionalProperties")] if isinstance(extra, dict) else [])
 
 
@@ -241,7 +244,7 @@ def _all_of(node: dict[str, Any], path: str, root: Any) -> list[tuple[Any, str]]
             if name in names:
                 raise _Dropped(where, "properties", f"repeats {name!r} from another allOf part (it would be written twice)")
             names.add(name)
-            children.append((schema, f"{where}/properties/{_escape(name)}"))
+            children.append((schema, f"{where}/properties/{escape_token(name)}"))
         required += part.get("required", []) if isinstance(part.get("required"), list) else []
     for where, own in closed:
         if own != names:
@@ -260,10 +263,9 @@ def _array(node: dict[str, Any], path: str) -> list[tuple[Any, str]]:
     consumed = {"type", used, "minItems", "maxItems"}
     if isinstance(items, list):  # a tuple: exactly these items
         consumed.add("items")  # when prefixItems is used, items is absent or false-like: nothing follows them
-        if low is not None and low > len(items):
-            raise _Dropped(path, "minItems", f"is more than the {len(items)} items the converter writes")
-        if high is not None and high < len(items):
-            raise _Dropped(path, "maxItems", f"is less than the {len(items)} items the converter writes")
+        if (low or 0) > len(items) or (high is not None and high < len(items)):
+            raise _Dropped(path, "minItems" if (low or 0) > len(items) else "maxItems", f"does not allow the "
+                                                                                       f"{len(items)} items it writes")
         children = [(item, f"{path}/{used}/{i}") for i, item in enumerate(items)]
     elif isinstance(items, dict):
         if low is not None and high is not None and high < low:
@@ -282,13 +284,11 @@ def _apart(options: list[Any], root: Any) -> bool:
     for option in options if len(options) <= _MAX_ONE_OF else [None]:  # too many to compare: not proven
         try:
             option = resolve_pointer(root, option["$ref"]) if isinstance(option, dict) and "$ref" in option else option
-        except ValueError:
+            kind = option["type"] if isinstance(option.get("type"), str) else None
+        except (ValueError, AttributeError):  # not a schema the converter reads
             return False
-        if not isinstance(option, dict):
-            return False
-        kind = option.get("type") if isinstance(option.get("type"), str) else None
-        properties = option.get("properties") if isinstance(option.get("properties"), dict) else {}
-        required = option.get("required") if isinstance(option.get("required"), list) else []
+        properties = option["properties"] if isinstance(option.get("properties"), dict) else {}
+        required = option["required"] if isinstance(option.get("required"), list) else []
         tags = {name: json.dumps(properties[name]["const"], sort_keys=True) for name in required
                 if isinstance(name, str) and isinstance(properties.get(name), dict) and "const" in properties[name]}
         shapes.append((kind, tags))
