@@ -62,7 +62,7 @@ def check_strict(schema: Any, field: str) -> None:
 
 
 def _walk(root: Any) -> None:
-    seen_refs: set[str] = set()
+    seen_refs: set[int] = set()  # targets by identity: many spellings of one pointer cost one walk
     stack: list[tuple[Any, str]] = [(root, "")]
     while stack:
         node, path = stack.pop()
@@ -70,8 +70,8 @@ def _walk(root: Any) -> None:
             continue  # the converter refuses a boolean schema itself
         if node.get("$ref") is not None:
             target = _follow(node, path, root)
-            if target is not None and target[1] not in seen_refs:
-                seen_refs.add(target[1])
+            if target is not None and id(target[0]) not in seen_refs:
+                seen_refs.add(id(target[0]))
                 stack.append(target)
             continue
         stack.extend(reversed(_children(node, path, root)))
