@@ -17,6 +17,7 @@ import asyncio
 import hmac
 import json
 import os
+import socket
 import ssl
 import uuid
 from collections.abc import Awaitable, Callable
@@ -43,6 +44,7 @@ log = structlog.get_logger("llmserve.http")
 MAX_REQUEST_ID_LENGTH = request_rules.MAX_REQUEST_ID_LENGTH
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OPEN = ("/health",)  # served without the API key
+SEND_BUFFER_BYTES = 64 * 1024  # an event stream's socket send buffer (the kernel doubles it)
 SURFACE = "http"  # SessionParams.surface: the metrics' `surface` label
 
 
@@ -71,6 +73,7 @@ class HttpSurface:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.on_response_prepare.append(_echo_request_id)
+        app.on_response_prepare.append(_bound_send_buffer)
         telemetry.know_routes(app)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
@@ -246,6 +249,17 @@ def _known_model(model: str | None, names: tuple[str, ...]) -> str:
 async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
     if "request_id" in request:
         response.headers["x-request-id"] = request["request_id"]
+
+
+async def _bound_send_buffer(request: web.Request, response: web.StreamResponse) -> None:
+    """An event stream's kernel send buffer stays small: a client that stops reading then
+    backs its events up within about SEND_BUFFER_BYTES, so the stalled-reader rule pauses
+    it (and --reader-timeout ends it) as it does a gRPC stream; Linux's autotuning would
+    first buffer up to tcp_wmem's 4 MiB, thousands of tokens."""
+    if response.content_type == "text/event-stream" and request.transport is not None:
+        sock = request.transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
 
 
 def _error_response(error: ApiError) -> web.Response:

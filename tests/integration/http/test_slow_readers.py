@@ -1,0 +1,96 @@
+"""A slow HTTP reader falls under the stalled-reader rule as a gRPC one does (engine/
+admission.py): a stream nobody reads is paused, and gives its slot up to a caller that
+waits; with --reader-timeout it ends and frees its slot. The unread streams here are raw
+sockets with a 4 KiB receive buffer that never read, asking for top_logprobs so that each
+event is large and the server's buffers fill within a few dozen tokens."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from llmserve.client import Client
+from openai import OpenAI
+
+from tests.conftest import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
+
+NUM_SLOTS = 2
+
+
+def _server(args: list[str], log: Path) -> RunningServer:
+    return start_server([*CHAT_SERVER_ARGS[2:], "-np", str(NUM_SLOTS), *args], log, http_port=free_port(),
+                        metrics=True)
+
+
+@pytest.fixture(scope="module")
+def two_slots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    running = _server(["--reader-timeout", "0"], tmp_path_factory.mktemp("http-slow") / "server.log")
+    yield running
+    assert stop_server(running) == 0
+
+
+def _unread_stream(port: int, prompt: str) -> socket.socket:
+    body = json.dumps({"messages": [{"role": "user", "content": prompt}], "stream": True, "max_tokens": 1500,
+                       "temperature": 0, "ignore_eos": True, "logprobs": True, "top_logprobs": 20}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window stays small
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return sock
+
+
+def _wait_paused(client: Client, n: int) -> None:
+    deadline = time.monotonic() + 180
+    while sum(s.paused for s in client.model_info().slots) < n:
+        assert time.monotonic() < deadline, "the unread HTTP streams were never paused"
+        time.sleep(0.1)
+
+
+def _preemptions(server: RunningServer) -> float:
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("llmserve_preemptions_total"))
+
+
+def test_unread_http_streams_lock_nobody_out(two_slots: RunningServer) -> None:
+    assert two_slots.http_port is not None
+    socks = [_unread_stream(two_slots.http_port, f"Write an endless list of {t}:") for t in ("numbers", "colours")]
+    try:
+        with Client(two_slots.address, timeout=60, retries=False) as grpc_client:
+            _wait_paused(grpc_client, NUM_SLOTS)  # both slots held by HTTP streams nobody reads
+            http = OpenAI(base_url=f"http://127.0.0.1:{two_slots.http_port}/v1", api_key="none", max_retries=0,
+                          timeout=60)
+            reply = http.chat.completions.create(model=http.models.list().data[0].id, max_tokens=8, temperature=0,
+                                                 messages=[{"role": "user", "content": "Say hello."}])
+            assert reply.usage is not None and reply.usage.completion_tokens == 8
+            assert grpc_client.generate("Hi", max_tokens=4).turn_end.usage.completion_tokens == 4
+        assert _preemptions(two_slots) >= 1
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_an_http_stream_that_reads_nothing_frees_its_slot(tmp_path: Path) -> None:
+    running = _server(["--reader-timeout", "2"], tmp_path / "server.log")
+    try:
+        assert running.http_port is not None
+        sock = _unread_stream(running.http_port, "Write an endless list of numbers:")
+        try:
+            with Client(running.address, timeout=30) as client:
+                _wait_paused(client, 1)
+                paused_at = time.monotonic()
+                while any(s.busy for s in client.model_info().slots):  # ended 2 s after its pause
+                    assert time.monotonic() - paused_at < 30, "the unread HTTP stream kept its slot"
+                    time.sleep(0.1)
+                assert time.monotonic() - paused_at > 1.0  # not before the timeout
+        finally:
+            sock.close()
+    finally:
+        assert stop_server(running) == 0
