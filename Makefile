@@ -113,15 +113,20 @@ bench: model
 	$(PY) -m bench.speculative --out docs/benchmarks.md
 
 # 2,000-call chaos soak, then 600 feature-combination calls checked by their oracle in each server
-# configuration (default, n-gram speculation, unified KV); each writes its table into docs/reliability.md,
-# and a configuration whose oracle finds anything fails the target after all have run.
+# configuration (default, n-gram speculation, unified KV), then 600 with each plan's surface drawn
+# (--surface mixed: about half over the OpenAI HTTP API, side by side with gRPC; COMBO_SURFACE=http
+# for HTTP only); each writes its table into docs/reliability.md, and a run whose oracle finds
+# anything fails the target after all have run.
 COMBO_CONFIGS := "" "--spec-type ngram-simple" "-kvu"
+COMBO_SURFACE ?= mixed
 
 soak: model
 	$(PY) -m tests.soak.chaos --calls 2000 --out docs/reliability.md
 	@failed=0; for args in $(COMBO_CONFIGS); do \
 		$(PY) -m tests.soak.combos --calls 600 --server-args="$$args" --out docs/reliability.md || failed=1; \
-	done; exit $$failed
+	done; \
+	$(PY) -m tests.soak.combos --calls 600 --surface $(COMBO_SURFACE) --out docs/reliability.md || failed=1; \
+	exit $$failed
 
 lint: install
 	$(VENV)/bin/ruff check service client tests bench tools

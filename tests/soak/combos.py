@@ -1,6 +1,6 @@
 """Combination fuzzer: valid features together, plus adversarial values, against a real server.
 
-    python -m tests.soak.combos --calls 600 [--seed 5] [--server-args "-kvu"] [--only 17]
+    python -m tests.soak.combos --calls 600 [--seed 5] [--server-args "-kvu"] [--only 17] [--surface mixed]
 
 Every feature worked alone; combinations crashed the process (a grammar with
 ignore_eos), hung it (a schema with a huge repetition count) or lost data. This
@@ -15,8 +15,13 @@ limits, stops, logprobs, grammar and schema validity, the ids against the text,
 cached prefixes across turns and streams. Afterwards the process lives, every slot is
 idle with llama.cpp's KV holding exactly the cached prefixes, no session is open, RSS
 stays under a bound and the log has no error. A finding prints its plan and how to
-send that call again. `make test` runs 150 calls (test_combos.py), `make soak` 600
-in each server configuration.
+send that call again. `make test` runs 150 calls (test_combos.py) and 36 over HTTP,
+`make soak` 600 in each server configuration and 600 mixed.
+
+`--surface http` sends the plans over the OpenAI HTTP API instead (tests/soak/http_call.py):
+the same drawing, restricted to what one OpenAI request expresses, translated back
+(http_translate.py) and judged by the same oracle; `--surface mixed` draws each plan's
+surface, and both kinds run side by side against one server.
 """
 
 from __future__ import annotations
@@ -37,9 +42,10 @@ from llmserve.client.errors import from_rpc_error
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
 from tests.soak import chaos
+from tests.soak.http_call import eog_pieces, run_http_plan
 from tests.soak.oracle import CallRecord, RunContext, Status, sample_turns
 from tests.soak.oracle_run import Verdict, check_run, log_problems, preempted_requests
-from tests.soak.plans import Plan, draw_plans
+from tests.soak.plans import SURFACES, Plan, draw_plans
 
 ROOT = Path(__file__).resolve().parents[2]
 NUM_SLOTS, MAX_QUEUE = 4, 4
@@ -126,17 +132,21 @@ def _detokenize(rec: CallRecord, tools: pb_grpc.LLMServiceStub) -> None:
             rec.decoded[key] = (texts[0], texts[1])
 
 
-def run_combos(address: str, plans: list[Plan], workers: int = WORKERS) -> list[CallRecord]:
+def run_combos(address: str, plans: list[Plan], workers: int = WORKERS, http_url: str = "") -> list[CallRecord]:
+    """Every plan, on its surface (`http_url`: the OpenAI API's base), from one pool of workers."""
     with grpc.insecure_channel(address) as channel, ThreadPoolExecutor(workers) as pool:
         tools = pb_grpc.LLMServiceStub(channel)
-        return list(pool.map(lambda plan: run_plan(address, plan, tools), plans))
+        return list(pool.map(lambda plan: run_http_plan(http_url, plan) if plan.surface == "http"
+                             else run_plan(address, plan, tools), plans))
 
 
-def run_context(info: pb.ModelInfo, workers: int, log_path: Path) -> RunContext:
+def run_context(info: pb.ModelInfo, workers: int, log_path: Path, address: str = "") -> RunContext:
+    """`address`: ask the server for the end tokens' texts (HTTP plans' logprobs show them)."""
     log = log_path.read_text()
     return RunContext(frozenset(info.eog_token_ids), info.n_ctx_per_slot,
                       fills_queue=workers >= info.n_parallel + info.max_queue,
-                      preempted=preempted_requests(log), closed_preempted=preempted_requests(log, at_close=True))
+                      preempted=preempted_requests(log), closed_preempted=preempted_requests(log, at_close=True),
+                      eog_pieces=eog_pieces(address, list(info.eog_token_ids)) if address else frozenset())
 
 
 def server_findings(server, info: pb.ModelInfo) -> list[str]:  # type: ignore[no-untyped-def]
@@ -151,13 +161,15 @@ def server_findings(server, info: pb.ModelInfo) -> list[str]:  # type: ignore[no
     return findings + [f"log: {line}" for line in log_problems(Path(server.log_path).read_text())]
 
 
-def rerun_hint(seed: int, calls: int, index: int | None, server_args: str = "") -> str:
+def rerun_hint(seed: int, calls: int, index: int | None, server_args: str = "", surface: str = "grpc") -> str:
     args = f" --server-args={server_args!r}" if server_args else ""
+    args += f" --surface {surface}" if surface != "grpc" else ""
     only = f" --only {index}" if index is not None else ""
     return f"python -m tests.soak.combos --calls {calls} --seed {seed}{args}{only}"
 
 
-def failure_text(verdict: Verdict, plans: list[Plan], seed: int, server_args: str = "", limit: int = 20) -> str:
+def failure_text(verdict: Verdict, plans: list[Plan], seed: int, server_args: str = "", limit: int = 20,
+                 surface: str = "grpc") -> str:
     """Each finding with its plan, and the command that sends that call again."""
     lines = []
     for f in verdict.findings[:limit]:
@@ -166,12 +178,13 @@ def failure_text(verdict: Verdict, plans: list[Plan], seed: int, server_args: st
         else:
             rid = f" (request id {f.request_id})" if f.request_id else ""
             lines.append(f"{f.text}{rid}\n    {plans[f.index].describe()}\n    rerun: "
-                         f"{rerun_hint(seed, len(plans), f.index, server_args)}")
+                         f"{rerun_hint(seed, len(plans), f.index, server_args, surface)}")
     more = len(verdict.findings) - limit
     return "\n".join(lines) + (f"\n... and {more} more findings" if more > 0 else "")
 
 
-def report(verdict: Verdict, calls: int, seed: int, workers: int, extra: list[str], server_args: str = "") -> str:
+def report(verdict: Verdict, calls: int, seed: int, workers: int, extra: list[str], server_args: str = "",
+           surface: str = "grpc") -> str:
     statuses = sorted({s for _, s in verdict.statuses})
     labels = sorted({label for label, _ in verdict.statuses})
     lines = ["| plan | " + " | ".join(statuses) + " | calls with findings |", "|---|" + "---|" * (len(statuses) + 1)]
@@ -190,7 +203,7 @@ def report(verdict: Verdict, calls: int, seed: int, workers: int, extra: list[st
         f"calls whose stream the server preempted (cached_tokens over turns not checked): {verdict.num_preempted}",
         f"oracle findings: {len(verdict.findings)}",
     ]
-    return (f"{calls} calls, seed {seed} (`{rerun_hint(seed, calls, None, server_args)}`)\n\n" + "\n".join(lines)
+    return (f"{calls} calls, seed {seed} (`{rerun_hint(seed, calls, None, server_args, surface)}`)\n\n" + "\n".join(lines)
             + "\n\n" + "\n".join(f"* {e}" for e in summary + extra) + "\n")
 
 
@@ -207,7 +220,7 @@ def write_section(out: Path, name: str, text: str) -> None:
 
 
 def main() -> int:
-    from tests.conftest import start_server, stop_server
+    from tests.conftest import free_port, start_server, stop_server
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=600)
@@ -216,19 +229,25 @@ def main() -> int:
     parser.add_argument("--only", type=int, default=None, help="send only this plan (its index in the seed's plans)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--server-args", default="", help="extra serve flags, e.g. '--spec-type ngram-simple'")
+    parser.add_argument("--surface", choices=SURFACES, default="grpc",
+                        help="gRPC, the OpenAI HTTP API, or each plan's drawn (multi-turn and named sessions: gRPC)")
     args = parser.parse_args()
-    all_plans = draw_plans(args.calls, args.seed)
+    all_plans = draw_plans(args.calls, args.seed, args.surface)
     plans = all_plans if args.only is None else [all_plans[args.only]]
     session_dir = Path(tempfile.mkdtemp(prefix="llmserve-combos-"))  # fresh: no sessions of earlier runs
     server = start_server([*SERVER_ARGS, "--session-dir", str(session_dir), *args.server_args.split()],
-                          Path("/tmp/llmserve-combos.log"), metrics=True)
+                          Path("/tmp/llmserve-combos.log"), metrics=True,
+                          http_port=free_port() if args.surface != "grpc" else None)
+    http_url = f"http://127.0.0.1:{server.http_port}" if server.http_port else ""
     started = time.monotonic()
     try:
-        records = run_combos(server.address, plans, args.workers)
+        records = run_combos(server.address, plans, args.workers, http_url)
         info = chaos.wait_until_idle(server.address)
-        verdict = check_run(records, run_context(info, args.workers, Path(server.log_path)))
+        verdict = check_run(records, run_context(info, args.workers, Path(server.log_path), server.address))
         problems = server_findings(server, info)
         extra = [f"extra server flags: {args.server_args or 'none'}", f"run time {time.monotonic() - started:.0f} s",
+                 f"surface {args.surface}: {sum(p.surface == 'http' for p in plans)} calls over HTTP, "
+                 f"{sum(p.surface == 'grpc' for p in plans)} over gRPC",
                  f"server RSS after the run: {chaos.rss_kb(server.process.pid) / 1024:.0f} MiB (bound {MAX_RSS_MIB})",
                  f"server checks after the run (alive, KV, open sessions, RSS, log): {problems or 'clean'}"]
     finally:
@@ -236,12 +255,13 @@ def main() -> int:
         shutil.rmtree(session_dir, ignore_errors=True)
     extra.append(f"server exit code after SIGTERM: {code}")
     extra += [f"finding, plan {f.index}: {f.text}" for f in verdict.findings[:10]]
-    text = report(verdict, args.calls, args.seed, args.workers, extra, args.server_args)
+    text = report(verdict, args.calls, args.seed, args.workers, extra, args.server_args, args.surface)
     print(text)
     if verdict.findings:
-        print(failure_text(verdict, all_plans, args.seed, args.server_args), file=sys.stderr)
+        print(failure_text(verdict, all_plans, args.seed, args.server_args, surface=args.surface), file=sys.stderr)
     if args.out and args.only is None:
-        write_section(args.out, args.server_args or "default flags", text)
+        name = args.server_args or "default flags"
+        write_section(args.out, name if args.surface == "grpc" else f"{name}, surface {args.surface}", text)
     return 1 if verdict.findings or problems or code != 0 else 0
 
 

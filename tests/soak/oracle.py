@@ -19,18 +19,19 @@ The prediction, in short:
   the text, the matched stop named, one logprob with `top_logprobs` alternatives per
   token, the ids decode to the text, grammar/schema output valid when it ended STOP,
   `cached_tokens` growing over the turns.
+An HTTP call (translated by tests/soak/http_translate.py) shows no ids and coarser finish
+reasons: its turns are checked from what it does show (tests/soak/oracle_http.py).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 
-import jsonschema
 from llmserve.client import pb
 
-from tests.soak.plans import ADVERSARIAL, Plan
+from tests.soak.oracle_http import HttpFacts, check_http_call, check_http_sample_turn
+from tests.soak.plans import Plan
 
 FR = pb.FinishReason
 NAMED_SESSION_REFUSALS = (  # FAILED_PRECONDITION reasons a named session may meet
@@ -68,6 +69,7 @@ class RunContext:
     # Of them, those that were still without a slot when they closed: a named one is saved
     # without its KV, and the next stream on the id prefills the history again.
     closed_preempted: frozenset[str] = frozenset()
+    eog_pieces: frozenset[str] = frozenset()  # the end-of-generation tokens' texts (HTTP logprobs show them)
 
 
 @dataclass
@@ -80,6 +82,7 @@ class CallRecord:
     decoded: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
     t_start: float = 0.0
     t_end: float = 0.0
+    http: HttpFacts | None = None  # an HTTP call's: what its reply showed beyond the responses it translates to
 
 
 @dataclass
@@ -92,8 +95,10 @@ class SampleTurn:
     end: pb.TurnEnd | None = None
 
 
-def sample_turns(responses: list[pb.GenerateResponse], num_samples: int) -> tuple[dict[tuple[int, int], SampleTurn], list[str]]:
-    """Responses grouped by (turn, sample): a sample's turn is the number of its turn ends before."""
+def sample_turns(responses: list[pb.GenerateResponse], num_samples: int,
+                 ids_shown: bool = True) -> tuple[dict[tuple[int, int], SampleTurn], list[str]]:
+    """Responses grouped by (turn, sample): a sample's turn is the number of its turn ends before
+    (`ids_shown` False: an HTTP call's chunks, logprobs without ids)."""
     turns: dict[tuple[int, int], SampleTurn] = {}
     ends = [0] * num_samples
     problems: list[str] = []
@@ -110,7 +115,7 @@ def sample_turns(responses: list[pb.GenerateResponse], num_samples: int) -> tupl
             st.text += r.chunk.text
             st.ids.extend(r.chunk.token_ids)
             st.logprobs.extend(r.chunk.logprobs)
-            if r.chunk.logprobs and len(r.chunk.logprobs) != len(r.chunk.token_ids):
+            if ids_shown and r.chunk.logprobs and len(r.chunk.logprobs) != len(r.chunk.token_ids):
                 problems.append(f"turn {ends[index]} sample {index}: a chunk of {len(r.chunk.token_ids)} ids "
                                 f"carries {len(r.chunk.logprobs)} logprobs")
         else:
@@ -128,7 +133,7 @@ def check_status(rec: CallRecord, ctx: RunContext) -> list[str]:
             return [f"{got}: the run was not sized to fill the queue"]
         return refused_late + ([] if st.retry_after_s is not None else [f"{got} without RetryInfo"])
     if plan.adversarial:
-        name = ADVERSARIAL[plan.adversarial][1]
+        name = plan.refused_field
         problems = list(refused_late)
         if st.code == "INVALID_ARGUMENT":
             if not any(f == name or f.startswith((name + "[", name + ".")) for f in st.fields):
@@ -136,6 +141,9 @@ def check_status(rec: CallRecord, ctx: RunContext) -> list[str]:
         elif not (st.code == "DEADLINE_EXCEEDED" and plan.ending == "deadline"):
             problems.append(f"{got}, expected INVALID_ARGUMENT naming {name}")
         return problems
+    if plan.surface == "http" and st.code == "INVALID_ARGUMENT" and st.message.startswith(NOTHING_ALLOWED) and (
+            plan.config.constraint.WhichOneof("kind")):
+        return []  # a turn ended ERROR: HTTP answers it as a 400 (streamed: an error event)
     if plan.config.session_id and st.code == "FAILED_PRECONDITION" and any(
             r.search(st.message) for r in NAMED_SESSION_REFUSALS):
         problems = refused_late + ([] if st.retry_after_s is not None else [f"{got} without RetryInfo"])
@@ -156,7 +164,7 @@ def check_call(rec: CallRecord, ctx: RunContext) -> list[str]:
     """Every difference between what came back and what the plan predicts."""
     plan = rec.plan
     problems = check_status(rec, ctx)
-    turns, parse_problems = sample_turns(rec.responses, plan.num_samples)
+    turns, parse_problems = sample_turns(rec.responses, plan.num_samples, ids_shown=rec.http is None)
     problems += parse_problems
     ids = {r.request_id for r in rec.responses}
     if len(ids) > 1 or "" in ids:
@@ -164,10 +172,13 @@ def check_call(rec: CallRecord, ctx: RunContext) -> list[str]:
     if not plan.config.output.prompt_logprobs and any(r.HasField("prompt_logprobs") for r in rec.responses):
         problems.append("prompt logprobs that were not asked for")
     max_turns = plan.turns + (3 if plan.ending == "extra_end_of_turn" else 0)
+    check_turn = check_sample_turn if rec.http is None else check_http_sample_turn
     for (k, i), st in sorted(turns.items()):
         if k >= max_turns:
             problems.append(f"turn {k} sample {i}: more turns than the {plan.turns} sent")
-        problems += [f"turn {k} sample {i}: {p}" for p in check_sample_turn(rec, k, i, st, ctx)]
+        problems += [f"turn {k} sample {i}: {p}" for p in check_turn(rec, k, i, st, ctx)]
+    if rec.http is not None:
+        problems += check_http_call(rec, turns)
     if rec.status.code == "OK":
         missing = [(k, i) for k in range(plan.turns) for i in range(plan.num_samples)
                    if (k, i) not in turns or turns[(k, i)].end is None]
@@ -204,7 +215,7 @@ def check_sample_turn(rec: CallRecord, k: int, i: int, st: SampleTurn, ctx: RunC
     if end is None:
         if n and not decoded.startswith(st.text):
             problems.append(f"the text {st.text!r} is not how its ids begin {decoded!r}")
-        return problems + ([] if plan.matches_grammar(st.text, complete=False) else [f"{st.text!r} breaks the grammar"])
+        return problems + plan.constraint_problems(st.text, complete=False)
     if end.usage.completion_tokens != n:
         problems.append(f"completion_tokens {end.usage.completion_tokens}, {n} ids streamed")
     problems += check_finish(plan, k, st, decoded, decoded_but_last, rec.acted, ctx)
@@ -243,16 +254,7 @@ def check_finish(plan: Plan, k: int, st: SampleTurn, decoded: str, decoded_but_l
     if not allowed.get(reason, False):
         problems.append(f"finish {FR.Name(reason)} {end.message!r} after {n} tokens {st.ids[-3:]} "
                         f"(usage {end.usage.cached_tokens}+{end.usage.prompt_tokens})")
-    complete = reason == FR.FINISH_REASON_STOP
-    if not plan.matches_grammar(text, complete=complete):
-        problems.append(f"{text!r} breaks the grammar {c.constraint.grammar!r}")
-    schema = plan.schema()
-    if schema is not None and complete:
-        try:
-            jsonschema.validate(json.loads(text), schema)
-        except (ValueError, jsonschema.ValidationError) as exc:
-            problems.append(f"{text!r} is not valid for the schema: {str(exc).splitlines()[0]}")
-    return problems
+    return problems + plan.constraint_problems(text, complete=reason == FR.FINISH_REASON_STOP)
 
 
 def history_floor(plan: Plan, ends: list[pb.TurnEnd]) -> int:

@@ -1,7 +1,12 @@
 """What the combination fuzzer sends: seeded plans, each drawn whole before the run.
 
-A `Plan` is one Generate call: its SessionConfig, its inputs (one per turn), how the
-client ends it, and at most one adversarial value. Plan i of seed s is the same on
+A `Plan` is one call: its SessionConfig, its inputs (one per turn), how the client ends
+it, at most one adversarial value, and its surface. A gRPC plan is one Generate call; an
+HTTP plan is the same config as one OpenAI request (tests/soak/http_translate.py):
+`/v1/chat/completions` for chat or a constraint, else `/v1/completions`, whole or streamed.
+HTTP plans are drawn from what that surface expresses: one turn, no session_id, stop ids,
+prompt logprobs or DRY; endings `close`, `deadline` (x-request-timeout) or (streamed)
+`disconnect`; multi-turn and named-session plans are drawn for gRPC only. Plan i of seed s is the same on
 every machine (`draw_plans`), so a failure names its seed and index and
 `python -m tests.soak.combos --seed s --only i` sends that call again.
 Everything the oracle (tests/soak/oracle.py) predicts is a property of the plan:
@@ -16,6 +21,7 @@ import random
 import re
 from dataclasses import dataclass
 
+import jsonschema
 from google.protobuf import text_format
 from llmserve.client import make_input, pb
 
@@ -36,6 +42,14 @@ STOP_STRINGS = ["\n", "yes", "a", ".", "}"]
 PROMPTS = ["Answer yes or no: is water wet?", "List three colours:", "Write JSON:", "Say something short."]
 ENDINGS = ["close", "close", "close", "cancel_in_band", "cancel_call", "deadline", "disconnect",
            "early_turn", "extra_end_of_turn"]
+# disconnect: the client drops a stream after its first text; deadline: the x-request-timeout header
+HTTP_ENDINGS = ["close", "close", "close", "close", "disconnect", "deadline"]
+# regex -> (what its complete output matches, what every prefix of it matches)
+REGEXES: dict[str, tuple[str, str]] = {
+    r"[0-9]{1,3}": (r"[0-9]{1,3}", r"[0-9]{0,3}"),
+    r"(yes|no), [a-z]{1,6}": (r"(yes|no), [a-z]{1,6}", r"(y(es?)?)?|no?|(yes|no),( [a-z]{0,6})?"),
+}
+CHOICES = [["red", "green", "blue"], ["yes", "no"]]
 DEADLINES_S = [0.05, 0.3, 1.0]
 
 
@@ -64,6 +78,13 @@ ADVERSARIAL = {
     "stop_id_outside": (lambda c: c.stopping.stop_token_ids.append(262144), "config.stopping.stop_token_ids"),
     "bias_outside": (lambda c: c.sampling.logit_bias.__setitem__(-3, 1.0), "config.sampling.logit_bias"),
 }
+# name -> the field (OpenAI's `param`) the HTTP surface must name; stop ids have no HTTP field
+HTTP_ADVERSARIAL = {
+    "seed_default": "seed", "schema_pattern_1e6": "response_format.json_schema.schema",
+    "schema_min_items_1e8": "response_format.json_schema.schema", "grammar_left_recursive": "grammar",
+    "grammar_broken": "grammar", "max_tokens_huge": "max_tokens", "temperature_nan": "temperature", "n_too_many": "n",
+    "bias_outside": "logit_bias",
+}
 
 
 @dataclass
@@ -78,6 +99,8 @@ class Plan:
     ending: str
     deadline_s: float | None = None
     adversarial: str = ""
+    surface: str = "grpc"  # or "http"
+    stream: bool = False  # HTTP: server-sent events (else one whole reply)
 
     @property
     def turns(self) -> int:
@@ -89,11 +112,18 @@ class Plan:
 
     @property
     def label(self) -> str:
-        return self.adversarial or f"valid, ends by {self.ending}"
+        label = self.adversarial or f"valid, ends by {self.ending}"
+        return label if self.surface == "grpc" else f"http: {label}"
+
+    @property
+    def refused_field(self) -> str:
+        """The field a server must name when it refuses the adversarial value."""
+        return ADVERSARIAL[self.adversarial][1] if self.surface == "grpc" else HTTP_ADVERSARIAL[self.adversarial]
 
     def describe(self) -> str:
         config = text_format.MessageToString(self.config, as_one_line=True)
-        return (f"plan {self.index}: ends by {self.ending}, chat={self.chat}, turns={self.turns}, "
+        http = f"surface http, stream={self.stream}, " if self.surface == "http" else ""
+        return (f"plan {self.index}: {http}ends by {self.ending}, chat={self.chat}, turns={self.turns}, "
                 f"deadline_s={self.deadline_s}, adversarial={self.adversarial!r}, prompts={self.prompts}, "
                 f"config {{{config}}}")
 
@@ -104,62 +134,121 @@ class Plan:
         return pb.Input(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=text)]))
 
     def grammar_regexes(self) -> tuple[str, str] | None:
-        return GRAMMARS.get(self.config.constraint.grammar) if self.config.constraint.grammar else None
+        """(what a complete output matches, what each prefix matches) for a grammar, regex or choice."""
+        c = self.config.constraint
+        kind = c.WhichOneof("kind")
+        if kind == "choice":
+            return "|".join(map(re.escape, c.choice.values)), "|".join(_prefixes(v) for v in c.choice.values)
+        return (GRAMMARS.get(c.grammar) if kind == "grammar" else REGEXES.get(c.regex) if kind == "regex" else None)
 
     def schema(self) -> dict | None:  # type: ignore[type-arg]
+        if self.config.constraint.json_object:
+            return {"type": "object"}
         return json.loads(self.config.constraint.json_schema) if self.config.constraint.json_schema else None
 
     def matches_grammar(self, text: str, complete: bool) -> bool:
         regexes = self.grammar_regexes()
         return regexes is None or re.fullmatch(regexes[0] if complete else regexes[1], text) is not None
 
+    def constraint_problems(self, text: str, complete: bool) -> list[str]:
+        """How `text` breaks the plan's constraint: any prefix of a valid output passes,
+        a `complete` one must be valid (a grammar, regex or choice match; JSON for its schema)."""
+        problems = [] if self.matches_grammar(text, complete) else [
+            f"{text!r} breaks the constraint {text_format.MessageToString(self.config.constraint, as_one_line=True)}"]
+        schema = self.schema()
+        if schema is not None and complete:
+            try:
+                jsonschema.validate(json.loads(text), schema)
+            except (ValueError, jsonschema.ValidationError) as exc:
+                problems.append(f"{text!r} is not valid for the schema: {str(exc).splitlines()[0]}")
+        return problems
 
-def draw(index: int, rng: random.Random, session_ids: list[str]) -> Plan:
+
+def _prefixes(word: str) -> str:
+    """A regex of every prefix of `word` ("" included)."""
+    return "".join(f"(?:{re.escape(ch)}" for ch in word) + ")?" * len(word)
+
+
+def _constraint(c: pb.SessionConfig, kind: float) -> None:
+    """A constraint for the plan. The newer kinds (regex, choice, json_object) are drawn
+    from `kind` alone, so the main draw's sequence stays as it was before them."""
+    if kind < 0.5:
+        return  # a grammar or a schema, drawn by the main draw
+    side = random.Random(kind)
+    pick = side.random()
+    if pick < 0.2:
+        c.constraint.regex = side.choice(sorted(REGEXES))
+    elif pick < 0.3:
+        c.constraint.choice.values.extend(side.choice(CHOICES))
+    elif pick < 0.35:
+        c.constraint.json_object = True
+
+
+def draw(index: int, rng: random.Random, session_ids: list[str], surface: str = "grpc") -> Plan:
+    """Plan `index`. An HTTP plan draws what HTTP cannot express as its nearest HTTP form
+    (presence_penalty for DRY, -100 for a -inf bias) or not at all; a gRPC plan's draws
+    are the same as before the HTTP surface existed."""
+    http = surface == "http"
+    ban = -100.0 if http else float("-inf")  # OpenAI's bias range is [-100, 100]
     c = pb.SessionConfig()
     c.sampling.temperature = rng.choice([0.0, 0.0, 0.7])
     c.sampling.seed = rng.randrange(1000)
     if rng.random() < 0.2:
-        c.sampling.dry_multiplier = 0.8
+        if http:
+            c.sampling.presence_penalty = 0.5
+        else:
+            c.sampling.dry_multiplier = 0.8
     if rng.random() < 0.2:
         c.sampling.repeat_penalty = 1.1
     bias = rng.random()
     if bias < 0.2:
         for t in EOG_IDS:
-            c.sampling.logit_bias[t] = float("-inf")
+            c.sampling.logit_bias[t] = ban
     elif bias < 0.3:
-        c.sampling.logit_bias[rng.randrange(3, 5000)] = rng.choice([-5.0, 5.0, float("-inf")])
+        c.sampling.logit_bias[rng.randrange(3, 5000)] = rng.choice([-5.0, 5.0, ban])
     kind = rng.random()
     if kind < 0.3:
         c.constraint.grammar = rng.choice(sorted(GRAMMARS))
     elif kind < 0.5:
         c.constraint.json_schema = json.dumps(rng.choice(SCHEMAS))
+    _constraint(c, kind)
     c.stopping.max_tokens = rng.randint(1, 20)
     c.stopping.min_tokens = rng.choice([0, 0, rng.randint(0, c.stopping.max_tokens)])
     c.stopping.ignore_eos = rng.random() < 0.3
     if rng.random() < 0.2:
         c.stopping.stop.append(rng.choice(STOP_STRINGS))
-    if rng.random() < 0.15:
+    if rng.random() < 0.15 and not http:
         c.stopping.stop_token_ids.append(rng.randrange(200, 3000))
     if rng.random() < 0.3:
         c.output.top_logprobs = rng.choice([0, 3])
-    if rng.random() < 0.08:
+    if rng.random() < 0.08 and not http:
         c.output.prompt_logprobs = True
     chat = rng.random() < 0.35
     if rng.random() < 0.3:  # a named session keeps to one input kind: ids per kind
-        c.session_id = rng.choice(session_ids) + ("-chat" if chat else "-text")
+        if not http:
+            c.session_id = rng.choice(session_ids) + ("-chat" if chat else "-text")
     elif rng.random() < 0.25:
         c.n = rng.randint(2, 3)
-    ending = rng.choice(ENDINGS)
+    ending = rng.choice(HTTP_ENDINGS if http else ENDINGS)
     prompts = [rng.choice(PROMPTS) for _ in range(rng.randint(1, 3))]
-    plan = Plan(index, c, chat=chat, prompts=prompts, ending=ending,
-                deadline_s=rng.choice(DEADLINES_S) if ending == "deadline" else None)
+    plan = Plan(index, c, chat=chat, prompts=prompts[:1] if http else prompts, ending=ending,
+                deadline_s=rng.choice(DEADLINES_S) if ending == "deadline" else None, surface=surface)
     if rng.random() < 0.2:
-        plan.adversarial = rng.choice(sorted(ADVERSARIAL))
+        plan.adversarial = rng.choice(sorted(HTTP_ADVERSARIAL if http else ADVERSARIAL))
         ADVERSARIAL[plan.adversarial][0](c)
+    if http:  # constraints are a chat field over HTTP; a disconnect needs a stream to drop
+        plan.chat = chat or bool(c.constraint.WhichOneof("kind"))
+        plan.stream = ending == "disconnect" or rng.random() < 0.5
     return plan
 
 
-def draw_plans(calls: int, seed: int) -> list[Plan]:
-    rng = random.Random(seed)
+SURFACES = ("grpc", "http", "mixed")
+
+
+def draw_plans(calls: int, seed: int, surface: str = "grpc") -> list[Plan]:
+    """`surface` grpc or http: every plan on it; mixed: each plan's surface drawn (half each)
+    by a second generator, so the plans of a seed differ only in which surface they take."""
+    rng, sides = random.Random(seed), random.Random(f"surfaces-{seed}")
     ids = [f"combo-{seed}-{i}" for i in range(3)]
-    return [draw(i, rng, ids) for i in range(calls)]
+    pick = (lambda: surface) if surface != "mixed" else (lambda: "http" if sides.random() < 0.5 else "grpc")
+    return [draw(i, rng, ids, pick()) for i in range(calls)]

@@ -1,6 +1,7 @@
 """A short run of the combination fuzzer in `make test` (tests/soak/combos.py): 150 seeded
 calls, each checked against the outcome its plan predicts (tests/soak/oracle.py); then the
-server must be alive and clean. A finding prints its plan and the command that resends it."""
+server must be alive and clean. A finding prints its plan and the command that resends it.
+Then its HTTP mode: 36 plans over the OpenAI API of the same server, judged by the same oracle."""
 
 from __future__ import annotations
 
@@ -10,19 +11,20 @@ from pathlib import Path
 import pytest
 from llmserve.client import Client
 
-from tests.conftest import RunningServer, start_server, stop_server
+from tests.conftest import RunningServer, free_port, start_server, stop_server
 from tests.soak import chaos, combos
 from tests.soak.oracle_run import check_run
 from tests.soak.plans import draw_plans
 
 CALLS, SEED = 150, 23
+HTTP_CALLS = 36
 
 
 @pytest.fixture(scope="module")
 def combo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     sessions = tmp_path_factory.mktemp("combo-sessions")
     args = [*combos.SERVER_ARGS, "--session-dir", str(sessions)]
-    running = start_server(args, tmp_path_factory.mktemp("combos") / "server.log", metrics=True)
+    running = start_server(args, tmp_path_factory.mktemp("combos") / "server.log", metrics=True, http_port=free_port())
     yield running
     assert stop_server(running) == 0
 
@@ -39,3 +41,15 @@ def test_feature_combinations_match_the_oracle(combo_server: RunningServer) -> N
     assert combos.server_findings(combo_server, info) == []
     with Client(combo_server.address, timeout=30) as client:  # and it goes on serving
         assert client.generate("Hello", max_tokens=2).turn_end.usage.completion_tokens == 2
+
+
+def test_http_plans_match_the_same_oracle(combo_server: RunningServer) -> None:
+    plans = draw_plans(HTTP_CALLS, SEED, surface="http")
+    records = combos.run_combos(combo_server.address, plans, http_url=f"http://127.0.0.1:{combo_server.http_port}")
+    info = chaos.wait_until_idle(combo_server.address)
+    ctx = combos.run_context(info, combos.WORKERS, Path(combo_server.log_path), combo_server.address)
+    verdict = check_run(records, ctx)
+    print(combos.report(verdict, HTTP_CALLS, SEED, combos.WORKERS, [], surface="http"))
+    assert verdict.findings == [], combos.failure_text(verdict, plans, SEED, surface="http")
+    assert sum(r.status.code == "OK" and r.http is not None for r in records) > HTTP_CALLS // 2
+    assert combos.server_findings(combo_server, info) == []

@@ -1,0 +1,207 @@
+"""An HTTP plan as OpenAI's request, and its reply as the oracle's outcome type (pure).
+
+`request(plan)` is the route and JSON body that say what the plan's SessionConfig says
+(a config field with no HTTP form is an error: such plans are drawn for gRPC only).
+`to_record` turns what the client saw (`HttpOutcome`: a status, headers, a whole body
+or a stream's events) into the `CallRecord` the gRPC fuzzer records: the status as a
+gRPC code (400 INVALID_ARGUMENT with `param` as the field, 429 RESOURCE_EXHAUSTED with
+Retry-After, ...), each choice's text and logprobs as chunks and its finish as a turn
+end, and in `HttpFacts` what has no place there (each token's text, the token counts
+the reply shows, usage, breaches of OpenAI's format). tests/unit/test_http_translate.py
+feeds broken replies through it to the oracle.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmserve.client import pb
+
+from tests.soak.oracle import CallRecord, Status
+from tests.soak.oracle_http import HttpFacts
+from tests.soak.plans import Plan
+
+SAMPLING = ("temperature", "seed", "repeat_penalty", "presence_penalty")
+STOPPING = ("max_tokens", "min_tokens", "ignore_eos", "stop")
+CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 408: "DEADLINE_EXCEEDED",
+         413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}
+ERROR_TYPES = {"invalid_request_error": "INVALID_ARGUMENT", "rate_limit_error": "RESOURCE_EXHAUSTED",
+               "timeout": "DEADLINE_EXCEEDED", "service_unavailable": "UNAVAILABLE", "server_error": "INTERNAL"}
+FINISHES = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
+
+
+def request(plan: Plan) -> tuple[str, dict[str, Any]]:
+    """The route and body of the plan's one turn."""
+    c, prompt = plan.config, plan.prompts[0]
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]} if plan.chat else {"prompt": prompt}
+    body |= {name: getattr(c.sampling, name) for name in SAMPLING if c.sampling.HasField(name)}
+    if c.sampling.logit_bias:
+        body["logit_bias"] = {str(t): b for t, b in sorted(c.sampling.logit_bias.items())}
+    body |= {name: getattr(c.stopping, name) for name in ("max_tokens", "min_tokens") if c.stopping.HasField(name)}
+    if c.stopping.ignore_eos:
+        body["ignore_eos"] = True
+    if c.stopping.stop:
+        body["stop"] = list(c.stopping.stop)
+    if c.HasField("n"):
+        body["n"] = c.n
+    if c.output.HasField("top_logprobs"):
+        k = c.output.top_logprobs
+        body |= {"logprobs": True, "top_logprobs": k} if plan.chat else {"logprobs": k}
+    body |= _constraint(c.constraint)
+    if plan.stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    rest = pb.SessionConfig()
+    rest.CopyFrom(c)
+    for message, names in ((rest.sampling, (*SAMPLING, "logit_bias")), (rest.stopping, STOPPING),
+                           (rest.output, ("top_logprobs",)), (rest, ("n", "constraint"))):
+        for name in names:
+            message.ClearField(name)
+    for name in ("sampling", "stopping", "output"):
+        if not getattr(rest, name).ByteSize():
+            rest.ClearField(name)
+    if rest.ByteSize():
+        raise ValueError(f"plan {plan.index}: {rest} has no HTTP form")
+    return ("/v1/chat/completions" if plan.chat else "/v1/completions"), body
+
+
+def _constraint(c: pb.Constraint) -> dict[str, Any]:
+    kind = c.WhichOneof("kind")
+    if kind in ("grammar", "regex"):
+        return {kind: getattr(c, kind)}
+    if kind == "choice":
+        return {"choice": list(c.choice.values)}
+    if kind == "json_schema":
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "plan", "schema": json.loads(c.json_schema)}}}
+    return {"response_format": {"type": "json_object"}} if kind == "json_object" else {}
+
+
+@dataclass
+class HttpOutcome:
+    """What the client saw of one request."""
+
+    status: int = 0  # the HTTP status (0: none came)
+    headers: dict[str, str] = field(default_factory=dict)  # lower-case names
+    body: Any = None  # a whole reply's JSON, or an error's
+    events: list[Any] = field(default_factory=list)  # a stream's `data:` values, parsed, in order
+    done: bool = False  # the stream ended with `data: [DONE]`
+    acted: bool = False  # the client dropped the stream (its plan ends by disconnect)
+    client_error: str = ""  # the client failed: no response, a body that is not JSON
+
+
+@dataclass
+class _Choice:
+    events: list[pb.GenerateResponse] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)
+    logprobs: int = 0  # entries seen
+    finished: bool = False
+    role: bool = False
+
+
+def to_record(plan: Plan, out: HttpOutcome, t_start: float = 0.0, t_end: float = 0.0) -> CallRecord:
+    facts = HttpFacts()
+    rec = CallRecord(plan, [], Status("OK"), acted=out.acted, t_start=t_start, t_end=t_end, http=facts)
+    if out.client_error:
+        rec.status = Status("CLIENT-ERROR", out.client_error)
+        return rec
+    if out.status != 200:
+        error = out.body.get("error", {}) if isinstance(out.body, dict) else {}
+        retry = out.headers.get("retry-after")
+        rec.status = Status(CODES.get(out.status, f"HTTP {out.status}"), str(error.get("message", out.body)),
+                            (error["param"],) if error.get("param") else (), float(retry) if retry else None)
+        return rec
+    rid = out.headers.get("x-request-id", "")
+    choices: dict[int, _Choice] = {}
+    usage = _stream(plan, out, rec, choices) if plan.stream else _whole(plan, out.body, choices, facts)
+    if plan.stream and not out.done and not out.acted and rec.status.code == "OK":
+        facts.problems.append("the stream ended without data: [DONE]")
+    if out.acted:
+        rec.status = Status("CANCELLED", "the client dropped the stream")
+    asked = plan.config.output.HasField("top_logprobs")
+    for i, ch in choices.items():
+        if asked:
+            facts.pieces[i], facts.counts[i] = ch.pieces, ch.logprobs
+    if usage is not None:
+        facts.completion_tokens = usage.get("completion_tokens")
+        if plan.num_samples == 1 and not asked:
+            facts.counts[0] = usage.get("completion_tokens", 0)
+        if usage.get("prompt_tokens_details", {}).get("cached_tokens", 0) > usage.get("prompt_tokens", 0):
+            facts.problems.append(f"usage {usage}: more cached tokens than prompt tokens")
+    for i, ch in sorted(choices.items()):
+        for r in ch.events:
+            r.request_id = rid
+            if r.HasField("turn_end") and usage is not None:
+                r.turn_end.usage.CopyFrom(pb.Usage(
+                    prompt_tokens=usage.get("prompt_tokens", 0), completion_tokens=facts.counts.get(i, 0),
+                    cached_tokens=usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)))
+        rec.responses += ch.events
+    return rec
+
+
+def _whole(plan: Plan, body: Any, choices: dict[int, _Choice], facts: HttpFacts) -> dict[str, Any] | None:
+    for c in body.get("choices", []):
+        ch = choices.setdefault(c.get("index", -1), _Choice())
+        text = c["message"].get("content") if plan.chat else c.get("text")
+        _add(plan, ch, c, text or "", c.get("logprobs"), facts)
+    return body.get("usage")
+
+
+def _stream(plan: Plan, out: HttpOutcome, rec: CallRecord, choices: dict[int, _Choice]) -> dict[str, Any] | None:
+    assert rec.http is not None
+    facts, usage = rec.http, None
+    for event in out.events:
+        if "error" in event:  # after the headers an error is an event, the stream's last
+            error = event["error"]
+            rec.status = Status(ERROR_TYPES.get(error.get("type"), "INTERNAL"), str(error.get("message")),
+                                (error["param"],) if error.get("param") else ())
+            continue
+        if event.get("usage") is not None:
+            if event.get("choices") or usage is not None:
+                facts.problems.append(f"usage in a chunk with choices, or twice: {event}")
+            usage = event["usage"]
+        for c in event.get("choices", []):
+            ch = choices.setdefault(c.get("index", -1), _Choice())
+            if ch.finished:
+                facts.problems.append(f"choice {c.get('index')}: a chunk after its finish_reason: {c}")
+            delta = c.get("delta", {}) if plan.chat else {"content": c.get("text")}
+            if plan.chat and delta.get("role") == "assistant":
+                ch.role = True
+            elif plan.chat and not ch.role:
+                facts.problems.append(f"choice {c.get('index')}: a delta before the role's: {c}")
+            _add(plan, ch, c, delta.get("content") or "", c.get("logprobs"), facts)
+    return usage
+
+
+def _add(plan: Plan, ch: _Choice, c: dict[str, Any], text: str, logprobs: Any, facts: HttpFacts) -> None:
+    """One choice object (whole or a chunk): its text and logprobs as a chunk, its finish as a turn end."""
+    index, chunk = c.get("index", -1), pb.TokenChunk(text=text, index=c.get("index", -1))
+    if not 0 <= index < plan.num_samples:
+        facts.problems.append(f"choice {index} of n = {plan.num_samples}")
+    if logprobs is not None:
+        entries = _legacy(logprobs, len("".join(ch.pieces)), facts) if not plan.chat else [
+            (e["token"], e["logprob"], {t["token"]: t["logprob"] for t in e["top_logprobs"]}, len(e["top_logprobs"]))
+            for e in logprobs.get("content") or []]
+        for token, logprob, top, num_top in entries:
+            chunk.logprobs.append(pb.TokenLogprob(logprob=logprob, top=[
+                pb.TopLogprob(text=t, logprob=v) for t, v in top.items()] + [pb.TopLogprob()] * (num_top - len(top))))
+            ch.pieces.append(token)
+        ch.logprobs += len(entries)
+    if text or chunk.logprobs:
+        ch.events.append(pb.GenerateResponse(chunk=chunk))
+    finish = c.get("finish_reason")
+    if finish is not None:
+        if finish not in FINISHES:
+            facts.problems.append(f"choice {index}: finish_reason {finish!r}")
+        ch.finished = True
+        ch.events.append(pb.GenerateResponse(turn_end=pb.TurnEnd(index=index, finish_reason=FINISHES.get(finish, 0))))
+
+
+def _legacy(lp: dict[str, Any], offset: int, facts: HttpFacts) -> list[tuple[str, float, dict[str, float], int]]:
+    """/v1/completions' `{tokens, token_logprobs, top_logprobs, text_offset}` as entries;
+    each offset must be where its token starts among the choice's tokens."""
+    tokens, offsets = lp["tokens"], lp["text_offset"]
+    starts = [offset + sum(map(len, tokens[:j])) for j in range(len(tokens))]
+    if offsets != starts or not len(tokens) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]):
+        facts.problems.append(f"legacy logprobs {lp}: offsets {offsets}, the tokens start at {starts}")
+    return [(t, v, top or {}, len(top or {})) for t, v, top in zip(tokens, lp["token_logprobs"], lp["top_logprobs"], strict=False)]
