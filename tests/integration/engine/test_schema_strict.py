@@ -69,6 +69,20 @@ def test_a_strict_schema_the_converter_enforces_holds(server) -> None:  # type: 
         assert client.model_info().features.strict
 
 
+def test_a_strict_one_of_told_apart_by_a_const_property_holds(server) -> None:  # type: ignore[no-untyped-def]
+    """What pydantic writes for a discriminated union: oneOf over $refs with a const tag."""
+    pet = {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}], "$defs": {
+        "Cat": {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}},
+                "required": ["kind", "lives"], "additionalProperties": False},
+        "Dog": {"type": "object", "properties": {"kind": {"const": "dog"}, "name": {"type": "string", "maxLength": 10}},
+                "required": ["kind", "name"], "additionalProperties": False}}}
+    for seed in range(3):
+        responses = _run(server.address, pb.Constraint(json_schema=json.dumps(pet), strict=True), seed=seed,
+                         max_tokens=80, prompt="A pet as JSON:")
+        assert responses[-1].turn_end.finish_reason == pb.FINISH_REASON_STOP, _text(responses)
+        jsonschema.validate(json.loads(_text(responses)), pet)
+
+
 @pytest.mark.parametrize("strict", [False, True])
 def test_a_recursive_tree_with_optional_children_generates_valid_json(server, strict: bool) -> None:  # type: ignore[no-untyped-def]
     """Sampled at 0.8: a tree may run past max_tokens (then it is a tree's beginning); each

@@ -13,6 +13,7 @@ import jsonschema
 import openai
 import pytest
 from openai import OpenAI
+from pydantic import BaseModel
 
 PARAM = "response_format.json_schema.schema"
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
@@ -81,6 +82,22 @@ def test_a_recursive_tree_with_optional_children_validates(client: OpenAI, model
             jsonschema.validate(json.loads(text), TREE)
             finished += 1
     assert finished
+
+
+class Node(BaseModel):
+    """The SDK's strict schema for it: `children` required, its items `Node` again, and may be empty."""
+
+    name: str
+    children: list[Node]
+
+
+def test_the_sdks_parse_helper_sends_a_strict_recursive_schema_that_is_served(client: OpenAI, model: str) -> None:
+    reply = client.with_options(timeout=600).chat.completions.parse(
+        model=model, messages=[{"role": "user", "content": 'Repeat exactly: {"name": "a", "children": []}'}],
+        response_format=Node, max_tokens=150, temperature=0)
+    choice = reply.choices[0]
+    if choice.finish_reason == "stop":
+        assert isinstance(choice.message.parsed, Node), choice.message.content
 
 
 @pytest.mark.parametrize("strict", [None, True])
