@@ -21,11 +21,21 @@ KINDS = ("grammar", "json_schema", "regex", "choice", "json_object")
 # (JSON.parse and Python's json.loads refuse them); newer llama.cpp excludes them too.
 _LOOSE_CHAR = 'char ::= [^"\\\\] |'
 _JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
+# Its \uXXXX escape admits a surrogate, half a character: a lone one does not encode as
+# UTF-8, and a pair would count as two characters for minLength/maxLength while the string
+# holds one. Characters beyond the BMP are written raw instead.
+_ANY_ESCAPE = '"u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
+_BMP_ESCAPE = '"u" ([0-9a-cA-CefEF] [0-9a-fA-F] | [dD] [0-7]) [0-9a-fA-F] [0-9a-fA-F])'
 
 
 def _strict_strings(gbnf: str) -> str:
     assert _LOOSE_CHAR in gbnf or "char ::=" not in gbnf, "the converter's string rule changed"
-    return gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
+    lines = gbnf.split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith(_LOOSE_CHAR):
+            assert _ANY_ESCAPE in line, "the converter's escape rule changed"
+            lines[i] = line.replace(_LOOSE_CHAR, _JSON_CHAR).replace(_ANY_ESCAPE, _BMP_ESCAPE)
+    return "\n".join(lines)
 
 
 class _Converter(SchemaConverter):
