@@ -155,3 +155,27 @@ def test_no_allowed_token_ends_the_turn() -> None:
     executor.add_input(key, (BOS,), True)  # the session goes on
     run_until(executor, turn_ends(sink, 2))
     assert_kv_mirrors_slots(executor, runner)
+
+
+def test_a_turn_ended_before_its_samples_forked_ends_every_sample() -> None:
+    """A deadline (or a cancel) during the prompt of a turn with n = 3: samples 1 and 2
+    never forked, yet each sample gets its turn end, the last one final (an HTTP reply
+    with n choices needs them all; before, only sample 0's came)."""
+    import time
+
+    executor, runner = make(n_parallel=3)
+    p = replace(params(max_tokens=4), sampling=SamplingParams(temperature=1.0, seed=3), num_samples=3)
+    for end_it in ("deadline", "cancel"):
+        sink = ListSink()
+        key = executor.open_session(p, sink, time.monotonic() if end_it == "deadline" else None)
+        executor.add_input(key, (BOS, 10), True)
+        if end_it == "cancel":
+            executor.cancel(key)
+        run_until(executor, lambda sink=sink: any(e.final for e in sink.of(TurnEndEvent)))
+        ends = sink.of(TurnEndEvent)
+        assert sorted(e.index for e in ends) == [0, 1, 2] and ends[-1].final and ends[-1].index == 0, ends
+        assert len({e.finish_reason for e in ends}) == 1 and ends[0].finish_reason in (
+            FinishReason.DEADLINE, FinishReason.CANCELLED)
+        executor.close(key)
+    run_until(executor, lambda: not any(slot.busy for slot, _ in executor.table.slot_states()))
+    assert_kv_mirrors_slots(executor, runner)

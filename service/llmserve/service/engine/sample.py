@@ -238,6 +238,20 @@ class Sample:
             turn.held_ids.clear()
             turn.held_logprobs.clear()
 
+    def end_unforked(self, finish: TurnFinish, index: int) -> None:
+        """This (the main) sample's turn ends before the turn's other samples forked from it
+        (a deadline or a cancel during the prompt): sample `index` ends with it, having
+        generated nothing, so every sample of the turn has its turn end."""
+        turn = self.turn
+        assert turn is not None
+        now = time.monotonic()
+        self.sink.put(TurnEndEvent(
+            finish_reason=finish.reason, prompt_tokens=turn.prompt_tokens, cached_tokens=turn.cached_tokens,
+            completion_tokens=0, queue_ms=self.queue_ms, ttft_ms=0.0, prompt_ms=0.0, decode_ms=0.0,
+            seed=(self.params.sampling.seed + index) % 0xFFFFFFFF, message=finish.message, index=index, final=False,
+            t_queued=now, t_slot=now, t_ready=now, t_first_token=now, t_end=now,
+        ))
+
     def finish_turn(self, finish: TurnFinish, final: bool) -> None:
         """Send the rest of the text and the turn end (`final`: the last of the turn's
         samples to end); get ready for the next turn."""

@@ -43,6 +43,7 @@ class Session:
         self.samples = [Sample(key, key, 0, params, sink, n_ctx_per_slot, self.t_open)]
         self.reserved: list[Slot] = []  # slots held for the other samples until they fork
         self.samples_open = 0  # samples of the current turn still generating
+        self.forked = False  # the current turn's other samples forked (or there are none)
         self.preempted_history: int | None = None  # gave its slot up: its first pending tokens are this much history
         self.t_paused: float | None = None  # since when its client has read nothing (paused)
 
@@ -63,6 +64,7 @@ class Session:
 
     def begin_turn(self) -> None:
         self.samples_open = 1
+        self.forked = self.params.num_samples <= 1
         self.main.begin_turn()
 
     def fork_samples(self, keys: Iterator[int], kv: SlotKV,
@@ -84,11 +86,16 @@ class Session:
             self.samples_open += 1
             forked.append(sample)
         self.reserved.clear()
+        self.forked = True
         return forked
 
     def end_turn(self, sample: Sample, finish: TurnFinish, kv: SlotKV) -> bool:
         """`sample`'s turn ended. A forked sample leaves: its slot goes back to `reserved`,
         where the next turn's sample forks again. True if it left."""
+        if sample is self.main and not self.forked:  # ended before the others forked: they end too
+            for index in range(1, self.params.num_samples):
+                sample.end_unforked(finish, index)
+            self.forked = True
         sample.finish_turn(finish, final=self.samples_open == 1)
         self.samples_open -= 1
         if sample is self.main:
