@@ -74,9 +74,9 @@ def test_required_named_and_parallel_shapes() -> None:
 
 
 def test_the_grammar_converter_takes_the_schema() -> None:
-    from llama_cpp.llama_grammar import json_schema_to_gbnf  # what the grammar worker runs
+    from llmserve.service.model.grammar_sources import to_gbnf  # what the grammar worker runs
 
-    gbnf = json_schema_to_gbnf(json.dumps(reply_schema(TOOLS, ToolChoice("auto"), parallel=True)))
+    gbnf = to_gbnf("json_schema", json.dumps(reply_schema(TOOLS, ToolChoice("auto"), parallel=True)))
     assert "root ::=" in gbnf and '\\"get_weather\\"' in gbnf and '\\"response\\"' in gbnf
 
 
@@ -125,3 +125,29 @@ def test_a_plan_puts_its_preamble_after_the_system_text() -> None:
     assert [m.role for m in messages] == ["system", "user"]
     assert messages[0].content.startswith("Be brief.\n\n") and "get_weather" in messages[0].content
     assert with_preamble([ChatMessage("user", "Hi")], plan)[0].role == "system"
+
+
+def test_refs_in_parameters_and_answers_follow_them_into_the_reply_schema() -> None:
+    """A pydantic model's schema refers into its own `$defs` (and `#` to itself): inside the
+    reply schema those refs must still find their targets."""
+    node = {"type": "object", "properties": {"label": {"type": "string"},
+                                             "children": {"type": "array", "items": {"$ref": "#"}}},
+            "required": ["label"]}
+    order = {"$defs": {"Item": {"type": "object", "properties": {"sku": {"type": "string"}}, "required": ["sku"]}},
+             "type": "object", "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}},
+             "required": ["items"]}
+    tools = (Tool("tree", parameters=json.dumps(node)), Tool("order", parameters=json.dumps(order)))
+    schema = reply_schema(tools, ToolChoice("auto"), parallel=True, response=order)
+    assert schema is not None
+    jsonschema.validate({"tool_calls": [
+        {"name": "tree", "arguments": {"label": "a", "children": [{"label": "b", "children": []}]}},
+        {"name": "order", "arguments": {"items": [{"sku": "x1"}]}}]}, schema)
+    jsonschema.validate({"response": {"items": [{"sku": "y"}]}}, schema)
+    for wrong in ({"tool_calls": [{"name": "tree", "arguments": {"label": "a", "children": [{"no": 1}]}}]},
+                  {"tool_calls": [{"name": "order", "arguments": {"items": [{"id": 3}]}}]},
+                  {"response": {"items": [{}]}}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(wrong, schema)
+    from llmserve.service.model.grammar_sources import to_gbnf  # what the grammar worker runs
+
+    assert "root ::=" in to_gbnf("json_schema", json.dumps(schema))

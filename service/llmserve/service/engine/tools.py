@@ -88,12 +88,49 @@ def check_tools(tools: Sequence[Tool], choice: ToolChoice, field: str = "tools")
         raise InvalidRequest("tool_choice asks for a call but there are no tools", field="tool_choice")
 
 
-def _call_schema(tool: Tool) -> dict[str, Any]:
+def _call_schema(tool: Tool, defs: dict[str, Any]) -> dict[str, Any]:
     return {
         "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": json.loads(tool.parameters)},
+        "properties": {"name": {"const": tool.name}, "arguments": _hoisted(json.loads(tool.parameters),
+                                                                            f"{tool.name}__", defs)},
         "required": ["name", "arguments"],
     }
+
+
+def _hoisted(parameters: dict[str, Any], prefix: str, defs: dict[str, Any]) -> dict[str, Any]:
+    """A schema (a tool's parameters, the answer's) inside the reply schema. Its local
+    `$ref`s point into its own document (pydantic's `#/$defs/Item`, or `#` itself): its
+    `$defs` move into the reply's under `prefix`, and the refs follow them. Without refs
+    it stays inline."""
+    if '"$ref"' not in json.dumps(parameters):
+        return parameters
+    parameters = dict(parameters)
+    for key in ("$defs", "definitions"):
+        for name, schema in (parameters.pop(key, None) or {}).items():
+            defs[prefix + name] = _rebased(schema, prefix)
+    defs[prefix] = _rebased(parameters, prefix)  # the parameters themselves, for `#` refs
+    return {"$ref": f"#/$defs/{prefix}"}
+
+
+def _rebased(node: Any, prefix: str) -> Any:
+    if isinstance(node, list):
+        return [_rebased(item, prefix) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            pointer = value[1:]
+            for root in ("/$defs/", "/definitions/"):
+                if pointer.startswith(root):
+                    value = f"#/$defs/{prefix}{pointer[len(root):]}"
+                    break
+            else:
+                value = f"#/$defs/{prefix}{pointer}"
+            out[key] = value
+        else:
+            out[key] = _rebased(value, prefix)
+    return out
 
 
 def reply_schema(tools: Sequence[Tool], choice: ToolChoice, parallel: bool = False,
@@ -104,7 +141,8 @@ def reply_schema(tools: Sequence[Tool], choice: ToolChoice, parallel: bool = Fal
     if not tools or choice.mode == "none":
         return None
     callable_tools = [t for t in tools if choice.mode != "function" or t.name == choice.name]
-    calls = [_call_schema(t) for t in callable_tools]
+    defs: dict[str, Any] = {}
+    calls = [_call_schema(t, defs) for t in callable_tools]
     one = calls[0] if len(calls) == 1 else {"anyOf": calls}
     if parallel:
         call = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": one, "minItems": 1,
@@ -112,10 +150,11 @@ def reply_schema(tools: Sequence[Tool], choice: ToolChoice, parallel: bool = Fal
                 "required": ["tool_calls"]}
     else:
         call = {"type": "object", "properties": {"tool_call": one}, "required": ["tool_call"]}
-    if choice.mode != "auto":
-        return call
-    answer = {"type": "object", "properties": {"response": response or {"type": "string"}}, "required": ["response"]}
-    return {"anyOf": [call, answer]}
+    if choice.mode == "auto":
+        answer_schema = _hoisted(response, "response__", defs) if response else {"type": "string"}
+        answer = {"type": "object", "properties": {"response": answer_schema}, "required": ["response"]}
+        call = {"anyOf": [call, answer]}
+    return {**call, "$defs": defs} if defs else call
 
 
 def preamble(tools: Sequence[Tool], schema: dict[str, Any]) -> str:
