@@ -15,7 +15,7 @@ from openai import OpenAI
 
 PERSON = {
     "type": "object",
-    # no minimum/maximum: llama-cpp-python's converter drops them (strict refusing them is not built yet)
+    # no minimum/maximum: llama-cpp-python's converter drops them (strict refuses them: test_schema_strict.py)
     "properties": {"name": {"type": "string", "maxLength": 30}, "age": {"type": "integer"},
                    "pet": {"enum": ["cat", "dog", "none"]}},
     "required": ["name", "age", "pet"],
