@@ -67,12 +67,13 @@ def main() -> None:
     executor.start()
     try:
         run_level(executor, runner, 1, 4)  # warm-up
-        print("| streams | tokens/s | step ms | decode ms | sample ms | host ms | host share |")
-        print("|---|---|---|---|---|---|---|")
+        print("| streams | tokens/s | step ms | ubatches/step | decode ms | sample ms | host ms | host share |")
+        print("|---|---|---|---|---|---|---|---|")
         for level in levels:
             tps, p = run_level(executor, runner, level, args.max_tokens)
             print(
-                f"| {level} | {tps:.1f} | {p['step_ms']:.2f} | {p['decode_ms']:.2f} | {p['sample_ms']:.3f} "
+                f"| {level} | {tps:.1f} | {p['step_ms']:.2f} | {p['ubatches_per_step']:.2f} | {p['decode_ms']:.2f} "
+                f"| {p['sample_ms']:.3f} "
                 f"| {p['host_ms']:.3f} | {100 * p['host_share']:.1f}% |",
                 flush=True,
             )

@@ -79,7 +79,8 @@ class Executor:
         spec = config.speculation
         verifier = DraftVerifier(runner, picker, spec, self.metrics) if spec.enabled else None
         self.table = SessionTable(runner, allocator, kv, picker, self._keys, store, verifier)
-        self.generation = GenerationStep(runner, kv, self.profile, order_by_seq_id=per_slot_streams)
+        self.generation = GenerationStep(runner, kv, self.profile, order_by_seq_id=per_slot_streams,
+                                         n_ubatch=config.n_ubatch)
         max_draft_rows = spec.spec_max_rows if spec.enabled else 0
         fixed_budget = config.prefill.prefill_budget or None  # 0: paced, a budget per step from the PrefillPacer
         self.scheduler = Scheduler(

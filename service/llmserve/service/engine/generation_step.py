@@ -23,6 +23,7 @@ from .runner_api import Runner
 from .sample import Sample
 from .scheduler import StepPlan
 from .slot_kv import SlotKV
+from .ubatches import num_ubatches
 
 log = structlog.get_logger("llmserve.step")
 
@@ -33,6 +34,7 @@ class StepProfile:
 
     steps: int = 0
     tokens: int = 0
+    ubatches: int = 0  # graph runs llama_decode made of the steps' batches (engine/ubatches.py)
     fill_s: float = 0.0  # building the batch
     decode_s: float = 0.0  # llama_decode
     sample_s: float = 0.0  # sampler chains
@@ -45,6 +47,7 @@ class StepProfile:
         return {
             "steps": self.steps,
             "tokens_per_step": self.tokens / max(self.steps, 1),
+            "ubatches_per_step": self.ubatches / max(self.steps, 1),
             "step_ms": 1000 * total / max(self.steps, 1),
             "decode_ms": 1000 * self.decode_s / max(self.steps, 1),
             "sample_ms": 1000 * self.sample_s / max(self.steps, 1),
@@ -93,13 +96,15 @@ def _by_seq_id(rows: list[tuple[int, int]], samples: dict[int, Sample]) -> list[
 
 
 class GenerationStep:
-    def __init__(self, runner: Runner, kv: SlotKV, profile: StepProfile, order_by_seq_id: bool = False) -> None:
+    def __init__(self, runner: Runner, kv: SlotKV, profile: StepProfile, order_by_seq_id: bool = False,
+                 n_ubatch: int = 512) -> None:
         """`order_by_seq_id`: rows in sequence-id order (one KV stream per slot); else decode
         and draft rows lead the batch (a unified cache: they stay in its first ubatch)."""
         self.runner = runner
         self.kv = kv
         self.profile = profile
         self.order_by_seq_id = order_by_seq_id
+        self.n_ubatch = n_ubatch
 
     def run(self, plan: StepPlan, samples: dict[int, Sample]) -> StepOutput:
         t0 = time.perf_counter()
@@ -110,6 +115,8 @@ class GenerationStep:
         profile = self.profile
         profile.steps += 1
         profile.tokens += self.runner.batch.num_tokens
+        rows = [(e.sample.slot.seq_id if e.sample.slot else -1, len(e.tokens) + len(e.draft)) for e in entries]
+        profile.ubatches += num_ubatches(rows, self.n_ubatch, self.order_by_seq_id)
         profile.fill_s += t1 - t0
         profile.decode_s += t2 - t1
         profile.t_decoded = t2
