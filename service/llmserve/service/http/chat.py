@@ -10,7 +10,6 @@ before the next executor step.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -26,6 +25,7 @@ from ..turn_record import record_turn
 from . import shapes, tool_calls
 from .errors import bad_request, from_exception, from_status_name, server_error
 from .request import ChatRequest
+from .sse import end_stream, write_event
 from .structured import compile_constraint
 
 log = structlog.get_logger("llmserve.http.chat")
@@ -145,20 +145,17 @@ class ChatResponder:
             if error is None:
                 log.exception("stream_failed")
                 error = server_error()
-            await _write(response, error.body())
+            await end_stream(response, error.body())
             return response
-        if with_usage:
-            await self._send(response, None, shapes.usage(ends))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+        try:
+            if with_usage:
+                await self._send(response, None, shapes.usage(ends))
+        except ConnectionError:
+            return response  # the client left after the last event
+        await end_stream(response)
         return response
 
     async def _send(self, response: web.StreamResponse, choice: dict[str, object] | None,
                     usage: dict[str, object] | None = None) -> None:
         chunk = self.envelope.chunk([choice] if choice is not None else [], self.request.include_usage, usage)
-        await _write(response, chunk)
-
-
-async def _write(response: web.StreamResponse, data: dict[str, object]) -> None:
-    await response.write(b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n")
-
+        await write_event(response, chunk)

@@ -12,7 +12,6 @@ next executor step.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -29,6 +28,7 @@ from . import shapes
 from .completion_request import CompletionRequest
 from .errors import bad_request, from_exception, from_status_name, server_error
 from .legacy_logprobs import LegacyLogprobs
+from .sse import end_stream, write_event
 
 log = structlog.get_logger("llmserve.http.completions")
 
@@ -217,12 +217,14 @@ class CompletionResponder:
             if error is None:
                 log.exception("stream_failed")
                 error = server_error()
-            await _write(response, error.body())
+            await end_stream(response, error.body())
             return response
-        if self.request.include_usage:
-            await self._send(response, None, self._usage(ends))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+        try:
+            if self.request.include_usage:
+                await self._send(response, None, self._usage(ends))
+        except ConnectionError:
+            return response  # the client left after the last event
+        await end_stream(response)
         return response
 
     async def _send(self, response: web.StreamResponse, choice: dict[str, object] | None,
@@ -230,7 +232,7 @@ class CompletionResponder:
         chunk: dict[str, object] = {**self.head, "choices": [choice] if choice is not None else []}
         if self.request.include_usage:  # null on every chunk but the last
             chunk["usage"] = usage
-        await _write(response, chunk)
+        await write_event(response, chunk)
 
 
 def _finish(end: TurnEndEvent) -> str:
@@ -239,7 +241,3 @@ def _finish(end: TurnEndEvent) -> str:
 
 def _delta(index: int, text: str, finish: str | None, logprobs: dict[str, object] | None) -> dict[str, object]:
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
-
-
-async def _write(response: web.StreamResponse, data: dict[str, object]) -> None:
-    await response.write(b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n")
