@@ -108,7 +108,10 @@ async def chat_level(
     prompt = prompt or loadgen._prompt
     result = ChatLevelResult(concurrency)
     timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=64)) as session:
+    # A connection per request, for both servers: llama-server closes idle keep-alive
+    # connections, and a request that reused one failed with ServerDisconnectedError.
+    connector = aiohttp.TCPConnector(limit=64, force_close=True)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         async with session.get(f"{url}/v1/models") as response:
             response.raise_for_status()
             model = (await response.json())["data"][0]["id"]
