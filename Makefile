@@ -111,6 +111,7 @@ bench: model
 	$(PY) -m pip install -q -e '.[server,test,bench]'
 	$(PY) -m bench.run
 	$(PY) -m bench.speculative --out docs/benchmarks.md
+	$(PY) -m bench.http_chat
 
 # 2,000-call chaos soak, then 600 feature-combination calls checked by their oracle in each server
 # configuration (default, n-gram speculation, unified KV), then 600 with each plan's surface drawn
