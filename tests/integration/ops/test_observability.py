@@ -16,6 +16,8 @@ import pytest
 from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from tests.conftest import free_port, start_server, stop_server
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -126,12 +128,22 @@ def test_log_format_console_or_json(tmp_path) -> None:  # type: ignore[no-untype
     assert any("listening" in line for line in outputs["console"])
 
 
-def test_dashboard_queries_use_only_exported_metrics(server) -> None:  # type: ignore[no-untyped-def]
-    """Every metric name in deploy/grafana's dashboard is one the server really exports."""
-    with Client(server.address, timeout=30) as client:
-        client.generate("Hi", max_tokens=2)
-    exported = {re.split(r"[{ ]", line, maxsplit=1)[0] for line in _scrape(server.metrics_port).splitlines()
-                if line and not line.startswith("#")}
+def test_dashboard_queries_use_only_exported_metrics(tmp_path: Path) -> None:
+    """Every metric name in deploy/grafana's dashboard is one the server really exports,
+    after a gRPC call and an HTTP one (the HTTP panels read the HTTP API's series)."""
+    server = start_server(["-np", "1", "-c", "1024", "-t", "2"], tmp_path / "server.log", metrics=True,
+                          http_port=free_port())
+    try:
+        with Client(server.address, timeout=30) as client:
+            client.generate("Hi", max_tokens=2)
+        body = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+        assert json.loads(urllib.request.urlopen(request, timeout=60).read())["usage"]["completion_tokens"] == 2
+        exported = {re.split(r"[{ ]", line, maxsplit=1)[0] for line in _scrape(server.metrics_port).splitlines()
+                    if line and not line.startswith("#")}
+    finally:
+        assert stop_server(server) == 0
     dashboard = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "llmserve.json").read_text())
     exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
     used = set()
