@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -10,6 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -85,6 +87,17 @@ def start_server(
             time.sleep(0.2)
     process.kill()
     raise RuntimeError("server did not become healthy in time")
+
+
+def server_log_lines(path: Path) -> list[dict[str, Any]]:
+    """The server's JSON log lines (a stray non-JSON line from llama.cpp is skipped)."""
+    lines = []
+    for line in path.read_text().splitlines():
+        try:
+            lines.append(json.loads(line))
+        except ValueError:
+            pass
+    return lines
 
 
 def stop_server(server: RunningServer) -> int:

@@ -4,20 +4,17 @@ and the `x-request-timeout` header ending a turn as a gRPC deadline does."""
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
+from tests.conftest import CHAT_SERVER_ARGS, RunningServer, free_port, server_log_lines, start_server, stop_server
 from tests.integration.ops.test_tracing import PARENT_ID, TRACE_ID, TRACEPARENT, Collector, _start_collector
 
 CHAT = "/v1/chat/completions"
@@ -54,16 +51,6 @@ def _samples(server: RunningServer) -> dict[tuple[str, frozenset[tuple[str, str]
 
 def _value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
     return samples.get((name, frozenset(labels.items())), 0.0)
-
-
-def _log_lines(path: Path) -> list[dict[str, Any]]:
-    lines = []
-    for line in path.read_text().splitlines():
-        try:
-            lines.append(json.loads(line))
-        except ValueError:
-            pass  # llama.cpp may print a stray line
-    return lines
 
 
 def test_requests_are_counted_by_route_method_and_status(observed, client: OpenAI, model: str) -> None:  # type: ignore[no-untyped-def]
@@ -118,7 +105,7 @@ def test_an_http_turn_lands_in_the_histograms_with_surface_http(observed, client
     assert _value(after, "llmserve_running_sessions") == 0 and _value(after, "llmserve_waiting_sessions") == 0
 
     time.sleep(0.2)
-    mine = [line for line in _log_lines(server.log_path) if line.get("request_id") == "observed-http-turn"]
+    mine = [line for line in server_log_lines(server.log_path) if line.get("request_id") == "observed-http-turn"]
     (turn_end,) = [line for line in mine if line["event"] == "turn_end"]
     assert turn_end["surface"] == "http" and turn_end["completion_tokens"] == 6
 
@@ -140,7 +127,7 @@ def test_a_traceparent_parents_the_request_span_and_its_turn(observed, client: O
     children = {s.name for s in spans if s.parent_id == turn.span_id}
     assert children == {"generate.queue", "generate.prefill", "generate.decode"}
 
-    mine = [line for line in _log_lines(server.log_path) if line.get("request_id") == "traced-http-chat"]
+    mine = [line for line in server_log_lines(server.log_path) if line.get("request_id") == "traced-http-chat"]
     assert mine and all(line.get("trace_id") == TRACE_ID for line in mine), mine
 
 
@@ -175,7 +162,7 @@ def test_x_request_timeout_ends_a_long_turn_like_a_deadline(observed, client: Op
     assert completion.usage is not None and completion.usage.completion_tokens < 1500
     assert 1.0 < elapsed < timeout_s + 3.0, elapsed  # it ends a step early rather than late
     time.sleep(0.2)
-    mine = [line for line in _log_lines(server.log_path) if line.get("request_id") == "timed-out-chat"]
+    mine = [line for line in server_log_lines(server.log_path) if line.get("request_id") == "timed-out-chat"]
     assert [line["finish_reason"] for line in mine if line["event"] == "turn_end"] == ["DEADLINE"]
 
     started = time.monotonic()

@@ -4,7 +4,6 @@ exports; with the flag off, nothing reaches it."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ from llmserve.client import Client
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from tests.conftest import RunningServer, start_server, stop_server
+from tests.conftest import RunningServer, server_log_lines, start_server, stop_server
 
 ARGS = ["-np", "2", "-c", "4096", "-t", "2", "--embeddings"]
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -109,16 +108,6 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningSe
     grpc_server.stop(0)
 
 
-def _log_lines(path: Path) -> list[dict[str, Any]]:
-    lines = []
-    for line in path.read_text().splitlines():
-        try:
-            lines.append(json.loads(line))
-        except ValueError:
-            pass  # llama.cpp may print a stray line
-    return lines
-
-
 def _by_name(spans: list[Span], name: str) -> list[Span]:
     return sorted((s for s in spans if s.name == name), key=lambda s: s.start)
 
@@ -172,7 +161,7 @@ def test_generate_and_embed_spans_join_the_callers_trace(traced) -> None:  # typ
     assert sum(b.attributes["llmserve.batch_inputs"] for b in batches) == 3
     assert all(b.attributes["gen_ai.usage.input_tokens"] > 0 for b in batches)
 
-    lines = _log_lines(server.log_path)
+    lines = server_log_lines(server.log_path)
     mine = [line for line in lines if line.get("request_id") == "traced-generate"]
     assert [line["event"] for line in mine].count("turn_end") == 2
     assert all(line.get("trace_id") == TRACE_ID for line in mine), mine
@@ -225,7 +214,7 @@ def test_off_by_default_exports_nothing(tmp_path: Path) -> None:
         assert stop_server(running) == 0
         grpc_server.stop(0)
     assert collector.num_exports == 0 and collector.spans == []
-    lines = _log_lines(running.log_path)
+    lines = server_log_lines(running.log_path)
     assert next(line for line in lines if line["event"] == "listening")["tracing"] == "off"
     mine = [line for line in lines if line.get("request_id") == "not-traced"]
     assert mine and not any("trace_id" in line for line in mine)
