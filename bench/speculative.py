@@ -58,6 +58,8 @@ def _row(s: dict[str, float]) -> str:
 async def _mixed_llmserve(address: str) -> dict[str, float]:
     result = loadgen.LevelResult(8)
     long = loadgen.LevelResult(4)
+    done: list[float] = []
+    start = time.perf_counter()
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.LLMServiceStub(channel)
 
@@ -67,9 +69,10 @@ async def _mixed_llmserve(address: str) -> dict[str, float]:
         async def late(i: int) -> None:
             await asyncio.sleep(1.5 * (i + 1))
             await loadgen._llmserve_one(stub, long_prompt(int(time.time() * 1000) + i, MIXED_WORDS), 4, long)
+            done.append(time.perf_counter() - start - 1.5)  # since the first long prompt arrived
 
         await asyncio.gather(*(stream(i) for i in range(8)), *(late(i) for i in range(4)))
-    return _mixed_summary(result, long)
+    return _mixed_summary(result, long, done)
 
 
 async def _mixed_peer(url: str) -> dict[str, float]:
@@ -77,6 +80,8 @@ async def _mixed_peer(url: str) -> dict[str, float]:
 
     result = loadgen.LevelResult(8)
     long = loadgen.LevelResult(4)
+    done: list[float] = []
+    start = time.perf_counter()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         async def stream(i: int) -> None:
             await loadgen._peer_one(session, url, f"Stream {i} {time.time()}: count slowly:", 256, result)
@@ -84,14 +89,15 @@ async def _mixed_peer(url: str) -> dict[str, float]:
         async def late(i: int) -> None:
             await asyncio.sleep(1.5 * (i + 1))
             await loadgen._peer_one(session, url, long_prompt(int(time.time() * 1000) + i, MIXED_WORDS), 4, long)
+            done.append(time.perf_counter() - start - 1.5)  # since the first long prompt arrived
 
         await asyncio.gather(*(stream(i) for i in range(8)), *(late(i) for i in range(4)))
-    return _mixed_summary(result, long)
+    return _mixed_summary(result, long, done)
 
 
-def _mixed_summary(streams: loadgen.LevelResult, long: loadgen.LevelResult) -> dict[str, float]:
+def _mixed_summary(streams: loadgen.LevelResult, long: loadgen.LevelResult, done: list[float]) -> dict[str, float]:
     s = streams.summary()
-    return {"itl_p50": s["itl_p50_ms"], "itl_p99": s["itl_p99_ms"], "itl_max": max(streams.itl_ms),
+    return {"last_done_s": max(done), "itl_p50": s["itl_p50_ms"], "itl_p99": s["itl_p99_ms"], "itl_max": max(streams.itl_ms),
             "long_ttft_min": min(long.ttft_ms), "long_ttft_max": max(long.ttft_ms), "itl_ms": list(streams.itl_ms),
             "long_ttft_s": sorted(t / 1000 for t in long.ttft_ms)}
 

@@ -78,12 +78,12 @@ def test_inconsistent_flags_are_refused() -> None:
 
 def test_settings_objects_are_built_from_the_flags_their_fields_are_named_after() -> None:
     flags = ["--spec-type", "ngram-simple", "--draft-max", "5", "--draft-min", "1", "--spec-ngram-size-n", "2",
-             "--spec-max-rows", "9", "--prefill-budget", "7", "--prefill-max-slowdown", "3",
+             "--spec-max-rows", "9", "--prefill-budget", "7", "--max-itl-ms", "300",
              "-ctk", "q8_0", "-fa", "on", "-kvu", "--context-shift", "--keep", "3"]
     config = cli.build_config(cli.parse_args(["serve", *flags]))
     assert config.speculation == SpeculationSettings("ngram-simple", draft_max=5, draft_min=1, spec_ngram_size_n=2,
                                                      spec_max_rows=9)
-    assert config.prefill == PrefillSettings(prefill_budget=7, prefill_max_slowdown=3.0)
+    assert config.prefill == PrefillSettings(prefill_budget=7, max_itl_ms=300.0)
     assert config.kv_cache == KVCacheSettings(cache_type_k="q8_0", cache_type_v="f16", flash_attn="on", kv_unified=True)
     assert config.context_shift == ContextShiftSettings(context_shift=True, keep=3)
     plain = cli.build_config(cli.parse_args(["serve"]))

@@ -137,8 +137,12 @@ def test_prefill_budget_caps_prompts_only_while_others_decode() -> None:
     assert busy.prefill == ((2, 64),)  # the oldest (a tie: the lower key) first, then the closest to done: the same
     burst = scheduler.plan([SeqDemand(1, True, 0), *(SeqDemand(k, False, 150) for k in range(10, 16))], [])
     assert sum(n for _, n in burst.prefill) == 6 * 64  # six prompts wait behind one stream: six times the cap
-    pacer = PrefillPacer(max_slowdown=2.0)
+    pacer = PrefillPacer(max_itl_s=0.5)
+    assert pacer.budget() == pacer.min_tokens  # nothing measured yet
     for _ in range(20):
-        pacer.observe(0.050, 8, 0)  # a decode-only step: 50 ms
-        pacer.observe(0.050 + 0.001 * 100, 8, 100)  # 100 prompt tokens cost 1 ms each
-    assert 45 <= pacer.budget() <= 55  # ~50 tokens keep a step within 2x a decode step
+        pacer.observe(0.070, 8, 0)  # a decode-only step: 70 ms
+        pacer.observe(0.070 + 0.002 * 100, 8, 100)  # 100 prompt tokens cost 2 ms each
+    assert 205 <= pacer.budget() <= 225  # (500 - 70) / 2 = 215 tokens keep a step within 500 ms
+    for _ in range(40):
+        pacer.observe(0.600, 16, 0)  # decode steps alone exceed the bound: the smallest chunk
+    assert pacer.budget() == pacer.min_tokens

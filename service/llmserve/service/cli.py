@@ -94,10 +94,10 @@ def _parser() -> argparse.ArgumentParser:
     f.add("--max-connection-age-grace", type=float, default=d.max_connection_age_grace_s,
           help="seconds the calls in flight then get before the connection closes")
     f.add("--prefill-budget", type=int, default=prefill.prefill_budget,
-          help="prompt tokens a step may carry while other sequences decode (0: paced by --prefill-max-slowdown)")
-    f.add("--prefill-max-slowdown", type=float, default=prefill.prefill_max_slowdown,
-          help="paced prefill: a step carrying prompt chunks while others decode takes at most this many times "
-               "a decode-only step (higher: long prompts finish sooner, streams stutter more)")
+          help="prompt tokens a step may carry while other sequences decode (0: paced by --max-itl-ms)")
+    f.add("--max-itl-ms", type=float, default=prefill.max_itl_ms,
+          help="paced prefill: the longest gap a decoding stream should see while prompts prefill "
+               "(higher: long prompts finish sooner, streams stutter more)")
     f.add("--spec-type", default=spec.spec_type, help="speculative decoding: none or ngram-simple (n-gram drafts)")
     f.add("--draft-max", type=int, default=spec.draft_max, help="most draft tokens per sequence and step")
     f.add("--draft-min", type=int, default=spec.draft_min, help="fewest draft tokens worth verifying")

@@ -12,7 +12,7 @@ decodes, prompt chunks are capped at `prefill_budget` tokens per step so that a 
 prompt cannot stall every stream (vLLM's chunked prefill), times waiting prompts /
 decoding sequences when the prompts outnumber them (a burst of new requests); with
 nothing decoding a prompt gets all of `n_batch`. The executor may pass each step a budget of its
-own (`PrefillPacer`). Embedding inputs run in steps of
+own (`PrefillPacer`: as many prompt tokens as keep a step within `--max-itl-ms`). Embedding inputs run in steps of
 their own (never mixed with generation in one decode): several inputs packed into
 one ubatch, alternating fairly with generation steps when both are waiting.
 
@@ -197,12 +197,14 @@ def _fair_shares(wants: list[tuple[int, int]], budget: int) -> list[tuple[int, i
 
 
 class PrefillPacer:
-    """The prompt budget per step that keeps a decoding stream's inter-token latency within
-    `max_slowdown` times a decode-only step: moving averages of a decode-only step and of
-    one prompt token's cost, measured on this machine as it runs."""
+    """The prompt budget per step that keeps the gap a decoding stream sees within
+    `max_itl_s` while prompts prefill: (max_itl - a decode-only step) / one prompt token's
+    cost, from moving averages measured on this machine as it runs. Large chunks waste
+    nothing (the decode rows ride along), so the budget is as large as the gap allows:
+    few slow steps rather than many, which keeps the median gap at a decode step's."""
 
-    def __init__(self, max_slowdown: float = 2.0, min_tokens: int = 16, max_tokens: int = 2048) -> None:
-        self.max_slowdown = max_slowdown
+    def __init__(self, max_itl_s: float = 1.0, min_tokens: int = 32, max_tokens: int = 2048) -> None:
+        self.max_itl_s = max_itl_s
         self.min_tokens = min_tokens
         self.max_tokens = max_tokens
         self.decode_step_s: float | None = None
@@ -213,12 +215,15 @@ class PrefillPacer:
             self.decode_step_s = _ema(self.decode_step_s, elapsed_s)
         elif num_prefill_tokens >= 8:
             base = (self.decode_step_s or 0.0) if num_decode_rows else 0.0
-            self.prefill_token_s = _ema(self.prefill_token_s, max(elapsed_s - base, 0.0) / num_prefill_tokens)
+            cost = max(elapsed_s - base, 0.0) / num_prefill_tokens
+            # A prompt token costs more the further into its prompt (attention), so the
+            # latest cost counts in full when it is the higher: the bound holds as it rises.
+            self.prefill_token_s = max(_ema(self.prefill_token_s, cost), cost)
 
     def budget(self) -> int:
         if self.decode_step_s is None or not self.prefill_token_s:
             return self.min_tokens
-        tokens = int(self.decode_step_s * (self.max_slowdown - 1.0) / self.prefill_token_s)
+        tokens = int((self.max_itl_s - self.decode_step_s) / self.prefill_token_s)
         return max(self.min_tokens, min(tokens, self.max_tokens))
 
 
