@@ -14,7 +14,11 @@ Two sources of vectors:
   `result_embd_pooled` (the final norm, so named by `build_pooling` when pooling is
   NONE); a scheduler eval callback (`cb_eval`) copies it and returns false, which
   stops the graph there. Measured on gemma-3-270m: llama.cpp's MEAN pooling's
-  vectors (cosine 0.9999999) in 0.41x the time.
+  vectors (cosine 0.9999999) in 0.41x the time. The graph stops early, but llama.cpp
+  still reserves and copies a logits row per output (1 MiB each at a 262k vocabulary), so
+  this path decodes a job in pieces of `HIDDEN_PIECE_TOKENS` (exact for a causal model:
+  each piece attends to the cached earlier ones): 64 logits rows, not one per input token
+  (512 rows made `--embeddings` cost +470 MiB of resident memory once used).
 
 Inputs are packed into one ubatch, one sequence id each; the caller guarantees that
 each has at most `max_input_tokens` and that together they fit `n_ubatch` (llama.cpp
@@ -44,6 +48,7 @@ _GGML.ggml_nelements.restype = ctypes.c_int64
 _GGML.ggml_nelements.argtypes = [ctypes.c_void_p]
 
 HIDDEN_NODE = b"result_embd_pooled"
+HIDDEN_PIECE_TOKENS = 64  # tokens per decode when pooling hidden states here (see above)
 MODEL_POOLINGS = (llama_cpp.LLAMA_POOLING_TYPE_MEAN, llama_cpp.LLAMA_POOLING_TYPE_CLS, llama_cpp.LLAMA_POOLING_TYPE_LAST)
 
 
@@ -70,10 +75,14 @@ class Embedder:
         self._captured: list[np.ndarray] = []
         self._callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_node)  # kept alive here
         params = llama_cpp.llama_context_default_params()
+        # Pooled in llama.cpp (an embedding model, maybe non-causal): a job is one ubatch,
+        # the embeddings clamp. Hidden states pooled here (a causal LM): pieces.
+        piece = n_ubatch if self.pools_in_llama else min(n_ubatch, HIDDEN_PIECE_TOKENS)
         params.n_ctx = n_ubatch
-        params.n_batch = n_ubatch  # the embeddings clamp: a logical batch is one ubatch
-        params.n_ubatch = n_ubatch
+        params.n_batch = piece
+        params.n_ubatch = piece
         params.n_seq_max = max_seqs
+        params.swa_full = True  # every packed input's cells stay visible across pieces
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.embeddings = True
@@ -89,7 +98,7 @@ class Embedder:
             self._free_model()
             raise RuntimeError("llama.cpp could not create the embedding context")
         self.memory = llama_cpp.llama_get_memory(self.ctx)
-        self.batch = BatchBuffer(n_ubatch)
+        self.batch = BatchBuffer(piece)
 
     @classmethod
     def from_file(cls, path: Path, n_ubatch: int, max_seqs: int, n_threads: int) -> Embedder:
@@ -116,22 +125,37 @@ class Embedder:
         """One pooled vector per input (not normalized)."""
         batch = self.batch
         batch.clear()
-        for seq_id, tokens in enumerate(inputs):
-            batch.add(tokens, 0, seq_id, False)
-        batch.mark_all_outputs()
         self._captured.clear()
         llama_cpp.llama_memory_clear(self.memory, True)  # no-op for encoders without memory
-        status = int(llama_cpp.llama_decode(self.ctx, batch.finish()))
-        if status != 0:
-            raise RuntimeError(f"llama_decode (embeddings) failed with status {status}")
+        for seq_id, tokens in enumerate(inputs):
+            start = 0
+            while start < len(tokens):  # pooled in llama.cpp: the whole job fits one piece
+                if batch.num_tokens == batch.capacity:
+                    self._decode_piece()
+                end = min(len(tokens), start + batch.capacity - batch.num_tokens)
+                batch.add(tokens[start:end], start, seq_id, False)
+                start = end
+        self._decode_piece()
         if self.pools_in_llama:
             return [self._pooled(seq_id) for seq_id in range(len(inputs))]
-        hidden = self._hidden_states(batch.num_tokens)
+        hidden = self._hidden_states(sum(len(tokens) for tokens in inputs))
         vectors, start = [], 0
         for tokens in inputs:
             vectors.append(hidden[start : start + len(tokens)].mean(axis=0))
             start += len(tokens)
         return vectors
+
+    def _decode_piece(self) -> None:
+        num_tokens, num_captured = self.batch.num_tokens, len(self._captured)
+        self.batch.mark_all_outputs()
+        status = int(llama_cpp.llama_decode(self.ctx, self.batch.finish()))
+        if status != 0:
+            raise RuntimeError(f"llama_decode (embeddings) failed with status {status}")
+        self.batch.clear()
+        if not self.pools_in_llama and len(self._captured) == num_captured:
+            # No such node: the graph ran to the end; read this piece's outputs.
+            ptr = llama_cpp.llama_get_embeddings(self.ctx)
+            self._captured.append(np.ctypeslib.as_array(ptr, shape=(num_tokens * self.n_embd,)).copy())
 
     def _pooled(self, seq_id: int) -> np.ndarray:
         ptr = llama_cpp.llama_get_embeddings_seq(self.ctx, seq_id)
@@ -140,13 +164,10 @@ class Embedder:
         return np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).copy()
 
     def _hidden_states(self, num_tokens: int) -> np.ndarray:
-        if self._captured:
-            hidden = np.concatenate(self._captured).reshape(-1, self.n_embd)
-            if len(hidden) == num_tokens:
-                return hidden
-        # No such node (or an unexpected split): the graph ran to the end; read every output.
-        ptr = llama_cpp.llama_get_embeddings(self.ctx)
-        return np.ctypeslib.as_array(ptr, shape=(num_tokens, self.n_embd)).copy()
+        hidden = np.concatenate(self._captured).reshape(-1, self.n_embd)
+        if len(hidden) != num_tokens:
+            raise RuntimeError(f"captured {len(hidden)} hidden states for {num_tokens} tokens")
+        return hidden
 
     def _free_model(self) -> None:
         if self.owns_model and self.model:
