@@ -59,14 +59,14 @@ def test_a_granted_draft_never_starts_a_later_ubatch_past_its_first_draft_row(ra
 
 def test_a_neighbours_prompt_holds_a_long_sequences_draft_back_but_not_a_far_ones() -> None:
     scheduler = Scheduler(512, 512, 4, prefill_budget=None, max_draft_rows=16, per_slot_streams=True)
-    near = scheduler.plan([SeqDemand(1, True, 0, 8, seq_id=3, window_at_risk=True), SeqDemand(2, False, 100, seq_id=4)], [])
+    near = scheduler.plan([SeqDemand(1, True, 0, 8, seq_id=3, window_at_risk=True, draft_acceptance=0.99), SeqDemand(2, False, 100, seq_id=4)], [])
     assert near.drafts == () and near.prefill == ((2, 100),)  # the prompt goes on, the draft waits
-    short = scheduler.plan([SeqDemand(1, True, 0, 8, seq_id=3), SeqDemand(2, False, 100, seq_id=4)], [])
+    short = scheduler.plan([SeqDemand(1, True, 0, 8, seq_id=3, draft_acceptance=0.99), SeqDemand(2, False, 100, seq_id=4)], [])
     assert short.drafts == ((1, 8),)  # a sequence shorter than the window loses no cell
-    far = scheduler.plan([SeqDemand(1, True, 0, 8, seq_id=3, window_at_risk=True), SeqDemand(2, False, 100, seq_id=5)], [])
+    far = scheduler.plan([SeqDemand(1, True, 0, 8, seq_id=3, window_at_risk=True, draft_acceptance=0.99), SeqDemand(2, False, 100, seq_id=5)], [])
     assert far.drafts == ((1, 8),)
     unified = Scheduler(512, 512, 4, prefill_budget=None, max_draft_rows=16)
-    assert unified.plan([SeqDemand(1, True, 0, 8, seq_id=3, window_at_risk=True), SeqDemand(2, False, 100, seq_id=4)],
+    assert unified.plan([SeqDemand(1, True, 0, 8, seq_id=3, window_at_risk=True, draft_acceptance=0.99), SeqDemand(2, False, 100, seq_id=4)],
                         []).drafts == ((1, 8),)  # one buffer: drafts lead the batch, in its first ubatch
 
 
@@ -120,6 +120,7 @@ def run_pair(spec: SpeculationSettings, guard: bool = True) -> tuple[list[int], 
     config = ExecutorConfig(2, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4, prefill=prefill, speculation=spec)
     executor = Executor(runner, config)
     executor.scheduler.per_slot_streams = guard  # False: rows still in id order, drafts not held back
+    executor.scheduler.price_drafts = False  # the window rule, whatever rows would cost
     sinks = [ListSink(), ListSink()]
     for sink, prompt in zip(sinks, (LONG_A, LONG_B)):
         executor.add_input(executor.open_session(params(max_tokens=6, ignore_eos=True), sink), prompt, True)
@@ -132,7 +133,7 @@ SPEC_LONG = SpeculationSettings(spec_type="ngram-simple", draft_max=8, spec_ngra
 
 
 def test_a_long_sequence_next_to_a_prefilling_one_drafts_without_losing_window_cells() -> None:
-    plain_a, plain_b, _, _ = run_pair(SpeculationSettings())
+    plain_a, plain_b, _, _ = run_pair(SpeculationSettings(spec_type="none"))
     spec_a, spec_b, runner, executor = run_pair(SPEC_LONG)
     assert (spec_a, spec_b) == (plain_a, plain_b) and spec_a == list(range(31, 37))
     for slot, _ in executor.table.slot_states():

@@ -9,7 +9,7 @@ from llmserve.service.config import SpeculationSettings
 from llmserve.service.domain.events import FinishReason, TurnEndEvent
 from llmserve.service.domain.requests import SamplingParams
 from llmserve.service.engine.executor import Executor, ExecutorConfig
-from llmserve.service.engine.scheduler import Scheduler, SeqDemand
+from llmserve.service.engine.scheduler import Scheduler, SeqDemand, worth_drafting
 from llmserve.service.engine.speculation import NgramIndex, SeqSpeculation
 
 from .engine_harness import GREEDY, assert_kv_mirrors_slots, one_turn, params, run_until, turn_ends
@@ -24,7 +24,9 @@ PROMPT = (BOS, *range(10, 21), 10, 11)
 def make(spec: SpeculationSettings = SPEC, n_parallel: int = 2) -> tuple[Executor, FakeRunner]:
     runner = FakeRunner(n_batch=64)
     config = ExecutorConfig(n_parallel, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4, speculation=spec)
-    return Executor(runner, config), runner
+    executor = Executor(runner, config)
+    executor.scheduler.price_drafts = False  # the draft mechanics, whatever rows would cost
+    return executor, runner
 
 
 def test_ngram_index_drafts_what_followed_the_latest_occurrence() -> None:
@@ -76,21 +78,32 @@ def test_adaptive_length_and_rest() -> None:
 
 def test_scheduler_grants_draft_rows_within_the_budget() -> None:
     scheduler = Scheduler(64, 64, 4, prefill_budget=None, max_draft_rows=8)
-    one = scheduler.plan([SeqDemand(1, True, 0, 12)], [])
+    one = scheduler.plan([SeqDemand(1, True, 0, 12, draft_acceptance=0.99)], [])
     assert one.drafts == ((1, 8),)
-    four = scheduler.plan([SeqDemand(k, True, 0, 12, draft_acceptance=0.9) for k in (1, 2, 3, 4)], [])
+    four = scheduler.plan([SeqDemand(k, True, 0, 12, draft_acceptance=0.99) for k in (1, 2, 3, 4)], [])
     assert sorted(n for _, n in four.drafts) == [2, 2, 2, 2]  # the rows shared fairly
-    uneven = scheduler.plan([SeqDemand(1, True, 0, 1), SeqDemand(2, True, 0, 12)], [])
+    uneven = scheduler.plan([SeqDemand(1, True, 0, 1, draft_acceptance=0.99), SeqDemand(2, True, 0, 12, draft_acceptance=0.99)], [])
     assert dict(uneven.drafts) == {1: 1, 2: 7}  # what one does not want goes to the next
-    poor = scheduler.plan([SeqDemand(k, True, 0, 12, draft_acceptance=0.3 if k == 1 else 0.9) for k in (1, 2, 3)], [])
+    poor = scheduler.plan([SeqDemand(k, True, 0, 12, draft_acceptance=0.3 if k == 1 else 0.99) for k in (1, 2, 3)], [])
     assert [key for key, _ in poor.drafts] == [2, 3]  # with 3-4 decoding only well-accepted drafts pay
-    assert dict(scheduler.plan([SeqDemand(1, True, 0, 12, draft_acceptance=0.3)], []).drafts) == {1: 8}
-    many = scheduler.plan([SeqDemand(k, True, 0, 12) for k in range(1, 6)], [])
+    assert scheduler.plan([SeqDemand(1, True, 0, 12)], []).drafts == ((1, 1),)  # a neutral start: one row
+    many = scheduler.plan([SeqDemand(k, True, 0, 12, draft_acceptance=0.99) for k in range(1, 6)], [])
     assert many.drafts == ()  # a busy server does not draft (measured: c=8 lost a third)
 
 
+def test_draft_rows_are_granted_only_where_they_pay() -> None:
+    assert worth_drafting(0.3, 1, 16, False) == 0  # a lone stream whose drafts miss: none
+    assert worth_drafting(0.9, 1, 16, False) >= 8  # a lone stream that copies: long drafts
+    assert worth_drafting(0.9, 4, 16, True) == 0  # four streams, a ubatch of its own: not at 0.9
+    assert worth_drafting(0.99, 4, 16, True) == 16
+    for num_decoding in (1, 2, 4):  # never shorter for better drafts, never longer for busier steps
+        lengths = [worth_drafting(a / 20, num_decoding, 16, num_decoding > 1) for a in range(21)]
+        assert lengths == sorted(lengths)
+    assert all(worth_drafting(a / 20, 2, 16, True) <= worth_drafting(a / 20, 1, 16, False) for a in range(21))
+
+
 def test_speculative_greedy_output_equals_plain_output() -> None:
-    plain, _ = make(SpeculationSettings())
+    plain, _ = make(SpeculationSettings(spec_type="none"))
     sink_plain, _ = one_turn(plain, PROMPT, params(max_tokens=30, ignore_eos=True))
     spec, runner = make()
     sink_spec, _ = one_turn(spec, PROMPT, params(max_tokens=30, ignore_eos=True))

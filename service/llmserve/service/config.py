@@ -35,7 +35,7 @@ class SpeculationSettings:
     """Speculative decoding (engine/speculation.py): read by the executor (its row budget),
     the DraftVerifier and each sequence's SeqSpeculation. llama-server's flag names."""
 
-    spec_type: str = "none"  # none | ngram-simple (docs/benchmarks.md: why off by default)
+    spec_type: str = "ngram-simple"  # none | ngram-simple; drafts only where their rows pay (Scheduler)
     draft_max: int = 16  # most draft tokens per sequence and step
     draft_min: int = 0  # a shorter draft is not worth its rows
     spec_ngram_size_n: int = 3  # tokens matched to find a draft

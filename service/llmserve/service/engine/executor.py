@@ -57,7 +57,7 @@ class ExecutorConfig:
     max_embed_seqs: int = 64
     reader_timeout_s: float | None = None  # a paused stream whose client reads nothing this long ends; None: never
     prefill: PrefillSettings = PrefillSettings()
-    speculation: SpeculationSettings = SpeculationSettings()  # off by default
+    speculation: SpeculationSettings = SpeculationSettings()  # n-gram drafts where they pay, as the server
     kv_cache: KVCacheSettings = KVCacheSettings()  # kv_unified off: one KV stream per slot
     context_shift: ContextShiftSettings = ContextShiftSettings()  # off by default
 

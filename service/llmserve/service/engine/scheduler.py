@@ -27,6 +27,9 @@ from dataclasses import dataclass
 
 MAX_DRAFTING_SEQS = 4  # more sequences decoding than this: no drafts (measured: verify rows then cost more than they save)
 MIN_ACCEPTANCE_BUSY = 0.85  # with 3-4 decoding only drafts that nearly always land pay for their rows (measured)
+# A decode step on CPU costs about STEP_BASE_ROWS rows' worth plus one per row (gemma-3-270m,
+# 2 threads: ~14 ms + ~6.8 ms per row, llama-batched-bench S_TG at 1/8/16 streams).
+STEP_BASE_ROWS = 2.0
 MAX_PROMPTS_WHILE_DECODING = 2  # per-slot streams: prompts one step carries beside decode rows
 
 
@@ -73,6 +76,7 @@ class Scheduler:
         `_drafts_kept_whole`)."""
         self.prefill_budget = prefill_budget
         self.per_slot_streams = per_slot_streams
+        self.price_drafts = True  # grant only the draft rows that pay (worth_drafting); tests of the draft mechanics turn it off
         self.max_draft_rows = max_draft_rows
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
@@ -152,7 +156,29 @@ class Scheduler:
         if num_decoding > 2:
             wanting = [d for d in wanting if d.draft_acceptance >= MIN_ACCEPTANCE_BUSY]
         budget = min(rows, self.n_ubatch - num_decoding)
-        return _fair_shares([(d.key, d.num_draft) for d in wanting], budget)
+        extra_ubatch = self.per_slot_streams and num_decoding > 1
+        wants = [(d.key, worth_drafting(d.draft_acceptance, num_decoding, d.num_draft, extra_ubatch)
+                  if self.price_drafts else d.num_draft) for d in wanting]
+        return _fair_shares([(key, n) for key, n in wants if n > 0], budget)
+
+
+def worth_drafting(acceptance: float, num_decoding: int, max_rows: int, extra_ubatch: bool) -> int:
+    """How many draft rows pay for themselves (0: none). In row units: a step of c decode
+    rows costs STEP_BASE_ROWS + c and yields c tokens, so an accepted token is worth
+    (STEP_BASE_ROWS + c) / c rows; the k-th draft row lands with probability about
+    acceptance**k (the accepted share stands in for the per-token chance: it undercounts,
+    so this errs short) and costs one row, and with `extra_ubatch` (per-slot streams and
+    others decoding: the drafting sequence's rows become a ubatch of their own) the draft
+    costs another STEP_BASE_ROWS. The k with the largest expected gain, if positive."""
+    worth = (STEP_BASE_ROWS + num_decoding) / num_decoding
+    q = min(max(acceptance, 0.0), 0.999)
+    best, best_gain, expected = 0, 0.0, 0.0
+    for k in range(1, max_rows + 1):
+        expected += q**k
+        gain = expected * worth - k - (STEP_BASE_ROWS if extra_ubatch else 0.0)
+        if gain > best_gain:
+            best, best_gain = k, gain
+    return best
 
 
 def _drafts_kept_whole(drafts: list[tuple[int, int]], demands: Sequence[SeqDemand]) -> list[tuple[int, int]]:
