@@ -112,6 +112,7 @@ bench: model
 	$(PY) -m bench.run
 	$(PY) -m bench.speculative --out docs/benchmarks.md
 	$(PY) -m bench.http_chat
+	$(PY) -m bench.targets --out docs/benchmarks.md
 
 # 2,000-call chaos soak, then 600 feature-combination calls checked by their oracle in each server
 # configuration (default, n-gram speculation, unified KV), then 600 with each plan's surface drawn

@@ -1,0 +1,205 @@
+"""Issue 25's targets in one run, one table: llmserve (default flags) vs llama-server.
+
+    python -m bench.targets [--rounds 3] [--out docs/benchmarks.md]
+
+Servers are measured one at a time (two may be up, idle, at once). Each row: what was
+measured, the goal, and whether it was met in this run. Plain: loadgen's prompts, greedy,
+64 tokens, `--rounds` rounds with the order swapped each round (median and lowest ratio).
+Extractive: bench.speculative's passages against llama-server's better of `--spec-type
+ngram-simple` and `ngram-mod`. Mixed load and fresh long prompts: bench.speculative's.
+Ceiling: llama-batched-bench S_TG at 16. Embed: bench.embed_model (MiniLM). Memory: idle
+RSS at `-np 4 -c 8192`, and what a round of Embed adds with `--embeddings`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from llmserve.client import loadgen
+from llmserve.service.model.default_model import default_model_path
+
+from . import embed_model
+from .run import _batched_bench
+from .servers import DEFAULT_BUILD, ROOT, start_llama_server, start_llmserve, stop
+from .speculative import _fresh_long, _mixed_llmserve, _mixed_peer, extractive
+
+MARKER = "<!-- targets -->"
+PLAIN_LEVELS = (1, 4, 8, 16)
+LOGS = ROOT / "build" / "bench-logs"
+Row = tuple[str, str, str, bool]  # target, measured, goal, met
+
+
+def _rss_mib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) // 1024 for line in status if line.startswith("VmRSS"))
+
+
+def _prompt(rnd: int) -> Callable[[int, int, int], str]:
+    return lambda level, worker, request: f"Round {rnd}.{request} of {level}, worker {worker}: " + \
+        loadgen.PROMPTS[worker % len(loadgen.PROMPTS)]
+
+
+def plain(peer: Path, rounds: int) -> tuple[list[Row], dict[int, float]]:
+    ours, url_ours = start_llmserve(LOGS / "targets-ours.log")
+    theirs, url_theirs = start_llama_server(peer, default_model_path(), LOGS / "targets-peer.log", False)
+    tps: dict[str, dict[int, list[float]]] = {"ours": {}, "peer": {}}
+    ttft: dict[str, dict[int, list[float]]] = {"ours": {}, "peer": {}}
+    try:
+        for rnd in range(rounds):
+            for level in PLAIN_LEVELS:
+                order = [("ours", url_ours), ("peer", url_theirs)]
+                for name, url in order if rnd % 2 == 0 else reversed(order):
+                    run = loadgen.llmserve_level if name == "ours" else loadgen.peer_level
+                    s = asyncio.run(run(url, level, 2, 64, _prompt(rnd))).summary()
+                    tps[name].setdefault(level, []).append(s["tokens_per_s"])
+                    ttft[name].setdefault(level, []).append(s["ttft_p50_ms"])
+                print(f"plain round {rnd} c={level}: {tps['ours'][level][-1]:.1f} vs {tps['peer'][level][-1]:.1f}", flush=True)
+    finally:
+        stop(ours)
+        stop(theirs)
+    rows: list[Row] = []
+    for level in PLAIN_LEVELS:
+        ratios = [a / b for a, b in zip(tps["ours"][level], tps["peer"][level])]
+        med, low = statistics.median(ratios), min(ratios)
+        rows.append((f"plain c={level} tokens/s", f"median {med:.2f}x, lowest {low:.2f}x "
+                     f"({', '.join(f'{r:.2f}' for r in ratios)})", ">= 1.05x, none < 0.95x", med >= 1.05 and low >= 0.95))
+        t = statistics.median(a / b for a, b in zip(ttft["ours"][level], ttft["peer"][level]))
+        rows.append((f"plain c={level} TTFT p50", f"{t:.2f}x", "<= 1.0x", t <= 1.0))
+    return rows, {level: statistics.median(tps["ours"][level]) for level in PLAIN_LEVELS}
+
+
+def _extractive_levels(url: str, is_peer: bool) -> dict[int, float]:
+    run = loadgen.peer_level if is_peer else loadgen.llmserve_level
+    return {level: asyncio.run(run(url, level, 2 if level == 1 else 1, 160, extractive)).tokens_per_s for level in (1, 4, 16)}
+
+
+def speculation(peer: Path) -> list[Row]:
+    ctx = ("-c", "32768")
+    process, url = start_llmserve(LOGS / "targets-ours.log", extra=ctx)
+    try:
+        ours = _extractive_levels(url, False)
+        mixed_ours = asyncio.run(_mixed_llmserve(url))
+        fresh_ours = asyncio.run(_fresh_long(url, None))
+        spec_on = {level: asyncio.run(loadgen.llmserve_level(url, level, 1, 64, _prompt(7))).tokens_per_s for level in PLAIN_LEVELS}
+    finally:
+        stop(process)
+    process, url = start_llmserve(LOGS / "targets-ours-off.log", extra=(*ctx, "--spec-type", "none"))
+    try:
+        spec_off = {level: asyncio.run(loadgen.llmserve_level(url, level, 1, 64, _prompt(7))).tokens_per_s for level in PLAIN_LEVELS}
+    finally:
+        stop(process)
+    best: dict[int, float] = {}
+    for spec in ("ngram-simple", "ngram-mod"):
+        process, url = start_llama_server(peer, default_model_path(), LOGS / "targets-peer.log", False, (*ctx, "--spec-type", spec))
+        try:
+            for level, value in _extractive_levels(url, True).items():
+                best[level] = max(best.get(level, 0.0), value)
+        finally:
+            stop(process)
+    process, url = start_llama_server(peer, default_model_path(), LOGS / "targets-peer.log", False, ctx)
+    try:
+        mixed_peer = asyncio.run(_mixed_peer(url))
+        fresh_peer = asyncio.run(_fresh_long(None, url))
+    finally:
+        stop(process)
+    rows: list[Row] = []
+    for level, goal in ((1, 1.10), (4, 1.0), (16, 1.0)):
+        r = ours[level] / best[level]
+        rows.append((f"extractive c={level} vs llama-server's best --spec-type", f"{r:.2f}x ({ours[level]:.1f} vs {best[level]:.1f})",
+                     f">= {goal:.2f}x", r >= goal))
+    for level in PLAIN_LEVELS:
+        r = spec_on[level] / spec_off[level]
+        rows.append((f"speculation on / off, plain c={level}", f"{r:.2f}x", ">= 1.0x (no regression)", r >= 1.0))
+    mean_ttft = statistics.mean(mixed_ours["long_ttft_s"]) / statistics.mean(mixed_peer["long_ttft_s"])
+    for name, value, goal, limit in (
+        ("mixed: mean long-prompt TTFT", mean_ttft, "<= 1.1x", 1.1),
+        ("mixed: last prompt done", mixed_ours["last_done_s"] / mixed_peer["last_done_s"], "<= 1.1x", 1.1),
+        ("mixed: ITL p99", mixed_ours["itl_p99"] / mixed_peer["itl_p99"], "<= 0.25x", 0.25),
+        ("mixed: ITL p50", mixed_ours["itl_p50"] / mixed_peer["itl_p50"], "<= 1.2x", 1.2),
+        ("fresh ~900-token prompt TTFT", fresh_ours / fresh_peer, "<= 1.0x", 1.0),
+    ):
+        rows.append((name, f"{value:.2f}x", goal, value <= limit))
+    return rows
+
+
+def ceiling(batched_bench: Path, ours_c16: float) -> list[Row]:
+    s_tg = _batched_bench(batched_bench, default_model_path(), [16]).get(16)
+    if not s_tg:
+        return []
+    r = ours_c16 / s_tg
+    return [("gRPC c=16 / llama-batched-bench S_TG", f"{100 * r:.0f}% ({ours_c16:.1f} / {s_tg:.1f})", ">= 90%", r >= 0.9)]
+
+
+def embed(peer: Path) -> list[Row]:
+    results = embed_model.measure(peer, 1)
+    rows: list[Row] = []
+    for corpus, by_server in results.items():
+        r = by_server["llmserve"][0] / by_server["llama-server"][0]
+        rows.append((f"Embed MiniLM texts/s, {corpus}", f"{r:.2f}x", ">= 1.05x", r >= 1.05))
+    return rows
+
+
+def memory(peer: Path) -> list[Row]:
+    small = ("-np", "4", "-c", "8192")
+    process, url = start_llmserve(LOGS / "targets-mem.log", embed_args=(), extra=small)
+    try:
+        time.sleep(2)
+        ours = _rss_mib(process.pid)
+    finally:
+        stop(process)
+    process, _ = start_llama_server(peer, default_model_path(), LOGS / "targets-peer-mem.log", False, small)
+    try:
+        time.sleep(2)
+        theirs = _rss_mib(process.pid)
+    finally:
+        stop(process)
+    process, url = start_llmserve(LOGS / "targets-mem.log", extra=small)
+    try:
+        before = _rss_mib(process.pid)
+        asyncio.run(loadgen.llmserve_embed(url, embed_model.PASSAGES))
+        grown = _rss_mib(process.pid) - before
+    finally:
+        stop(process)
+    return [("idle RSS at -np 4 -c 8192", f"{ours / theirs:.2f}x ({ours} vs {theirs} MiB)", "<= 1.15x", ours / theirs <= 1.15),
+            ("--embeddings: RSS added by Embed of 256 passages", f"{grown} MiB", "no +470 MiB", grown < 100)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--llama-server", type=Path, default=DEFAULT_BUILD / "llama-server")
+    parser.add_argument("--batched-bench", type=Path, default=DEFAULT_BUILD / "llama-batched-bench")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    if not args.llama_server.exists():
+        parser.error(f"{args.llama_server} not found: build it as bench/README.md says")
+    LOGS.mkdir(parents=True, exist_ok=True)
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rows, ours_tps = plain(args.llama_server, args.rounds)
+    rows += ceiling(args.batched_bench, ours_tps[16]) if args.batched_bench.exists() else []
+    rows += speculation(args.llama_server)
+    rows += embed(args.llama_server)
+    rows += memory(args.llama_server)
+    text = "\n".join([
+        f"Measured {started} to {time.strftime('%H:%M UTC', time.gmtime())} with `python -m bench.targets "
+        f"--rounds {args.rounds}`, one run, servers one at a time.\n",
+        "| target | measured (llmserve / llama-server) | goal | met |", "|---|---|---|---|",
+        *(f"| {t} | {m} | {g} | {'yes' if ok else '**no**'} |" for t, m, g, ok in rows)]) + "\n"
+    print(text)
+    if args.out:
+        body = args.out.read_text()
+        if body.count(MARKER) >= 2:
+            head, _, tail = body.split(MARKER, 2)
+            args.out.write_text(head + MARKER + "\n" + text + MARKER + tail)
+        else:
+            args.out.write_text(body.rstrip() + "\n\n## Issue 25's targets in one table (`python -m bench.targets`)\n\n"
+                                + MARKER + "\n" + text + MARKER + "\n")
+
+
+if __name__ == "__main__":
+    main()
