@@ -1,9 +1,10 @@
 """In-process engine benchmark (no gRPC): the executor driven directly, to separate
 engine cost from transport cost, with a per-step profile of where host time goes.
 
-    python -m bench.engine [--concurrency 1,4,8,16] [--max-tokens 64] [--threads 2]
+    python -m bench.engine [--concurrency 1,4,8,16] [--max-tokens 64] [--threads 2] [--temperature 0]
 
-For each level, `concurrency` sessions (greedy, ignore_eos) start together; reported:
+For each level, `concurrency` sessions (greedy unless `--temperature`, then top_k 40 and
+llama-server's other defaults; ignore_eos) start together; reported:
 aggregate tokens/s, and per step: wall ms, llama_decode ms, sampling ms, and host ms
 (everything else: batch filling, bookkeeping, detokenizing, event hand-off) with its
 share of the step.
@@ -36,8 +37,11 @@ class _Sink:
             self.done.set()
 
 
-def run_level(executor: Executor, runner: LlamaRunner, concurrency: int, max_tokens: int) -> tuple[float, dict[str, float]]:
-    params = SessionParams("bench", SamplingParams(temperature=0.0), StoppingParams(max_tokens=max_tokens, ignore_eos=True))
+def run_level(
+    executor: Executor, runner: LlamaRunner, concurrency: int, max_tokens: int, temperature: float = 0.0
+) -> tuple[float, dict[str, float]]:
+    sampling = SamplingParams(temperature=temperature, seed=1)
+    params = SessionParams("bench", sampling, StoppingParams(max_tokens=max_tokens, ignore_eos=True))
     before = dataclasses.replace(executor.profile)
     sinks = []
     start = time.perf_counter()
@@ -60,6 +64,7 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,4,8,16")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--temperature", type=float, default=0.0)
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     runner = LlamaRunner(RunnerConfig(default_model_path(), 16384, max(levels), 512, 512, args.threads, True))
@@ -70,7 +75,7 @@ def main() -> None:
         print("| streams | tokens/s | step ms | ubatches/step | decode ms | sample ms | host ms | host share |")
         print("|---|---|---|---|---|---|---|---|")
         for level in levels:
-            tps, p = run_level(executor, runner, level, args.max_tokens)
+            tps, p = run_level(executor, runner, level, args.max_tokens, args.temperature)
             print(
                 f"| {level} | {tps:.1f} | {p['step_ms']:.2f} | {p['ubatches_per_step']:.2f} | {p['decode_ms']:.2f} "
                 f"| {p['sample_ms']:.3f} "

@@ -8,7 +8,10 @@ lower logits, so after top_k they cost microseconds and can only differ in which
 tokens just outside the top k could have moved in.
 
 A greedy chain with nothing else to apply is the argmax of the logits row, done
-with numpy. A grammar is applied llama-server's way: sample with the chain, and
+with numpy. A chain whose first filter is top_k (no logit bias, top-n-sigma, mirostat
+or grammar) gets only the top k candidates (`top_k_ids`: numpy, a fraction of a ms)
+instead of all 262k: top_k keeps exactly those and sorts them, so every later sampler
+and the draw see the same candidates in the same order (ties at the k-th logit aside). A grammar is applied llama-server's way: sample with the chain, and
 only if the grammar rejects that token, constrain the full row and sample again
 (applying a grammar to 262k candidates on every token would cost tens of ms).
 
@@ -61,6 +64,10 @@ class Sampler:
         self._is_argmax = (
             params.is_greedy and not params.has_penalties and params.dry_multiplier <= 0 and not biases
             and not params.grammar
+        )
+        self._top_k_first = (
+            0 < params.top_k < n_vocab and not params.is_greedy and not params.mirostat and params.top_n_sigma <= 0
+            and not biases and not params.grammar
         )
         self._chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         self._compiled = grammar
@@ -121,6 +128,8 @@ class Sampler:
         None when no token is allowed (see the module's docstring)."""
         if self._is_argmax:
             return int(logits.argmax())
+        if self._top_k_first:
+            return self.sample_from(logits)
         if self._grammar is None:
             # Builds the candidates in C from the context's row, and accepts the token.
             return int(llama_cpp.llama_sampler_sample(self._chain, self._ctx, row))
@@ -137,7 +146,8 @@ class Sampler:
             return int(logits.argmax())
         if self._grammar is not None:
             return self._sample_constrained(logits)
-        data, arr = self._candidates(logits)
+        ids = top_k_ids(logits, self.params.top_k) if self._top_k_first else None
+        data, arr = self._candidates(logits, ids)
         if not self._any_allowed(data):
             return None
         token = self._apply(data, arr)
@@ -160,7 +170,7 @@ class Sampler:
 
     def _any_allowed(self, data: np.ndarray) -> bool:
         allowed = np.isfinite(data["logit"])
-        allowed[self._forbidden] = False
+        allowed[self._forbidden] = False  # empty whenever only the top k are candidates
         return bool(allowed.any())
 
     def grammar_allows_end(self) -> bool:
@@ -183,10 +193,13 @@ class Sampler:
                 llama_cpp.llama_sampler_accept(self._chain, token)
 
     @staticmethod
-    def _candidates(logits: np.ndarray) -> tuple[np.ndarray, llama_cpp.llama_token_data_array]:
-        data = np.empty(len(logits), dtype=_TOKEN_DATA)
-        data["id"] = np.arange(len(logits), dtype=np.int32)
-        data["logit"] = logits
+    def _candidates(
+        logits: np.ndarray, ids: np.ndarray | None = None
+    ) -> tuple[np.ndarray, llama_cpp.llama_token_data_array]:
+        """Candidates for the chain: every token, or only `ids`."""
+        data = np.empty(len(logits) if ids is None else len(ids), dtype=_TOKEN_DATA)
+        data["id"] = np.arange(len(logits), dtype=np.int32) if ids is None else ids
+        data["logit"] = logits if ids is None else logits[ids]
         data["p"] = 0.0
         arr = llama_cpp.llama_token_data_array(
             data=data.ctypes.data_as(llama_cpp.llama_token_data_p), size=len(data), selected=-1, sorted=False
@@ -214,3 +227,15 @@ class Sampler:
         if self._grammar:
             llama_cpp.llama_sampler_free(self._grammar)
             self._grammar = None
+
+
+def top_k_ids(logits: np.ndarray, k: int, window: float = 8.0) -> np.ndarray:
+    """The ids of the k highest logits (in no order). Exact: when at least k logits lie
+    within `window` of the highest, the k-th highest does too, so the top k are among
+    them and only those few are partitioned; otherwise the whole row is."""
+    near = np.flatnonzero(logits >= logits.max() - window)
+    if len(near) < k:
+        return np.argpartition(logits, -k)[-k:]
+    if len(near) == k:
+        return near
+    return near[np.argpartition(logits[near], -k)[-k:]]
