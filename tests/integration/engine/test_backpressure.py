@@ -47,6 +47,9 @@ def test_a_client_that_never_reads_pauses_only_itself(server) -> None:  # type: 
                 assert time.monotonic() < deadline, "the unread stream was never paused"
                 time.sleep(0.05)
             cached_when_paused = max(s.num_cached_tokens for s in client.model_info().slots if s.paused)
+            # Warm-up beside the paused stream: llama.cpp's logits buffer grows once to the most
+            # rows a step has asked for (speculation's draft rows too), and stays.
+            _four_streams(server.address)
             rss_before = _rss_kb(server.process.pid)
             during = _four_streams(server.address)
             rss_after = _rss_kb(server.process.pid)
