@@ -125,6 +125,8 @@ def test_session_dir_faults_are_named_once_and_never_harm_the_previous_save(tmp_
             _, end, trailers = _turn(channel, "doomed", doomed3)
             assert end.usage.cached_tokens == len(doomed1) + len(doomed_g1) - 1  # turn 1's save, not turn 2's
             assert "injected halfway" in trailers.get("llmserve-session-store-fault", "")
+            # Turn 3's own save (failing halfway too) runs after its reply: wait for it to end.
+            _wait_for(server, 'llmserve_session_cache_total{result="save_failed"}', 2)
             assert not [p.name for p in directory.iterdir() if p.name.endswith(".tmp")]
     finally:
         assert stop_server(server) == 0
