@@ -192,13 +192,7 @@ def main() -> None:
         *(f"| {t} | {m} | {g} | {'yes' if ok else '**no**'} |" for t, m, g, ok in rows)]) + "\n"
     print(text)
     if args.out:
-        body = args.out.read_text()
-        if body.count(MARKER) >= 2:
-            head, _, tail = body.split(MARKER, 2)
-            args.out.write_text(head + MARKER + "\n" + text + MARKER + tail)
-        else:
-            args.out.write_text(body.rstrip() + "\n\n## Issue 25's targets in one table (`python -m bench.targets`)\n\n"
-                                + MARKER + "\n" + text + MARKER + "\n")
+        embed_model.write_section(args.out, MARKER + "\n" + text + MARKER, MARKER, MARKER)
 
 
 if __name__ == "__main__":
