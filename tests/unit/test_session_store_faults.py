@@ -102,3 +102,21 @@ def test_a_save_that_fails_halfway_leaves_the_previous_file(tmp_path: Path, monk
     assert [e["operation"] for e in logs if e["event"] == "session_dir_unusable"] == ["saving session 'a'"]
     assert store.fault is not None and "injected halfway" in store.fault
     store.close()
+
+
+def test_a_state_saved_with_another_swa_cache_size_is_refused(tmp_path: Path) -> None:
+    """A full-size SWA cache saves more window cells than a default one can hold."""
+    from types import SimpleNamespace
+
+    from llmserve.service.config import KVCacheSettings
+    from llmserve.service.engine.session_file import decode, encode, model_fingerprint
+
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF" + bytes(100))
+    meta = SimpleNamespace(architecture="gemma3", n_embd=640)
+    full = model_fingerprint(model, meta, KVCacheSettings(swa_full=True))
+    default = model_fingerprint(model, meta, KVCacheSettings())
+    blob = encode(_record("s", (1, 2, 3)), full)
+    assert decode(blob, "s", full).tokens == (1, 2, 3)
+    with pytest.raises(ValueError, match="another model or KV layout"):
+        decode(blob, "s", default)

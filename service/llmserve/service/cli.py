@@ -119,6 +119,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add("-fa", "--flash-attn", default=kv.flash_attn, help="flash attention: on, off or auto")
     f.switch("-kvu", "--kv-unified", help="one KV buffer shared by all slots (default: one stream per slot, "
              "so a prompt attends only to its own slot's cells)")
+    f.switch("--swa-full", help="a full-size cache for sliding-window layers (default: n_swa + n_ubatch cells "
+             "per slot; a trimmed prefix that left the window is prefilled again)")
     f.switch("--context-shift", help="at a slot's context limit drop the oldest tokens (after --keep) and go on")
     f.add("--keep", type=int, default=shift.keep, help="tokens kept at the start on a context shift (BOS always kept)")
     f.add("--session-dir", type=Path, help="save sessions with a session_id here, to restore them after a restart")

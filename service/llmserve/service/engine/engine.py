@@ -86,8 +86,7 @@ class Engine:
             raise RuntimeError("--context-shift: this model's memory cannot shift positions")
         self._store: SessionStore | None = None
         if config.session_dir is not None:
-            kv = config.kv_cache
-            fingerprint = model_fingerprint(model_path, self.meta, kv.cache_type_k, kv.cache_type_v)
+            fingerprint = model_fingerprint(model_path, self.meta, config.kv_cache)
             self._store = SessionStore(
                 config.session_dir, config.session_dir_max_bytes, fingerprint, metrics or Metrics(),
                 config.n_ctx_per_slot, runner.n_vocab,

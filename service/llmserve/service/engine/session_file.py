@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..config import KVCacheSettings
 from ..domain.errors import PreconditionFailed
 from ..domain.snapshots import SavedSession
 
@@ -33,7 +34,7 @@ class StorageFault(PreconditionFailed):
         self.path = path
 
 
-def model_fingerprint(model_path: Path, meta: Any, cache_type_k: str, cache_type_v: str) -> dict[str, object]:
+def model_fingerprint(model_path: Path, meta: Any, kv: KVCacheSettings) -> dict[str, object]:
     """What a saved state depends on: the model file and the KV layout."""
     with model_path.open("rb") as f:
         head = hashlib.sha256(f.read(1 << 20)).hexdigest()
@@ -42,9 +43,9 @@ def model_fingerprint(model_path: Path, meta: Any, cache_type_k: str, cache_type
         "model_head_sha256": head,
         "architecture": meta.architecture,
         "n_embd": meta.n_embd,
-        "cache_type_k": cache_type_k,
-        "cache_type_v": cache_type_v,
-        "swa_full": True,
+        "cache_type_k": kv.cache_type_k,
+        "cache_type_v": kv.cache_type_v,
+        "swa_full": kv.swa_full,
     }
 
 

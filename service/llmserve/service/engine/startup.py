@@ -48,7 +48,7 @@ def log_loaded(config: ServerConfig, meta: ModelMeta, embedder: Embedder | None)
         cache_type_v=config.kv_cache.cache_type_v,
         flash_attn=config.kv_cache.flash_attn,
         kv_unified=config.kv_cache.kv_unified,
-        swa_full=True,
+        swa_full=config.kv_cache.swa_full,
         context_shift=config.context_shift.context_shift,
         n_parallel_auto=config.n_parallel_auto,
     )

@@ -107,9 +107,9 @@ class LlamaRunner:
         # prefill slowed as the prefix caches filled. Per-slot streams split batches into
         # ubatches of consecutive sequence ids (the step orders its rows by sequence id).
         params.kv_unified = kv.kv_unified
-        # Full-size SWA cache: trimming a cached prefix (seq_rm) stays exact for
-        # sliding-window models such as gemma 3.
-        params.swa_full = True
+        # Without a full-size SWA cache, cells that left a sequence's window are reused
+        # sooner; SlotKV.holds_window catches a trimmed prefix that lost some.
+        params.swa_full = kv.swa_full
         params.no_perf = True
         params.type_k = CACHE_TYPES[kv.cache_type_k]
         params.type_v = CACHE_TYPES[kv.cache_type_v]
