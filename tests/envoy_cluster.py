@@ -106,6 +106,7 @@ class Cluster:
     replica_args: list[str] = field(default_factory=lambda: list(REPLICA_ARGS))
     health_interval_s: float = HEALTH_INTERVAL_S
     http: bool = False  # replicas serve the OpenAI HTTP API too, and Envoy its HTTP listener
+    keyless: str = "orca"  # how Envoy balances calls without an affinity key (tools/envoy_config.py)
     replicas: list[Replica] = field(default_factory=list)
     envoy: subprocess.Popen[bytes] | None = None
     port: int = 0
@@ -129,7 +130,7 @@ class Cluster:
         config = render([("127.0.0.1", r.port) for r in self.replicas], dns=False, listen_address="127.0.0.1",
                         listen_port=self.port, admin_port=self.admin_port, health_interval_s=self.health_interval_s,
                         http_endpoints=[("127.0.0.1", r.http_port or 0) for r in self.replicas],
-                        http_listen_port=self.http_port or None)
+                        http_listen_port=self.http_port or None, keyless=self.keyless)
         config_path = self.directory / "envoy.yaml"
         config_path.write_text(dump(config))
         binary = envoy_binary()

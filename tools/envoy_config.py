@@ -30,6 +30,7 @@ HTTP_LISTENER = "http"
 HTTP_CLUSTERS = ("llmserve_http", "llmserve_http_affinity")  # the replicas' HTTP port (the OpenAI API)
 COMPOSE_HTTP_LISTEN_PORT = 8081  # Envoy's OpenAI HTTP listener in compose and Kubernetes
 REPLICA_HTTP_PORT = 8080  # LLMSERVE_HTTP_PORT of the image, compose and the Deployment
+KEYLESS_POLICIES = ("orca", "least_request")
 
 
 def render(
@@ -42,11 +43,17 @@ def render(
     listen_address: str = "0.0.0.0",
     admin_port: int = 9901,
     health_interval_s: float = 5.0,
+    keyless: str = "orca",
+    bounded_load: bool = True,
 ) -> dict[str, Any]:
     """The config as a dict. `endpoints`: the replicas' gRPC addresses; `http_endpoints`:
     the same replicas' HTTP ports, served on `http_listen_port` (None: no HTTP listener and
     no HTTP clusters, the gRPC path alone). `dns`: STRICT_DNS (every A record of each name
-    is a replica), else STATIC IP endpoints."""
+    is a replica), else STATIC IP endpoints. `keyless`: how gRPC calls without an affinity
+    key are balanced, "orca" (the template's weighted round robin) or "least_request";
+    `bounded_load`: the affinity cluster's hash_balance_factor (bench.routing compares)."""
+    if keyless not in KEYLESS_POLICIES:
+        raise ValueError(f"keyless={keyless!r}: expected one of {', '.join(KEYLESS_POLICIES)}")
     text = string.Template(TEMPLATE.read_text()).substitute(
         listen_address=listen_address, listen_port=listen_port, admin_port=admin_port,
         http_listen_port=http_listen_port or 0,
@@ -60,6 +67,11 @@ def render(
     clusters = resources["clusters"]
     for i, cluster in enumerate(clusters):
         cluster = clusters[i] = copy.deepcopy(cluster)  # merge keys share one dict
+        if cluster["name"] == "llmserve" and keyless == "least_request":
+            del cluster["load_balancing_policy"]
+            cluster["lb_policy"] = "LEAST_REQUEST"
+        if cluster["name"] in ("llmserve_affinity", "llmserve_http_affinity") and not bounded_load:
+            del cluster["common_lb_config"]
         lb_endpoints = _lb_endpoints(http_endpoints if cluster["name"] in HTTP_CLUSTERS else endpoints)
         cluster["load_assignment"] = {"cluster_name": cluster["name"], "endpoints": [{"lb_endpoints": lb_endpoints}]}
     return config

@@ -33,8 +33,12 @@ OUTPUTS = {
     "ts": "client/node/src/gen",
 }
 # Languages whose runtimes lack google.rpc.Status / BadRequest: they also get code for
-# proto/third_party (Go has genproto, Python grpcio-status).
+# proto/third_party/google (Go has genproto, Python grpcio-status).
 ERROR_DETAILS_FOR = ("cpp", "java", "ts")
+# ORCA load reports (proto/third_party/xds): the server (Python) sends them; clients in
+# other languages read them through their gRPC runtime's weighted_round_robin. Not from
+# PyPI's xds-protos, which also writes over opentelemetry-proto's modules.
+ORCA_FOR = ("python",)
 INSTALL_HINT = {
     "python": "make install",
     "go": "make client-tools (apt: golang-go protoc-gen-go protoc-gen-go-grpc)",
@@ -112,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     if details_plugins:
         details_input = {"directory": "proto", "paths": ["proto/third_party/google"]}
         buf_generate({**template, "inputs": [details_input], "plugins": details_plugins}, args.out)
+    orca_plugins = [p for p in plugins if language_of(p) in ORCA_FOR]
+    if orca_plugins:
+        orca_input = {"directory": "proto", "paths": ["proto/third_party/xds"]}
+        buf_generate({**template, "inputs": [orca_input], "plugins": orca_plugins}, args.out)
     print("gen: wrote " + ", ".join(sorted({language_of(p) for p in plugins})), file=sys.stderr)
     return 0
 

@@ -63,7 +63,17 @@ def test_rendered_envoy_configs_match_the_template() -> None:
     envoy = yaml.safe_load((ROOT / "deploy" / "envoy.yaml").read_text())
     assert envoy["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"  # admin on loopback only
     clusters = {c["name"]: c for c in envoy["static_resources"]["clusters"]}
-    assert clusters["llmserve"]["lb_policy"] == "LEAST_REQUEST" and clusters["llmserve_affinity"]["lb_policy"] == "MAGLEV"
+    (policy,) = clusters["llmserve"]["load_balancing_policy"]["policies"]  # keyless: weighted by ORCA reports
+    wrr = policy["typed_extension_config"]
+    assert wrr["name"] == "envoy.load_balancing_policies.client_side_weighted_round_robin"
+    assert wrr["typed_config"]["enable_oob_load_report"] is True
+    affinity = clusters["llmserve_affinity"]
+    assert affinity["lb_policy"] == "MAGLEV"  # keyed: consistent hashing with bounded load
+    assert affinity["common_lb_config"]["consistent_hashing_lb_config"]["hash_balance_factor"] == 150
+    plain = envoy_config.render([("127.0.0.1", 1)], dns=False, keyless="least_request", bounded_load=False)
+    plain_clusters = {c["name"]: c for c in plain["static_resources"]["clusters"]}
+    assert plain_clusters["llmserve"]["lb_policy"] == "LEAST_REQUEST" and "load_balancing_policy" not in plain_clusters["llmserve"]
+    assert "common_lb_config" not in plain_clusters["llmserve_affinity"]
     route = envoy["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]
     retry = route["virtual_hosts"][0]["retry_policy"]
     assert {"unavailable", "resource-exhausted"} <= set(retry["retry_on"].split(","))

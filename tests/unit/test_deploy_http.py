@@ -90,7 +90,9 @@ def test_envoy_http_clusters_are_the_grpc_ones_on_the_http_port(which: str) -> N
     own = {"name", "load_assignment", "health_checks", "typed_extension_protocol_options"}
     for http_name, grpc_name in (("llmserve_http", "llmserve"), ("llmserve_http_affinity", "llmserve_affinity")):
         http, grpc = clusters[http_name], clusters[grpc_name]
-        assert {k: v for k, v in http.items() if k not in own} == {k: v for k, v in grpc.items() if k not in own}
+        # keyless gRPC calls go by ORCA weights, keyless HTTP ones by LEAST_REQUEST (the template says why)
+        policy = {"lb_policy", "load_balancing_policy"} if http_name == "llmserve_http" else set()
+        assert {k: v for k, v in http.items() if k not in own | policy} == {k: v for k, v in grpc.items() if k not in own | policy}
         assert [(h, envoy_config.REPLICA_HTTP_PORT) for h, _ in _endpoints(grpc)] == _endpoints(http)
         (grpc_check,), (http_check,) = grpc["health_checks"], http["health_checks"]
         assert http_check.pop("http_health_check") == {"path": "/health"}  # 200 only when ready (surface.py)
@@ -100,6 +102,7 @@ def test_envoy_http_clusters_are_the_grpc_ones_on_the_http_port(which: str) -> N
         assert options["explicit_http_config"] == {"http_protocol_options": {}}  # aiohttp speaks HTTP/1.1
     assert clusters["llmserve_http"]["lb_policy"] == "LEAST_REQUEST"
     assert clusters["llmserve_http_affinity"]["lb_policy"] == "MAGLEV"
+    assert clusters["llmserve_http_affinity"]["common_lb_config"]["consistent_hashing_lb_config"]["hash_balance_factor"] == 150
 
 
 def test_render_without_an_http_port_is_the_grpc_path_alone() -> None:

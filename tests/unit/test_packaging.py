@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-GENERATED = ("llmserve_pb2.py", "llmserve_pb2.pyi", "llmserve_pb2_grpc.py")
+GENERATED = tuple(f"llmserve/v1/llmserve_pb2{suffix}" for suffix in (".py", ".pyi", "_grpc.py")) + (
+    "xds/data/orca/v3/orca_load_report_pb2.py", "xds/service/orca/v3/orca_pb2.py", "xds/service/orca/v3/orca_pb2_grpc.py",
+)
 
 
 def test_committed_stubs_match_the_proto(tmp_path: Path) -> None:
@@ -15,8 +17,8 @@ def test_committed_stubs_match_the_proto(tmp_path: Path) -> None:
     assert (ROOT / "node_modules/.bin/buf").exists(), "run `make tools` (npm ci: buf)"
     subprocess.run([sys.executable, "-m", "tools.gen", "--lang", "python", "--out", str(tmp_path)], cwd=ROOT, check=True)
     for name in GENERATED:
-        fresh = (tmp_path / "client/llmserve/v1" / name).read_text()
-        committed = (ROOT / "client/llmserve/v1" / name).read_text()
+        fresh = (tmp_path / "client" / name).read_text()
+        committed = (ROOT / "client" / name).read_text()
         assert fresh == committed, f"{name} drifted from proto/: run `make proto`"
     assert not (tmp_path / "client/google").exists(), "google.rpc comes from grpcio-status, not our stubs"
 

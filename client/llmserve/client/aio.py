@@ -51,7 +51,7 @@ class AsyncClient:
     async def stream(self, prompt: Prompt, *, timeout: float | None = None,
                      **config: Any) -> AsyncIterator[pb.GenerateResponse]:
         request = pb.GenerateRequest(config=session_config(**config), input=make_input(prompt), end_of_turn=True)
-        kwargs = self.options.call_kwargs(timeout, request.config.session_id)
+        kwargs = self.options.call_kwargs(timeout, request.config.session_id, request.input)
         retry = ResetRetry(self.options.retries, kwargs["timeout"])  # see `resets`
         try:
             async for response in retried_async(

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from llmserve.v1 import llmserve_pb2 as pb
 
+from .affinity import prefix_affinity_key
 from .policy import default_channel_options
 from .targets import list_target, split_host_port
 
@@ -41,7 +43,8 @@ class ConnectionOptions:
     `extra_metadata`: more (key, value) pairs sent on every call, e.g. a W3C `traceparent`.
     `affinity_key`: sent as `x-llmserve-affinity` on Generate calls (a load balancer such
     as the project's Envoy config hashes it to one replica, e.g. a tenant id); without
-    it a named session's `session_id` is sent.
+    it a named session's `session_id` is sent; and with `derive_affinity`, without
+    either, a key derived from the head of a one-shot call's input (affinity.py).
     """
 
     tls: bool = False
@@ -56,6 +59,7 @@ class ConnectionOptions:
     options: Sequence[tuple[str, Any]] = ()
     extra_metadata: Sequence[tuple[str, str]] = ()
     affinity_key: str | None = None
+    derive_affinity: bool = False  # opt-in until bench.routing has measured it against ORCA weights
 
     @property
     def secure(self) -> bool:
@@ -73,10 +77,13 @@ class ConnectionOptions:
         auth = (("authorization", f"Bearer {self.api_key}"),) if self.api_key else ()
         return (*auth, *self.extra_metadata)
 
-    def call_kwargs(self, timeout: float | None = None, session_id: str = "") -> dict[str, Any]:
+    def call_kwargs(self, timeout: float | None = None, session_id: str = "", head: pb.Input | None = None) -> dict[str, Any]:
         """Keyword arguments of one call: `timeout` if given, else the client's default.
-        A Generate call passes its `session_id` for the affinity header."""
+        A Generate call passes its `session_id` and, when one-shot, its input (`head`)
+        for the affinity header."""
         affinity = self.affinity_key or session_id
+        if not affinity and head is not None and self.derive_affinity:
+            affinity = prefix_affinity_key(head)
         return {
             "timeout": timeout if timeout is not None else self.timeout,
             "metadata": (*self.metadata(), (AFFINITY_HEADER, affinity)) if affinity else self.metadata(),

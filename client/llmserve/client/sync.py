@@ -33,7 +33,7 @@ class Client:
         resolved once; round_robin over all of them). `timeout`: the default deadline
         of each call in seconds. `options`: the `ConnectionOptions` fields (tls,
         root_certificates, client_cert, client_key, server_name, api_key,
-        wait_for_ready, retries, options, extra_metadata, affinity_key)."""
+        wait_for_ready, retries, options, extra_metadata, affinity_key, derive_affinity)."""
         self.options = ConnectionOptions(timeout=timeout, **options)
         self.channel = open_channel(target, self.options)
         self.stub = pb_grpc.LLMServiceStub(self.channel)
@@ -62,7 +62,7 @@ class Client:
         """One-turn Generate: yields every response (chunks, then the turn end; with
         n > 1 each sample's, told apart by `index`). `config`: see `session_config`."""
         request = pb.GenerateRequest(config=session_config(**config), input=make_input(prompt), end_of_turn=True)
-        kwargs = self.options.call_kwargs(timeout, request.config.session_id)
+        kwargs = self.options.call_kwargs(timeout, request.config.session_id, request.input)
         try:
             yield from retried(lambda t: self.stub.Generate(iter([request]), **{**kwargs, "timeout": t}),
                                self._reset_retry(kwargs))
@@ -75,7 +75,7 @@ class Client:
     def stream_once(self, prompt: Prompt, *, timeout: float | None = None, **config: Any) -> Iterator[pb.GenerateOnceResponse]:
         """`stream` over the one-shot server-streaming GenerateOnce RPC (no bidi stream)."""
         request = pb.GenerateOnceRequest(config=session_config(**config), input=make_input(prompt))
-        kwargs = self.options.call_kwargs(timeout, request.config.session_id)
+        kwargs = self.options.call_kwargs(timeout, request.config.session_id, request.input)
         try:
             yield from retried(lambda t: self.stub.GenerateOnce(request, **{**kwargs, "timeout": t}),
                                self._reset_retry(kwargs))
@@ -85,7 +85,7 @@ class Client:
     def generate_text(self, prompt: Prompt, *, timeout: float | None = None, **config: Any) -> pb.GenerateTextResponse:
         """One turn over the unary GenerateText RPC: each sample's whole text and turn end."""
         request = pb.GenerateTextRequest(config=session_config(**config), input=make_input(prompt))
-        return self._unary(self.stub.GenerateText, request, timeout, request.config.session_id)
+        return self._unary(self.stub.GenerateText, request, timeout, request.config.session_id, request.input)
 
     def session(self, *, timeout: float | None = None, **config: Any) -> Session:
         """A multi-turn session on one Generate stream (the KV stays on the server's slot).
@@ -109,8 +109,9 @@ class Client:
         """A one-shot call cut by a proxy before its first response is made again (`resets`)."""
         return ResetRetry(self.options.retries, kwargs["timeout"])
 
-    def _unary(self, method: Any, request: Any, timeout: float | None, session_id: str = "") -> Any:
-        kwargs = self.options.call_kwargs(timeout, session_id)
+    def _unary(self, method: Any, request: Any, timeout: float | None, session_id: str = "",
+               head: pb.Input | None = None) -> Any:
+        kwargs = self.options.call_kwargs(timeout, session_id, head)
         try:
             return next(retried(lambda t: [method(request, **{**kwargs, "timeout": t})], self._reset_retry(kwargs)))
         except grpc.RpcError as err:

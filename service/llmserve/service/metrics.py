@@ -10,7 +10,8 @@ stock gRPC dashboards work) and `http/telemetry.py` every HTTP request. `process
 The Gateway API Inference Extension's model server protocol reads three gauges, all
 from the executor, so both surfaces count: queued requests `llmserve_waiting_sessions`,
 running requests `llmserve_running_sessions`, KV-cache utilization (0..1)
-`llmserve_kv_cells_used_ratio` (docs/observability.md).
+`llmserve_kv_cells_used_ratio` (docs/observability.md). The load that ORCA reports to
+Envoy is here too: `llmserve_load_utilization`, `llmserve_prefill_tokens_waiting`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from prometheus_client import (
     Info,
     start_http_server,
 )
+
+from .domain.load import replica_load
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -127,6 +130,10 @@ class Metrics:
             "llmserve_spec_accepted_tokens", "Speculative draft tokens accepted", registry=r
         )
         self.kv_used = Gauge("llmserve_kv_cells_used_ratio", "KV cells holding tokens / generation cells", registry=r)
+        self.prefill_waiting = Gauge("llmserve_prefill_tokens_waiting", "Input tokens of open sessions not yet in the KV",
+                                     registry=r)
+        self.utilization = Gauge("llmserve_load_utilization", "Load as a fraction of capacity, as ORCA reports it "
+                                 "(domain/load.py)", registry=r)
         for histogram in (self.ttft, self.itl, self.queue_time, self.turn_duration, self.turn_prompt_tokens,
                           self.turn_generated_tokens):
             for name in SURFACES:  # exported at zero from the start, so that dashboards find both
@@ -159,11 +166,14 @@ class Metrics:
         num_busy = sum(slot.busy for slot in snapshot.slots)
         self.slots.labels("busy").set(num_busy)
         self.slots.labels("idle").set(len(snapshot.slots) - num_busy)
-        self.waiting.set(snapshot.num_waiting)
-        self.running.set(snapshot.num_sessions - snapshot.num_waiting)
+        load = replica_load(snapshot, num_cells)
+        self.waiting.set(load.waiting_sessions)
+        self.running.set(load.running_sessions)
         for slot in snapshot.slots:
             self.slot_tokens.labels(str(slot.seq_id)).set(slot.num_cached_tokens)
-        self.kv_used.set(snapshot.num_kv_tokens / num_cells)
+        self.kv_used.set(load.kv_cache_usage)
+        self.prefill_waiting.set(load.prefill_tokens_waiting)
+        self.utilization.set(load.utilization)
 
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)

@@ -120,26 +120,32 @@ def test_an_affinity_key_keeps_a_tenant_on_one_replica(cluster: Cluster) -> None
 
 
 def test_resource_exhausted_is_retried_on_another_replica(cluster: Cluster) -> None:
-    """Fill the replica a key hashes to (2 slots + 1 queued), then one more call with the
-    key: the replica answers RESOURCE_EXHAUSTED with retry-after, Envoy waits and retries
-    it on another replica, and the caller sees OK."""
+    """Fill the replica a key hashes to (2 slots + 1 queued, sent to it directly: through
+    Envoy, bounded load would spread one key's calls once that replica has more than its
+    share), then one more call with the key through Envoy: the replica answers
+    RESOURCE_EXHAUSTED with retry-after, Envoy waits and retries it on another replica,
+    and the caller sees OK."""
     key = ((AFFINITY, "busy-tenant"),)
     with grpc.insecure_channel(cluster.address) as channel:
+        before = _calls_per_replica(cluster)
         list(generate_call(channel, "Where am I?", key, max_tokens=1))
-        counts = _calls_per_replica(cluster)
-        holders = [generate_call(channel, f"Talk for a long time {i}:", key, max_tokens=2000, ignore_eos=True) for i in range(3)]
-        for holder in holders[:2]:
-            next(holder)  # both slots generate; the third waits in the queue
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not any(r.metric("llmserve_sessions") >= 3 for r in cluster.replicas):
-            time.sleep(0.05)
-        home = max(range(3), key=lambda i: cluster.replicas[i].metric("llmserve_sessions"))
-        refused_before = cluster.replicas[home].metric('llmserve_requests_total{code="RESOURCE_EXHAUSTED",rpc="Generate"}')
-        start = time.monotonic()
-        responses = list(generate_call(channel, "One more, please.", key, max_tokens=2))
-        elapsed = time.monotonic() - start
-        for holder in holders:
-            holder.cancel()
+        found = _settled(lambda: _calls_per_replica(cluster), sum(before) + 1)
+        home = next(i for i in range(3) if found[i] > before[i])
+        with grpc.insecure_channel(f"127.0.0.1:{cluster.replicas[home].port}") as direct:
+            holders = [generate_call(direct, f"Talk for a long time {i}:", max_tokens=2000, ignore_eos=True)
+                       for i in range(3)]
+            for holder in holders[:2]:
+                next(holder)  # both slots generate; the third waits in the queue
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and cluster.replicas[home].metric("llmserve_sessions") < 3:
+                time.sleep(0.05)
+            counts = _calls_per_replica(cluster)
+            refused_before = cluster.replicas[home].metric('llmserve_requests_total{code="RESOURCE_EXHAUSTED",rpc="Generate"}')
+            start = time.monotonic()
+            responses = list(generate_call(channel, "One more, please.", key, max_tokens=2))
+            elapsed = time.monotonic() - start
+            for holder in holders:
+                holder.cancel()
     refused = cluster.replicas[home].metric('llmserve_requests_total{code="RESOURCE_EXHAUSTED",rpc="Generate"}')
     after = _settled(lambda: _calls_per_replica(cluster), sum(counts) + 1 + 1 + 3)  # + refused, retried, holders
     assert responses[-1].turn_end.usage.completion_tokens == 2

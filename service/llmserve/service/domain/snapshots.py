@@ -36,3 +36,5 @@ class ExecutorSnapshot:
     num_embed_queued: int = 0
     num_steps: int = 0
     num_kv_tokens: int = 0
+    num_prefill_tokens_waiting: int = 0  # input of open sessions not yet in the KV
+    prompt_token_s: float | None = None  # one prompt token's prefill time, as measured (None: not yet)

@@ -19,6 +19,7 @@ from .. import __version__
 from ..config import ServerConfig
 from ..domain.errors import PreconditionFailed
 from ..domain.events import EventSink
+from ..domain.load import ReplicaLoad, replica_load
 from ..domain.model_meta import EmbeddingModelInfo, Limits
 from ..domain.requests import EmbedInput, SessionParams
 from ..domain.snapshots import ExecutorSnapshot, SavedSession
@@ -154,6 +155,11 @@ class Engine:
     def snapshot(self) -> ExecutorSnapshot:
         """Slots, queue and step counts as of the executor's last step."""
         return self._executor.snapshot
+
+    @property
+    def load(self) -> ReplicaLoad:
+        """The load as of the executor's last step (ORCA reports, Prometheus)."""
+        return replica_load(self._executor.snapshot, self.config.n_parallel * self.config.n_ctx_per_slot)
 
     # ------------------------------------------------------------- Generate
 

@@ -293,5 +293,7 @@ class Executor:
             num_embed_queued=len(self._embeds),
             num_steps=self._num_steps,
             num_kv_tokens=table.allocator.num_cached_tokens,
+            num_prefill_tokens_waiting=sum(len(x.pending) for s in table.sessions.values() for x in s.samples),
+            prompt_token_s=self.pacer.prefill_token_s if self.pacer is not None else None,
         )
         self.metrics.observe_snapshot(snapshot, self.config.n_parallel * self.config.n_ctx_per_slot)

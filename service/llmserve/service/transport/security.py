@@ -18,6 +18,7 @@ from .errors import Unauthenticated
 from .handler_kinds import with_behavior
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
+ORCA_PREFIX = "/xds.service.orca.v3.OpenRcaService/"  # load reports, read by load balancers as health checks are
 
 
 def server_credentials(cert: Path, key: Path, client_ca: Path | None) -> grpc.ServerCredentials:
@@ -47,7 +48,7 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or details.method.startswith(HEALTH_PREFIX):
+        if handler is None or details.method.startswith((HEALTH_PREFIX, ORCA_PREFIX)):
             return handler
         presented = ""
         for key, value in details.invocation_metadata or ():

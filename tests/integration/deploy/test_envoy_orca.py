@@ -1,0 +1,138 @@
+"""Routing by reported load (issue 28): 2 replicas of 2 slots behind the real Envoy, whose
+keyless cluster is client_side_weighted_round_robin fed by the replicas' out-of-band
+ORCA reports; and a gRPC client of its own with the weighted_round_robin policy,
+pointed at the replicas directly.
+
+One replica is kept busy by a side load sent to it directly (Envoy does not see those
+calls, so its own request counts cannot tell): 3 long generations on 2 slots, which it
+reports as utilization >= 1.5. New keyless calls must then go to the other replica."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from llmserve.client import Client
+from xds.service.orca.v3 import orca_pb2, orca_pb2_grpc
+
+from tests.envoy_cluster import Cluster, Replica
+from tests.integration.deploy.envoy_calls import NEEDS_ENVOY, generate_call
+
+pytestmark = NEEDS_ENVOY
+
+REPLICA_ARGS = ["-np", "2", "-c", "4096", "-t", "1", "--drain-delay", "0"]
+SETTLE_S = 5.0  # a jump in load reaches the weights within: OOB period 1 s + a 5 s window's max + update 1 s
+NUM_CALLS = 24
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    running = Cluster(tmp_path_factory.mktemp("envoy-orca"), num_replicas=2, replica_args=REPLICA_ARGS)
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
+class SideLoad:
+    """Keeps `num_calls` long GenerateText calls running on one replica (not Generate:
+    the replica's Generate counter then counts only the routed calls)."""
+
+    def __init__(self, replica: Replica, num_calls: int = 3) -> None:
+        self.stop = threading.Event()
+        self.client = Client(f"127.0.0.1:{replica.port}", timeout=300)
+        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(num_calls)]
+
+    def _run(self, i: int) -> None:
+        while not self.stop.is_set():
+            self.client.generate_text(f"Side story {i}:", max_tokens=120, ignore_eos=True, temperature=0.8)
+
+    def __enter__(self) -> SideLoad:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join()
+        self.client.close()
+
+
+def _routed(replicas: list[Replica], channel: grpc.Channel, num_calls: int = NUM_CALLS) -> list[int]:
+    """Short keyless Generate calls from 2 callers; how many each replica served."""
+    before = [r.served() for r in replicas]
+    with ThreadPoolExecutor(2) as pool:
+        for call in [pool.submit(lambda i=i: list(generate_call(channel, f"Q{i}: hi", max_tokens=2)))
+                     for i in range(num_calls)]:
+            call.result()
+    time.sleep(0.2)  # a replica counts a call as it ends
+    return [int(r.served() - b) for r, b in zip(replicas, before, strict=True)]
+
+
+def _after_the_jump(replicas: list[Replica], channel: grpc.Channel, loaded: int) -> tuple[list[int], float]:
+    """Load `loaded` from the side while routed calls go on; after SETTLE_S (the bound
+    on how soon the weights follow), count where the next NUM_CALLS go. (Traffic goes
+    on meanwhile, as it would: a replica that served nothing for a whole window reports
+    no call rate, which weighted round robin reads as "no weight yet".) Also returns the
+    utilization the loaded replica reported when the count began."""
+    with SideLoad(replicas[loaded]):
+        until = time.monotonic() + SETTLE_S
+        while time.monotonic() < until:
+            _routed(replicas, channel, 2)
+        utilization = _report(replicas[loaded]).application_utilization
+        routed = _routed(replicas, channel)
+        print(f"replica {loaded} loaded (utilization {utilization:.2f}): {routed}; reports after: {_weights(replicas)}")
+    return routed, utilization
+
+
+def _report(replica: Replica) -> orca_pb2.OrcaLoadReport:
+    """The replica's next out-of-band report (what Envoy weights it by)."""
+    with grpc.insecure_channel(f"127.0.0.1:{replica.port}") as channel:
+        stream = orca_pb2_grpc.OpenRcaServiceStub(channel).StreamCoreMetrics(orca_pb2.OrcaLoadReportRequest(), timeout=10)
+        report = next(stream)
+        stream.cancel()
+        return report
+
+
+def _weights(replicas: list[Replica]) -> str:
+    reports = [_report(r) for r in replicas]
+    return ", ".join(f"replica {i}: {r.rps_fractional:.2f} calls/s / utilization {r.application_utilization:.2f}"
+                     for i, r in enumerate(reports))
+
+
+def test_envoy_sends_new_calls_away_from_a_replica_whose_reported_load_jumps(pair: Cluster) -> None:
+    with grpc.insecure_channel(pair.address) as channel:
+        idle = _routed(pair.replicas, channel)
+        print(f"both idle: {idle}")
+        assert min(idle) >= NUM_CALLS // 5, idle  # spread while neither is loaded
+        loaded, utilization = _after_the_jump(pair.replicas, channel, 0)
+    stats = pair.envoy_stats("cluster.llmserve.lb_orca_oob")
+    print(json.dumps(stats))
+    assert stats["cluster.llmserve.lb_orca_oob.reports_received"] > 0
+    assert utilization >= 1.5  # 3 sessions on 2 slots
+
+    # the busy replica gets few of the new calls (measured: 3 of 24; LEAST_REQUEST sent it 7)
+    assert loaded[0] <= NUM_CALLS // 6, loaded
+
+
+def test_a_grpc_client_with_weighted_round_robin_balances_by_the_same_reports(pair: Cluster) -> None:
+    """No Envoy: gRPC's own weighted_round_robin policy (C-core, so Python's grpcio),
+    reading the replicas' out-of-band reports."""
+    config = {"loadBalancingConfig": [{"weighted_round_robin": {
+        "enableOobLoadReport": True, "oobReportingPeriod": "1s", "blackoutPeriod": "1s", "weightUpdatePeriod": "1s",
+    }}]}
+    target = "ipv4:" + ",".join(f"127.0.0.1:{r.port}" for r in pair.replicas)
+    options = [("grpc.service_config", json.dumps(config)), ("grpc.lb_policy_name", "weighted_round_robin")]
+    with grpc.insecure_channel(target, options=options) as channel:
+        idle = _routed(pair.replicas, channel)
+        print(f"both idle: {idle}")
+        assert min(idle) >= NUM_CALLS // 5, idle
+        loaded, _ = _after_the_jump(pair.replicas, channel, 1)
+    assert loaded[1] <= NUM_CALLS // 8, loaded

@@ -1,0 +1,127 @@
+"""ORCA load reports against the real server and model (issue 28): the out-of-band
+stream Envoy and gRPC clients read, the per-call `endpoint-load-metrics-bin` trailer,
+and the same load in Prometheus."""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import struct
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from llmserve.client import Client
+from llmserve.v1 import llmserve_pb2 as pb
+from xds.data.orca.v3.orca_load_report_pb2 import OrcaLoadReport
+from xds.service.orca.v3 import orca_pb2, orca_pb2_grpc
+
+from tests.conftest import RunningServer, start_server, stop_server
+
+API_KEY = "load-report-key"
+NAMED = {"kv_cache_usage", "running_sessions", "waiting_sessions", "prefill_tokens_waiting"}
+
+
+@pytest.fixture(scope="module")
+def two_slots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """Two slots, so that a third call waits; an API key, which load reports do not need."""
+    running = start_server(["-np", "2", "-c", "4096", "-t", "2", "--api-key", API_KEY],
+                           tmp_path_factory.mktemp("orca") / "server.log", metrics=True)
+    yield running
+    assert stop_server(running) == 0
+
+
+def _stream(channel: grpc.Channel, interval_s: float) -> Iterator[tuple[float, OrcaLoadReport]]:
+    request = orca_pb2.OrcaLoadReportRequest(report_interval=Duration(nanos=int(interval_s * 1e9)))
+    for report in orca_pb2_grpc.OpenRcaServiceStub(channel).StreamCoreMetrics(request, timeout=120):
+        yield time.monotonic(), report
+
+
+def _gauge(port: int | None, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    assert match, name
+    return float(match.group(1))
+
+
+def test_out_of_band_reports_follow_the_load(two_slots: RunningServer) -> None:
+    """Idle: utilization 0. Two long generations and a long prompt waiting for a slot:
+    utilization counts the sessions per slot plus the queued prefill, and the named
+    metrics say why. Reports come no faster than the server's floor (0.5 s) however
+    often the client asks, and the stream needs no API key."""
+    client = Client(two_slots.address, api_key=API_KEY, timeout=120)
+    long_prompt = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(80))
+    calls: list[threading.Thread] = []
+
+    def generate(prompt: str, max_tokens: int) -> None:
+        client.generate(prompt, max_tokens=max_tokens, temperature=0, ignore_eos=True)
+
+    busy: OrcaLoadReport | None = None
+    prometheus = 0.0
+    with grpc.insecure_channel(two_slots.address) as channel:
+        reports = _stream(channel, 0.1)
+        t0, idle = next(reports)
+        t1, _ = next(reports)
+        assert t1 - t0 >= 0.4, "reports faster than the server's floor"
+        assert idle.application_utilization == 0.0
+        assert set(idle.named_metrics) == NAMED and idle.named_metrics["running_sessions"] == 0
+        for prompt, max_tokens in (("Count slowly:", 400), ("Name many animals:", 400), (long_prompt, 1)):
+            calls.append(threading.Thread(target=generate, args=(prompt, max_tokens)))
+            calls[-1].start()
+            time.sleep(0.5)  # in this order: the long prompt is the one that waits
+        for _, report in reports:
+            if report.named_metrics["waiting_sessions"] >= 1:
+                busy = report
+                prometheus = _gauge(two_slots.metrics_port, "llmserve_load_utilization")
+                break
+    for call in calls:
+        call.join()
+    client.close()
+    assert busy is not None
+    named = busy.named_metrics
+    assert named["running_sessions"] == 2 and named["waiting_sessions"] == 1, dict(named)
+    assert named["prefill_tokens_waiting"] >= 800, dict(named)  # the waiting prompt's tokens
+    assert 0 < named["kv_cache_usage"] < 1
+    assert busy.application_utilization > 1.5  # 3 sessions on 2 slots, plus the queued prefill
+    assert prometheus > 1.5
+
+
+def _trailers_on_the_wire(address: str, method: str, request: bytes) -> dict[str, str]:
+    """A call's HTTP/2 trailers as sent (gRPC's own clients consume
+    `endpoint-load-metrics-bin` for their load balancing and never show it)."""
+    curl = shutil.which("curl")
+    assert curl, "curl (with HTTP/2) reads the trailers on the wire"
+    framed = struct.pack(">BI", 0, len(request)) + request
+    run = subprocess.run(
+        [curl, "-sv", "--http2-prior-knowledge", "-H", "content-type: application/grpc", "-H", "te: trailers",
+         "-H", f"authorization: Bearer {API_KEY}", "--data-binary", "@-", "-o", "/dev/null",
+         f"http://{address}/llmserve.v1.LLMService/{method}"],
+        input=framed, capture_output=True, timeout=60, check=True,
+    )
+    lines = [line[2:] for line in run.stderr.decode().splitlines() if line.startswith("< ")]
+    return dict(line.split(": ", 1) for line in lines if ": " in line)
+
+
+def test_each_call_ends_with_a_load_report_in_its_trailers(two_slots: RunningServer) -> None:
+    """What gRPC's weighted_round_robin and Envoy read without out-of-band reports: the
+    `endpoint-load-metrics-bin` trailer, with the call rate."""
+    for _ in range(3):
+        _trailers_on_the_wire(two_slots.address, "Tokenize", pb.TokenizeRequest(text="hello").SerializeToString())
+    request = pb.GenerateTextRequest(config=pb.SessionConfig(stopping=pb.StoppingCriteria(max_tokens=4)),
+                                     input=pb.Input(text="Hi"))
+    trailers = _trailers_on_the_wire(two_slots.address, "GenerateText", request.SerializeToString())
+    assert trailers["grpc-status"] == "0", trailers
+    report = OrcaLoadReport.FromString(base64.b64decode(trailers["endpoint-load-metrics-bin"] + "=="))
+    assert set(report.named_metrics) == NAMED
+    assert report.rps_fractional > 0  # 4 calls in the last seconds
+    assert report.named_metrics["running_sessions"] <= 1  # the last step published may still hold the call itself
+
+
+

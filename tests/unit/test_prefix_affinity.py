@@ -1,0 +1,42 @@
+"""Prefix affinity without a key (client/llmserve/client/affinity.py): one-shot calls that
+share a head carry one affinity key (with `derive_affinity`); a caller's key or session
+id wins; without it none is derived."""
+
+from __future__ import annotations
+
+from llmserve.client.affinity import HEAD_CHARS, prefix_affinity_key
+from llmserve.client.connection import AFFINITY_HEADER, ConnectionOptions
+from llmserve.client.requests import make_input
+
+SYSTEM = {"role": "system", "content": "You answer questions about the attached contract."}
+
+
+def _key(prompt: object, **options: object) -> str | None:
+    options.setdefault("derive_affinity", True)
+    kwargs = ConnectionOptions(**options).call_kwargs(None, "", make_input(prompt))  # type: ignore[arg-type]
+    return dict(kwargs["metadata"]).get(AFFINITY_HEADER)
+
+
+def test_a_conversation_keeps_its_key_as_it_grows() -> None:
+    first = [SYSTEM, {"role": "user", "content": "Who signed it?"}]
+    later = [*first, {"role": "assistant", "content": "Alice."}, {"role": "user", "content": "When?"}]
+    other = [SYSTEM, {"role": "user", "content": "What does it cost?"}]
+    assert _key(first) == _key(later) != _key(other)
+    assert _key(first).startswith("h-") and len(_key(first)) == 18  # type: ignore[union-attr]
+
+
+def test_text_prompts_share_a_key_by_their_head() -> None:
+    document = "Contract. " * (HEAD_CHARS // 10 + 1)
+    assert _key(document + "Question one?") == _key(document + "Question two?")
+    assert _key("Short prompt one") != _key("Short prompt two")
+    assert _key([1, 2, 3]) != _key([1, 2, 4])
+
+
+def test_a_callers_key_or_session_wins_and_opting_out_sends_none() -> None:
+    prompt = [SYSTEM, {"role": "user", "content": "Hi"}]
+    assert _key(prompt, affinity_key="tenant-7") == "tenant-7"
+    session = ConnectionOptions(derive_affinity=True).call_kwargs(None, "my-session", make_input(prompt))
+    assert dict(session["metadata"])[AFFINITY_HEADER] == "my-session"
+    assert _key(prompt, derive_affinity=False) is None
+    assert _key("") is None  # nothing to derive from
+    assert prefix_affinity_key(make_input([])) == ""
