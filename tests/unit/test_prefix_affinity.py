@@ -40,3 +40,13 @@ def test_a_callers_key_or_session_wins_and_opting_out_sends_none() -> None:
     assert _key(prompt, derive_affinity=False) is None
     assert _key("") is None  # nothing to derive from
     assert prefix_affinity_key(make_input([])) == ""
+
+
+def test_the_keys_the_typescript_sdk_derives_too() -> None:
+    """client/node/test/unit.test.ts checks the same vectors: a head reaches the same replica from either SDK."""
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Héllo 👋"},
+            {"role": "assistant", "content": "Hi"}, {"role": "user", "content": "More"}]
+    assert prefix_affinity_key(make_input(chat)) == "h-bdc19193a9d3d616"
+    assert prefix_affinity_key(make_input("x" * 2000)) == "h-49abd65bbf7f7e40"
+    assert prefix_affinity_key(make_input("👋" * 1100)) == "h-505f332a425ca867"  # code points, not UTF-16 units
+    assert prefix_affinity_key(make_input(list(range(300)))) == "h-103d6b646b0bcb72"

@@ -18,8 +18,10 @@ import {
   type GenerateOnceResponse,
   type GenerateResponse,
   type GenerateTextResponse,
+  type Input,
   type ModelInfo,
 } from "./gen/llmserve/v1/llmserve_pb.js";
+import { prefixAffinityKey } from "./affinity.js";
 import { AFFINITY_HEADER, openTransport, type ClientOptions } from "./connection.js";
 import { embedStream, type EmbedCallOptions, type Embedding } from "./embed.js";
 import { toLLMServeError } from "./errors.js";
@@ -76,8 +78,9 @@ export class Client {
     this.rpc = createClient(LLMService, this.transport);
   }
 
-  private call(options: CallOptions, sessionId = "", generate = false) {
-    const affinity = generate ? this.options.affinityKey || sessionId : "";
+  private call(options: CallOptions, sessionId = "", generate = false, head?: Input) {
+    let affinity = generate ? this.options.affinityKey || sessionId : "";
+    if (!affinity && head && this.options.deriveAffinity) affinity = prefixAffinityKey(head);
     return {
       timeoutMs: options.timeoutMs,
       signal: options.signal,
@@ -92,14 +95,14 @@ export class Client {
   async *stream(prompt: Prompt, options: GenerateOptions = {}): AsyncGenerator<GenerateResponse> {
     const config = sessionConfig(options);
     const request = create(GenerateRequestSchema, { config, input: makeInput(prompt), endOfTurn: true });
-    yield* cancellable((signal) => this.rpc.generate(once(request), { ...this.call(options, config.sessionId, true), signal }), options.signal);
+    yield* cancellable((signal) => this.rpc.generate(once(request), { ...this.call(options, config.sessionId, true, request.input), signal }), options.signal);
   }
 
   /** `stream` over the server-streaming GenerateOnce RPC (no bidi stream). */
   async *streamOnce(prompt: Prompt, options: GenerateOptions = {}): AsyncGenerator<GenerateOnceResponse> {
     const config = sessionConfig(options);
     const request = create(GenerateOnceRequestSchema, { config, input: makeInput(prompt) });
-    yield* cancellable((signal) => this.rpc.generateOnce(request, { ...this.call(options, config.sessionId, true), signal }), options.signal);
+    yield* cancellable((signal) => this.rpc.generateOnce(request, { ...this.call(options, config.sessionId, true, request.input), signal }), options.signal);
   }
 
   /** One turn, collected: text, token ids, turn end (sample 0's; `samples` has every one). */
@@ -111,7 +114,7 @@ export class Client {
   async generateText(prompt: Prompt, options: GenerateOptions = {}): Promise<GenerateTextResponse> {
     const config = sessionConfig(options);
     const request = create(GenerateTextRequestSchema, { config, input: makeInput(prompt) });
-    return this.unary(() => this.rpc.generateText(request, this.call(options, config.sessionId, true)));
+    return this.unary(() => this.rpc.generateText(request, this.call(options, config.sessionId, true, request.input)));
   }
 
   /**

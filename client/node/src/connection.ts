@@ -40,6 +40,8 @@ export interface ClientOptions {
   headers?: Record<string, string>;
   /** Sent as `x-llmserve-affinity` on Generate calls; without it a named session's id is sent. */
   affinityKey?: string;
+  /** Without either: send a key derived from a one-shot call's input head (affinity.ts). */
+  deriveAffinity?: boolean;
   /** Further Connect interceptors, run inside the client's own (auth, headers, retries). */
   interceptors?: Interceptor[];
   /** Use this transport instead of opening one (the options above then only add headers). */

@@ -9,6 +9,7 @@
  *
  * @packageDocumentation
  */
+export { HEAD_CHARS, HEAD_TOKENS, prefixAffinityKey } from "./affinity.js";
 export { Client, type CallOptions, type GenerateOptions } from "./client.js";
 export { AFFINITY_HEADER, headersInterceptor, openTransport, type ClientOptions, type TlsOptions } from "./connection.js";
 export { type Embedding, type EmbedCallOptions, type EmbedProgress } from "./embed.js";

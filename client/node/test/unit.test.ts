@@ -5,7 +5,7 @@ import { create } from "@bufbuild/protobuf";
 import { DurationSchema } from "@bufbuild/protobuf/wkt";
 import { createRouterTransport } from "@connectrpc/connect";
 import { test } from "node:test";
-import { Client, Code, ConnectError, ResourceExhausted, Unauthenticated, pb, parseGrpcTimeout, sessionConfig } from "../src/index.js";
+import { Client, Code, ConnectError, ResourceExhausted, Unauthenticated, makeInput, pb, parseGrpcTimeout, prefixAffinityKey, sessionConfig } from "../src/index.js";
 import { clientInterceptors, type ClientOptions } from "../src/connection.js";
 import { BadRequestSchema, RetryInfoSchema } from "../src/gen/google/rpc/error_details_pb.js";
 import { StringListSchema } from "../src/gen/llmserve/v1/llmserve_pb.js";
@@ -94,4 +94,38 @@ test("sessionConfig maps flat options onto SessionConfig", () => {
   assert.equal(sessionConfig({ toolChoice: "required" }).toolChoice?.mode, pb.ToolChoice_Mode.REQUIRED);
   assert.equal(parseGrpcTimeout("250m"), 250);
   assert.equal(parseGrpcTimeout("3S"), 3000);
+});
+
+// The Python SDK's keys for the same inputs (tests/unit/test_prefix_affinity.py checks
+// them there): a call's head reaches the same replica from either language.
+test("derived affinity keys match the Python SDK's", () => {
+  const chat = [
+    { role: "system", content: "Be brief." },
+    { role: "user", content: "Héllo 👋" },
+    { role: "assistant", content: "Hi" },
+    { role: "user", content: "More" },
+  ];
+  const key = (prompt: Parameters<typeof makeInput>[0]) => prefixAffinityKey(makeInput(prompt));
+  assert.equal(key(chat), "h-bdc19193a9d3d616");
+  assert.equal(key("x".repeat(2000)), "h-49abd65bbf7f7e40");
+  assert.equal(key("👋".repeat(1100)), "h-505f332a425ca867");
+  assert.equal(key(Array.from({ length: 300 }, (_, i) => i)), "h-103d6b646b0bcb72");
+  assert.equal(key(""), "");
+});
+
+test("deriveAffinity sends the derived key; a caller's key wins; off by default", async () => {
+  const seen: (string | null)[] = [];
+  const transport = createRouterTransport(({ service }) =>
+    service(pb.LLMService, {
+      generateText: (_req, ctx) => {
+        seen.push(ctx.requestHeader.get("x-llmserve-affinity"));
+        return create(pb.GenerateTextResponseSchema, {});
+      },
+    }),
+  );
+  const prompt = [{ role: "user", content: "Hi" }];
+  await new Client({ transport, deriveAffinity: true }).generateText(prompt);
+  await new Client({ transport, deriveAffinity: true, affinityKey: "tenant-7" }).generateText(prompt);
+  await new Client({ transport }).generateText(prompt);
+  assert.deepEqual(seen, [prefixAffinityKey(makeInput(prompt)), "tenant-7", null]);
 });
