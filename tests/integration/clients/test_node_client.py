@@ -24,7 +24,7 @@ from tests.conftest import ROOT, RunningServer, free_port, start_server, stop_se
 
 NODE_DIR = Path(__file__).resolve().parents[3] / "client" / "node"
 API_KEY = "node-client-key"
-NODE_TESTS = 25  # test/*.test.ts, the API-key and OpenAI ones included
+NODE_TESTS = 27  # test/*.test.ts, the API-key and OpenAI ones included
 
 
 def _missing() -> str | None:
