@@ -30,8 +30,6 @@ from prometheus_client import (
     start_http_server,
 )
 
-from .domain.load import replica_load
-
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 _REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -132,8 +130,8 @@ class Metrics:
         self.kv_used = Gauge("llmserve_kv_cells_used_ratio", "KV cells holding tokens / generation cells", registry=r)
         self.prefill_waiting = Gauge("llmserve_prefill_tokens_waiting", "Input tokens of open sessions not yet in the KV",
                                      registry=r)
-        self.utilization = Gauge("llmserve_load_utilization", "Load as a fraction of capacity, as ORCA reports it "
-                                 "(domain/load.py)", registry=r)
+        self.utilization = Gauge("llmserve_load_utilization", "Load as a fraction of what the replica admits, as "
+                                 "ORCA reports it (domain/load.py; sampled every 0.1 s)", registry=r)
         for histogram in (self.ttft, self.itl, self.queue_time, self.turn_duration, self.turn_prompt_tokens,
                           self.turn_generated_tokens):
             for name in SURFACES:  # exported at zero from the start, so that dashboards find both
@@ -166,14 +164,12 @@ class Metrics:
         num_busy = sum(slot.busy for slot in snapshot.slots)
         self.slots.labels("busy").set(num_busy)
         self.slots.labels("idle").set(len(snapshot.slots) - num_busy)
-        load = replica_load(snapshot, num_cells)
-        self.waiting.set(load.waiting_sessions)
-        self.running.set(load.running_sessions)
+        self.waiting.set(snapshot.num_waiting)
+        self.running.set(snapshot.num_sessions - snapshot.num_waiting)
         for slot in snapshot.slots:
             self.slot_tokens.labels(str(slot.seq_id)).set(slot.num_cached_tokens)
-        self.kv_used.set(load.kv_cache_usage)
-        self.prefill_waiting.set(load.prefill_tokens_waiting)
-        self.utilization.set(load.utilization)
+        self.kv_used.set(snapshot.num_kv_tokens / num_cells)
+        self.prefill_waiting.set(snapshot.num_prefill_tokens_waiting)
 
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)

@@ -5,7 +5,8 @@ pointed at the replicas directly.
 
 One replica is kept busy by a side load sent to it directly (Envoy does not see those
 calls, so its own request counts cannot tell): 3 long generations on 2 slots, which it
-reports as utilization >= 1.5. New keyless calls must then go to the other replica."""
+reports as utilization >= 0.5 (3 of the 6 sessions it admits). New keyless calls must
+then go mostly to the other replica."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from tests.integration.deploy.envoy_calls import NEEDS_ENVOY, generate_call
 
 pytestmark = NEEDS_ENVOY
 
-REPLICA_ARGS = ["-np", "2", "-c", "4096", "-t", "1", "--drain-delay", "0"]
+REPLICA_ARGS = ["-np", "2", "-c", "4096", "-t", "1", "--max-queue", "4", "--drain-delay", "0"]
 SETTLE_S = 5.0  # a jump in load reaches the weights within: OOB period 1 s + a 5 s window's max + update 1 s
 NUM_CALLS = 24
 
@@ -131,14 +132,12 @@ def test_envoy_sends_new_calls_away_from_a_replica_whose_reported_load_jumps(pai
     stats = pair.envoy_stats("cluster.llmserve.lb_orca_oob")
     print(json.dumps(stats))
     assert stats["cluster.llmserve.lb_orca_oob.reports_received"] > 0
-    assert utilization >= 1.5  # 3 sessions on 2 slots
+    assert utilization >= 0.5  # 3 of the 6 sessions it admits
 
     assert weights[0] < weights[1], weights
-    # The busy replica gets fewer of the new calls (measured: 3-5 of 24; LEAST_REQUEST sent
-    # it 7). Not fewer still, likely because Envoy truncates rps / utilization to an
-    # integer: at about 1 call/s, while the other replica serves the routed calls (its
-    # utilization 0.3-0.5), that is about 3 against 1 (gRPC's own policy, below, weights
-    # with floats and sent it 0-2).
+    # The busy replica gets few of the new calls (measured: 2 of 24; 3-5 when utilization
+    # was per slot, which left Envoy's integer weights at 0-3; LEAST_REQUEST sent it 7).
+    # The bound leaves room for this noisy machine; the weights above are the sharp check.
     assert loaded[0] <= NUM_CALLS // 4, loaded
 
 

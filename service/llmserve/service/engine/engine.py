@@ -159,7 +159,8 @@ class Engine:
     @property
     def load(self) -> ReplicaLoad:
         """The load as of the executor's last step (ORCA reports, Prometheus)."""
-        return replica_load(self._executor.snapshot, self.config.n_parallel * self.config.n_ctx_per_slot)
+        config = self.config
+        return replica_load(self._executor.snapshot, config.n_parallel * config.n_ctx_per_slot, config.max_queue)
 
     # ------------------------------------------------------------- Generate
 

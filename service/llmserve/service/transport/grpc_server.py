@@ -52,7 +52,7 @@ def build_server(
     interceptors.append(RpcMetricsInterceptor(llm.metrics))
     if config.api_key:
         interceptors.append(ApiKeyInterceptor(config.api_key))
-    reporter = orca.LoadReporter(lambda: llm.engine)
+    reporter = orca.LoadReporter(lambda: llm.engine, llm.metrics)
     interceptors.append(orca.OrcaTrailerInterceptor(reporter, SERVICE_NAME))
     server = grpc.aio.server(
         interceptors=interceptors,

@@ -32,6 +32,7 @@ from xds.data.orca.v3.orca_load_report_pb2 import OrcaLoadReport
 from xds.service.orca.v3 import orca_pb2, orca_pb2_grpc
 
 from ..engine.engine import Engine
+from ..metrics import Metrics
 from .handler_kinds import observed
 
 TRAILER = "endpoint-load-metrics-bin"
@@ -44,7 +45,7 @@ UTILIZATION_WINDOW_S = 5.0
 # call rate (0 reads as "no weight"; measured: the busy one then got 5 of 24 new calls).
 RATE_WINDOW_S = 30.0
 SAMPLE_S = 0.1
-MIN_UTILIZATION = 0.01
+MIN_UTILIZATION = 0.001  # a tenth of one session on a default replica (4 slots + 64 waiting)
 
 
 class Window:
@@ -89,18 +90,18 @@ class LoadReporter:
     or slow down. An instantaneous utilization would read 0 between short calls (no
     weight at all), so it is sampled every SAMPLE_S and averaged."""
 
-    def __init__(self, engine: Callable[[], Engine | None]) -> None:
+    def __init__(self, engine: Callable[[], Engine | None], metrics: Metrics) -> None:
+        """On the server's event loop: samples from now on (into Prometheus too)."""
         self.engine = engine
+        self.metrics = metrics
         self.rate = Window(RATE_WINDOW_S)
         self.utilization = Window(UTILIZATION_WINDOW_S)
-        self._sampler: asyncio.Task[None] | None = None
+        self._sampler = asyncio.get_running_loop().create_task(self._sample())
 
     def call_started(self) -> None:
         self.rate.add()
 
     def report(self) -> OrcaLoadReport:
-        if self._sampler is None:  # from the first report on (a balancer asks for them at once)
-            self._sampler = asyncio.get_running_loop().create_task(self._sample())
         engine = self.engine()
         if engine is None:
             return OrcaLoadReport()
@@ -124,7 +125,9 @@ class LoadReporter:
         while True:
             engine = self.engine()
             if engine is not None:
-                self.utilization.add(engine.load.utilization)
+                utilization = engine.load.utilization
+                self.utilization.add(utilization)
+                self.metrics.utilization.set(utilization)
             await asyncio.sleep(SAMPLE_S)
 
 
