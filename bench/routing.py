@@ -1,6 +1,6 @@
 """Routing policies behind Envoy, compared on one workload (issue 28).
 
-    python -m bench.routing [--requests 48] [--tenants 6] [--out docs/deployment.md]
+    python -m bench.routing [--requests 48] [--tenants 6] [--rounds 1] [--policies 0,1] [--out docs/deployment.md]
 
 3 llmserve replicas (-np 2 -t 1 each) behind the project's Envoy config, rendered per
 policy. One replica is slower: 2 long generations are sent to it directly the whole
@@ -139,14 +139,18 @@ def run(policy: Policy, num_requests: int, num_tenants: int) -> dict[str, object
     }
 
 
-def table(results: dict[str, dict[str, object]], command: str) -> str:
-    lines = [f"Measured with `{command}` ({time.strftime('%Y-%m-%d %H:%M')} UTC), replica 0 the slower one:", "",
+def table(results: dict[str, list[dict[str, object]]], command: str) -> str:
+    """Medians over the rounds; calls per replica summed over them."""
+    num_rounds = len(next(iter(results.values())))
+    lines = [f"Measured with `{command}` ({time.strftime('%Y-%m-%d %H:%M')} UTC), replica 0 the slower one"
+             + (f"; medians of {num_rounds} rounds, calls summed:" if num_rounds > 1 else ":"), "",
              "| policy | prefix-cache hit rate | TTFT p50 | TTFT p99 | tokens/s | calls per replica |",
              "|---|---|---|---|---|---|"]
-    for name, r in results.items():
-        lines.append(f"| {name} | {r['hit_rate']:.1%} | {r['ttft_p50'] * 1000:,.0f} ms "  # type: ignore[operator]
-                     f"| {r['ttft_p99'] * 1000:,.0f} ms | {r['tokens_per_s']:.1f} "  # type: ignore[operator]
-                     f"| {' / '.join(map(str, r['served']))} |")  # type: ignore[call-overload]
+    for name, rounds in results.items():
+        m = {k: statistics.median(r[k] for r in rounds) for k in ("hit_rate", "ttft_p50", "ttft_p99", "tokens_per_s")}
+        served = [sum(col) for col in zip(*(r["served"] for r in rounds), strict=True)]  # type: ignore[call-overload]
+        lines.append(f"| {name} | {m['hit_rate']:.1%} | {m['ttft_p50'] * 1000:,.0f} ms "
+                     f"| {m['ttft_p99'] * 1000:,.0f} ms | {m['tokens_per_s']:.1f} | {' / '.join(map(str, served))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -154,13 +158,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--tenants", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=1, help="every policy once per round, in turn")
+    parser.add_argument("--policies", default="", help="comma-separated indices into POLICIES (default: all)")
     parser.add_argument("--out", type=Path, help="rewrite the <!-- routing --> section of this file")
     args = parser.parse_args()
-    results = {}
-    for policy in POLICIES:
-        results[policy.name] = run(policy, args.requests, args.tenants)
-        print(policy.name, results[policy.name], flush=True)
-    text = table(results, f"python -m bench.routing --requests {args.requests} --tenants {args.tenants}")
+    policies = [POLICIES[int(i)] for i in args.policies.split(",")] if args.policies else list(POLICIES)
+    results: dict[str, list[dict[str, object]]] = {p.name: [] for p in policies}
+    for round_index in range(args.rounds):
+        for policy in policies:
+            results[policy.name].append(run(policy, args.requests, args.tenants))
+            print(f"round {round_index + 1}", policy.name, results[policy.name][-1], flush=True)
+    command = f"python -m bench.routing --requests {args.requests} --tenants {args.tenants} --rounds {args.rounds}"
+    text = table(results, command + (f" --policies {args.policies}" if args.policies else ""))
     print(text)
     if args.out is not None:
         doc = args.out.read_text()

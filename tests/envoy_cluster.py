@@ -225,9 +225,11 @@ class Load:
 
 
 def run_load(address: str, *, calls: int, callers: int, event: Callable[[], None], event_after_s: float,
-             retries: bool = True, max_tokens: int = 24) -> Load:
+             retries: bool = True, max_tokens: int = 24, derive_affinity: bool = False) -> Load:
     """`calls` one-shot SDK Generate calls (`Client.stream`, as `Client.generate` makes
-    them) from `callers` threads on one channel; `event()` runs `event_after_s` seconds in."""
+    them) from `callers` threads on one channel; `event()` runs `event_after_s` seconds in.
+    `derive_affinity`: each call keyed by its prompt's head (Maglev instead of the keyless
+    cluster's load weights)."""
     outcomes: list[CallOutcome] = []
     lock = threading.Lock()
     event_at: list[float] = []
@@ -254,7 +256,8 @@ def run_load(address: str, *, calls: int, callers: int, event: Callable[[], None
         event_at.append(time.monotonic())
 
     trigger = threading.Thread(target=fire, daemon=True)
-    with Client(address, timeout=120, retries=retries) as client, ThreadPoolExecutor(callers) as pool:
+    with Client(address, timeout=120, retries=retries, derive_affinity=derive_affinity) as client, \
+            ThreadPoolExecutor(callers) as pool:
         trigger.start()
         for future in [pool.submit(call, i, client) for i in range(calls)]:
             future.result()

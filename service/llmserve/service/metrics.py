@@ -11,7 +11,8 @@ The Gateway API Inference Extension's model server protocol reads three gauges, 
 from the executor, so both surfaces count: queued requests `llmserve_waiting_sessions`,
 running requests `llmserve_running_sessions`, KV-cache utilization (0..1)
 `llmserve_kv_cells_used_ratio` (docs/observability.md). The load that ORCA reports to
-Envoy is here too: `llmserve_load_utilization`, `llmserve_prefill_tokens_waiting`.
+Envoy is here too: `llmserve_load_utilization`, `llmserve_prefill_tokens_waiting`,
+`llmserve_slot_wait_seconds`.
 """
 
 from __future__ import annotations
@@ -132,6 +133,8 @@ class Metrics:
                                      registry=r)
         self.utilization = Gauge("llmserve_load_utilization", "Load as a fraction of what the replica admits, as "
                                  "ORCA reports it (domain/load.py; sampled every 0.1 s)", registry=r)
+        self.slot_wait = Gauge("llmserve_slot_wait_seconds", "Until a call arriving now would get a slot, as the "
+                               "turns in progress' limits tell (domain/load.py; sampled every 0.1 s)", registry=r)
         for histogram in (self.ttft, self.itl, self.queue_time, self.turn_duration, self.turn_prompt_tokens,
                           self.turn_generated_tokens):
             for name in SURFACES:  # exported at zero from the start, so that dashboards find both

@@ -43,9 +43,11 @@ def _retries_since(cluster: Cluster, before: dict[str, int]) -> dict[str, int]:
     return {name.rsplit(".", 1)[-1]: value - before.get(name, 0) for name, value in cluster.envoy_stats().items()}
 
 
-@pytest.mark.parametrize("retries", [True, False], ids=["sdk-retries", "no-sdk-retries"])
-def test_a_sigterm_under_load_loses_no_call(pair: Cluster, retries: bool) -> None:
-    """150 calls from 6 callers; 4 s in, one replica gets SIGTERM just after Envoy's health
+@pytest.mark.parametrize(("retries", "keyed"), [(True, False), (False, False), (True, True)],
+                         ids=["sdk-retries", "no-sdk-retries", "derived-keys"])
+def test_a_sigterm_under_load_loses_no_call(pair: Cluster, retries: bool, keyed: bool) -> None:
+    """150 calls from 6 callers (keyless: Envoy's ORCA weights; keyed by the SDK's derived
+    key: Maglev with bounded load); 4 s in, one replica gets SIGTERM just after Envoy's health
     check found it SERVING, so Envoy keeps routing to it for up to a whole interval, and 3
     calls with its affinity key are made right then. Readiness turns NOT_SERVING and for
     --drain-delay it still serves new calls (the lame duck): it serves those 3, Envoy takes
@@ -76,11 +78,11 @@ def test_a_sigterm_under_load_loses_no_call(pair: Cluster, retries: bool) -> Non
     before = pair.envoy_stats()
     try:
         load = run_load(pair.address, calls=150, callers=6, retries=retries, event_after_s=4.0,
-                        event=terminate_then_call)
+                        event=terminate_then_call, derive_affinity=keyed)
         code = process.wait(timeout=60)
         retried = _retries_since(pair, before)
         log = victim.log_path.read_text()
-        print(f"SIGTERM, SDK retries {'on' if retries else 'off'}: {load.summary()}, "
+        print(f"SIGTERM, SDK retries {'on' if retries else 'off'}, {'keyed' if keyed else 'keyless'}: {load.summary()}, "
               f"{len(during) - len(failed_during)}/{len(during)} keyed calls made during the drain OK; Envoy: {retried}")
     finally:
         victim.start()
@@ -105,8 +107,9 @@ def _killed(load: Load) -> tuple[list[str], int]:
     return broken, len(streaming)
 
 
-def test_a_sigkill_under_load_fails_only_the_calls_it_was_streaming(pair: Cluster) -> None:
-    """120 calls from 6 callers; one replica is SIGKILLed 4 s in. The calls whose replies it
+@pytest.mark.parametrize("keyed", [False, True], ids=["keyless", "derived-keys"])
+def test_a_sigkill_under_load_fails_only_the_calls_it_was_streaming(pair: Cluster, keyed: bool) -> None:
+    """120 calls from 6 callers (keyless, or keyed as above); one replica is SIGKILLed 4 s in. The calls whose replies it
     was streaming fail (through Envoy: INTERNAL, "Received RST_STREAM with error code 2");
     every other call succeeds: calls it held before their first response are made again
     (Envoy's `reset` retry, or the SDK's for a reset after the response headers), and calls
@@ -120,9 +123,9 @@ def test_a_sigkill_under_load_fails_only_the_calls_it_was_streaming(pair: Cluste
         process.wait(timeout=10)
 
     try:
-        load = run_load(pair.address, calls=120, callers=6, event_after_s=4.0, event=kill)
+        load = run_load(pair.address, calls=120, callers=6, event_after_s=4.0, event=kill, derive_affinity=keyed)
         broken, streaming = _killed(load)
-        print(f"SIGKILL: {load.summary()}; {streaming} streaming at the kill")
+        print(f"SIGKILL, {'keyed' if keyed else 'keyless'}: {load.summary()}; {streaming} streaming at the kill")
     finally:
         victim.start()
         pair.wait_healthy({0, 1})

@@ -25,7 +25,7 @@ from xds.service.orca.v3 import orca_pb2, orca_pb2_grpc
 from tests.conftest import RunningServer, start_server, stop_server
 
 API_KEY = "load-report-key"
-NAMED = {"kv_cache_usage", "running_sessions", "waiting_sessions", "prefill_tokens_waiting"}
+NAMED = {"kv_cache_usage", "running_sessions", "waiting_sessions", "prefill_tokens_waiting", "slot_wait_s"}
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +54,8 @@ def _gauge(port: int | None, name: str) -> float:
 
 def test_out_of_band_reports_follow_the_load(two_slots: RunningServer) -> None:
     """Idle: utilization 0. Two long generations and a long prompt waiting for a slot:
-    utilization counts the sessions of the 4 admitted plus the queued prefill, and the named
-    metrics say why. Reports come no faster than the server's floor (0.5 s) however
+    utilization counts the sessions of the 4 admitted plus the queued prefill and the wait
+    for a slot, and the named metrics say why. Reports come no faster than the server's floor (0.5 s) however
     often the client asks, and the stream needs no API key."""
     client = Client(two_slots.address, api_key=API_KEY, timeout=120)
     long_prompt = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(80))
@@ -90,7 +90,11 @@ def test_out_of_band_reports_follow_the_load(two_slots: RunningServer) -> None:
     assert named["running_sessions"] == 2 and named["waiting_sessions"] == 1, dict(named)
     assert named["prefill_tokens_waiting"] >= 800, dict(named)  # the waiting prompt's tokens
     assert 0 < named["kv_cache_usage"] < 1
-    assert busy.application_utilization > 0.75  # 3 sessions of the 4 admitted, plus the queued prefill
+    # A new call would wait for the waiting prompt, then for a slot: the second of the two
+    # 400-token replies to end, each step at least 5 ms on this model.
+    assert named["slot_wait_s"] >= 1.0, dict(named)
+    # 3 sessions of the 4 admitted, plus (queued prefill + slot wait) x 2 slots
+    assert busy.application_utilization >= (3 + 2 * named["slot_wait_s"]) / 4
     assert prometheus > 0.75
 
 

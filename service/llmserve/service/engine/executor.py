@@ -278,14 +278,8 @@ class Executor:
         table = self.table
         snapshot = self.snapshot = ExecutorSnapshot(
             slots=tuple(
-                SlotSnapshot(
-                    slot.seq_id,
-                    slot.busy,
-                    len(slot.tokens),
-                    paused,
-                    self.runner.seq_pos_min(slot.seq_id),
-                    self.runner.seq_pos_max(slot.seq_id),
-                )
+                SlotSnapshot(slot.seq_id, slot.busy, len(slot.tokens), paused,
+                             self.runner.seq_pos_min(slot.seq_id), self.runner.seq_pos_max(slot.seq_id))
                 for slot, paused in table.slot_states()
             ),
             num_sessions=len(table.sessions),
@@ -293,7 +287,9 @@ class Executor:
             num_embed_queued=len(self._embeds),
             num_steps=self._num_steps,
             num_kv_tokens=table.allocator.num_cached_tokens,
-            num_prefill_tokens_waiting=sum(len(x.pending) for s in table.sessions.values() for x in s.samples),
+            num_prefill_tokens_waiting=table.num_prefill_tokens_waiting(),
             prompt_token_s=self.pacer.prefill_token_s if self.pacer is not None else None,
+            turn_tokens_left=table.turn_tokens_left(),
+            step_s=self._step_s,
         )
         self.metrics.observe_snapshot(snapshot, self.config.n_parallel * self.config.n_ctx_per_slot)

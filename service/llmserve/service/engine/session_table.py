@@ -265,6 +265,17 @@ class SessionTable:
         for slot in self.allocator.slots:
             yield slot, slot.seq_id in paused
 
+    def num_prefill_tokens_waiting(self) -> int:
+        """Input of open sessions not yet in the KV."""
+        return sum(len(x.pending) for s in self.sessions.values() for x in s.samples)
+
+    def turn_tokens_left(self) -> tuple[int, ...]:
+        """Per session in a turn on a slot, the most tokens its samples may still generate
+        (max_tokens, else the slot's room), ascending: when slots free, as the limits tell."""
+        left = [max(in_turn) for s in self.sessions.values()
+                if (in_turn := [_tokens_left(x) for x in s.samples if x.turn is not None and x.slot is not None])]
+        return tuple(sorted(left))
+
     # ------------------------------------------------------------ deadlines
 
     def expire_deadlines(self, step_s: float) -> None:
@@ -279,3 +290,9 @@ class SessionTable:
                         self._finish(sample, expired)
                 self.fail(s, "DEADLINE_EXCEEDED", "the call's deadline expired")
 
+
+def _tokens_left(sample: Sample) -> int:
+    assert sample.turn is not None
+    room = max(sample.n_ctx_per_slot - sample.num_context_tokens, 0)
+    max_tokens = sample.params.stopping.max_tokens
+    return room if max_tokens is None else min(room, max(max_tokens - sample.turn.completion_tokens, 0))

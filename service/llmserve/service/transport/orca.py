@@ -15,7 +15,7 @@ last UTILIZATION_WINDOW_S, or the current value when higher, so a jump shows at 
 at least MIN_UTILIZATION while calls come), `rps_fractional` (LLMService calls started
 per second over the last RATE_WINDOW_S) and
 `named_metrics`, as they are now: kv_cache_usage, running_sessions, waiting_sessions,
-prefill_tokens_waiting. While the model loads there is no load to report: the reports
+prefill_tokens_waiting, slot_wait_s. While the model loads there is no load to report: the reports
 are empty, which weighted round robin reads as "no weight yet" (health checks keep the
 replica out of rotation meanwhile).
 """
@@ -118,6 +118,7 @@ class LoadReporter:
                 "running_sessions": float(load.running_sessions),
                 "waiting_sessions": float(load.waiting_sessions),
                 "prefill_tokens_waiting": float(load.prefill_tokens_waiting),
+                "slot_wait_s": load.slot_wait_s,
             },
         )
 
@@ -125,9 +126,10 @@ class LoadReporter:
         while True:
             engine = self.engine()
             if engine is not None:
-                utilization = engine.load.utilization
-                self.utilization.add(utilization)
-                self.metrics.utilization.set(utilization)
+                load = engine.load
+                self.utilization.add(load.utilization)
+                self.metrics.utilization.set(load.utilization)
+                self.metrics.slot_wait.set(load.slot_wait_s)
             await asyncio.sleep(SAMPLE_S)
 
 
