@@ -50,7 +50,7 @@ def render(
     the same replicas' HTTP ports, served on `http_listen_port` (None: no HTTP listener and
     no HTTP clusters, the gRPC path alone). `dns`: STRICT_DNS (every A record of each name
     is a replica), else STATIC IP endpoints. `keyless`: how gRPC calls without an affinity
-    key are balanced, "orca" (the template's weighted round robin) or "least_request";
+    key are balanced (gRPC and HTTP), "orca" (the template's weighted round robin) or "least_request";
     `bounded_load`: the affinity cluster's hash_balance_factor (bench.routing compares)."""
     if keyless not in KEYLESS_POLICIES:
         raise ValueError(f"keyless={keyless!r}: expected one of {', '.join(KEYLESS_POLICIES)}")
@@ -67,7 +67,7 @@ def render(
     clusters = resources["clusters"]
     for i, cluster in enumerate(clusters):
         cluster = clusters[i] = copy.deepcopy(cluster)  # merge keys share one dict
-        if cluster["name"] == "llmserve" and keyless == "least_request":
+        if cluster["name"] in ("llmserve", "llmserve_http") and keyless == "least_request":
             del cluster["load_balancing_policy"]
             cluster["lb_policy"] = "LEAST_REQUEST"
         if cluster["name"] in ("llmserve_affinity", "llmserve_http_affinity") and not bounded_load:

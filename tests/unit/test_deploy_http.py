@@ -90,8 +90,8 @@ def test_envoy_http_clusters_are_the_grpc_ones_on_the_http_port(which: str) -> N
     own = {"name", "load_assignment", "health_checks", "typed_extension_protocol_options"}
     for http_name, grpc_name in (("llmserve_http", "llmserve"), ("llmserve_http_affinity", "llmserve_affinity")):
         http, grpc = clusters[http_name], clusters[grpc_name]
-        # keyless gRPC calls go by ORCA weights, keyless HTTP ones by LEAST_REQUEST (the template says why)
-        policy = {"lb_policy", "load_balancing_policy"} if http_name == "llmserve_http" else set()
+        # keyless calls go by ORCA weights on both, out of band for gRPC, per reply for HTTP
+        policy = {"load_balancing_policy"} if http_name == "llmserve_http" else set()
         assert {k: v for k, v in http.items() if k not in own | policy} == {k: v for k, v in grpc.items() if k not in own | policy}
         assert [(h, envoy_config.REPLICA_HTTP_PORT) for h, _ in _endpoints(grpc)] == _endpoints(http)
         (grpc_check,), (http_check,) = grpc["health_checks"], http["health_checks"]
@@ -100,7 +100,13 @@ def test_envoy_http_clusters_are_the_grpc_ones_on_the_http_port(which: str) -> N
         assert http_check == grpc_check  # the same interval, timeout and thresholds
         options = http["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
         assert options["explicit_http_config"] == {"http_protocol_options": {}}  # aiohttp speaks HTTP/1.1
-    assert clusters["llmserve_http"]["lb_policy"] == "LEAST_REQUEST"
+    (policy,) = clusters["llmserve_http"]["load_balancing_policy"]["policies"]
+    wrr = policy["typed_extension_config"]
+    assert wrr["name"] == "envoy.load_balancing_policies.client_side_weighted_round_robin"
+    assert wrr["typed_config"]["enable_oob_load_report"] is False  # the reports come in the replies' headers
+    plain = _clusters(envoy_config.render([("127.0.0.1", 1)], dns=False, http_endpoints=[("127.0.0.1", 2)],
+                                          http_listen_port=3, keyless="least_request"))
+    assert plain["llmserve_http"]["lb_policy"] == "LEAST_REQUEST" and "load_balancing_policy" not in plain["llmserve_http"]
     assert clusters["llmserve_http_affinity"]["lb_policy"] == "MAGLEV"
     assert clusters["llmserve_http_affinity"]["common_lb_config"]["consistent_hashing_lb_config"]["hash_balance_factor"] == 150
 

@@ -1,8 +1,8 @@
-"""The windows behind ORCA's rps_fractional and application_utilization (transport/orca.py)."""
+"""The windows behind ORCA's rps_fractional and application_utilization (load_report.py)."""
 
 from __future__ import annotations
 
-from llmserve.service.transport.orca import Window
+from llmserve.service.load_report import Window
 
 
 class Clock:

@@ -5,7 +5,7 @@ pointed at the replicas directly.
 
 One replica is kept busy by a side load sent to it directly (Envoy does not see those
 calls, so its own request counts cannot tell): 3 long generations on 2 slots, which it
-reports as utilization >= 0.5 (3 of the 6 sessions it admits). New keyless calls must
+reports as 3 sessions plus the wait for a slot. New keyless calls must
 then go mostly to the other replica."""
 
 from __future__ import annotations
@@ -25,17 +25,23 @@ from xds.service.orca.v3 import orca_pb2, orca_pb2_grpc
 
 from tests.envoy_cluster import Cluster, Replica
 from tests.integration.deploy.envoy_calls import NEEDS_ENVOY, generate_call
+from tests.integration.deploy.http_calls import requests_per_host
 
 pytestmark = NEEDS_ENVOY
 
-REPLICA_ARGS = ["-np", "2", "-c", "4096", "-t", "1", "--max-queue", "4", "--drain-delay", "0"]
+# The default --max-queue (64): utilization is over the 66 sessions a replica admits, which
+# gives Envoy's integer weights (calls/s / utilization) room; with --max-queue 4 both
+# replicas' per-reply HTTP weights truncated to 1.
+REPLICA_ARGS = ["-np", "2", "-c", "4096", "-t", "1", "--drain-delay", "0"]
+NUM_ADMITTED = 2 + 64
 SETTLE_S = 5.0  # a jump in load reaches the weights within: OOB period 1 s + a 5 s window's max + update 1 s
 NUM_CALLS = 24
+HTTP_CLUSTER = "llmserve_http"  # keyless OpenAI HTTP calls: weighted by the report in each reply's headers
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    running = Cluster(tmp_path_factory.mktemp("envoy-orca"), num_replicas=2, replica_args=REPLICA_ARGS)
+    running = Cluster(tmp_path_factory.mktemp("envoy-orca"), num_replicas=2, replica_args=REPLICA_ARGS, http=True)
     try:
         running.start()
         yield running
@@ -79,13 +85,13 @@ def _routed(replicas: list[Replica], channel: grpc.Channel, num_calls: int = NUM
     return [int(r.served() - b) for r, b in zip(replicas, before, strict=True)]
 
 
-def _envoy_weights(cluster: Cluster) -> list[int]:
-    """The weight Envoy gives each replica (admin /clusters) in the keyless cluster."""
+def _envoy_weights(cluster: Cluster, name: str = "llmserve") -> list[int]:
+    """The weight Envoy gives each replica (admin /clusters) in a keyless cluster."""
     with urllib.request.urlopen(f"http://127.0.0.1:{cluster.admin_port}/clusters?format=json", timeout=5) as r:
         statuses = json.loads(r.read())["cluster_statuses"]
-    hosts = next(c for c in statuses if c["name"] == "llmserve")["host_statuses"]
+    hosts = next(c for c in statuses if c["name"] == name)["host_statuses"]
     by_port = {h["address"]["socket_address"]["port_value"]: int(h.get("weight", 1)) for h in hosts}
-    return [by_port[r.port] for r in cluster.replicas]
+    return [by_port[r.http_port if name == HTTP_CLUSTER else r.port] for r in cluster.replicas]
 
 
 def _after_the_jump(replicas: list[Replica], channel: grpc.Channel, loaded: int,
@@ -132,7 +138,7 @@ def test_envoy_sends_new_calls_away_from_a_replica_whose_reported_load_jumps(pai
     stats = pair.envoy_stats("cluster.llmserve.lb_orca_oob")
     print(json.dumps(stats))
     assert stats["cluster.llmserve.lb_orca_oob.reports_received"] > 0
-    assert utilization >= 0.5  # 3 of the 6 sessions it admits
+    assert utilization > 3 / NUM_ADMITTED  # 3 sessions of those it admits, and a wait for a slot
 
     assert weights[0] < weights[1], weights
     # The busy replica gets few of the new calls (measured: 2 of 24; 3-5 when utilization
@@ -178,3 +184,38 @@ def test_a_replica_that_stopped_reporting_is_not_starved_once_back(pair: Cluster
             served += _routed(pair.replicas, channel, 4)[1]
         print(f"replica 1 served {served} calls {time.monotonic() - back:.1f} s after it came back")
     assert served >= 3
+
+
+def _completions(cluster: Cluster, num_calls: int) -> list[int]:
+    """Short keyless completions through Envoy's HTTP listener from 2 callers; how many
+    Envoy sent to each replica (its own count: the replicas' HTTP port)."""
+    before = requests_per_host(cluster, HTTP_CLUSTER)
+    body = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
+
+    def call(_: int) -> None:
+        request = urllib.request.Request(f"http://127.0.0.1:{cluster.http_port}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            assert response.status == 200
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(call, range(num_calls)))
+    return [after - b for after, b in zip(requests_per_host(cluster, HTTP_CLUSTER), before, strict=True)]
+
+
+def test_envoy_weights_keyless_http_calls_by_the_reports_in_the_replies(pair: Cluster) -> None:
+    """The OpenAI HTTP cluster has no out-of-band stream (that is gRPC, on another port):
+    Envoy weights it by the `endpoint-load-metrics-bin` header of each reply. The same
+    jump as above, with keyless completions through Envoy's HTTP listener."""
+    idle = _completions(pair, NUM_CALLS)
+    print(f"HTTP, both idle: {idle}")
+    assert min(idle) >= NUM_CALLS // 5, idle
+    with SideLoad(pair.replicas[0]):
+        until = time.monotonic() + SETTLE_S
+        while time.monotonic() < until:
+            _completions(pair, 2)
+        loaded = _completions(pair, NUM_CALLS)
+        weights = _envoy_weights(pair, HTTP_CLUSTER)
+    print(f"HTTP, replica 0 loaded: {loaded}; Envoy's weights {weights}")
+    assert weights[0] < weights[1], weights
+    assert loaded[0] <= NUM_CALLS // 4, loaded

@@ -5,6 +5,7 @@ and the same load in Prometheus."""
 from __future__ import annotations
 
 import base64
+import json
 import re
 import shutil
 import struct
@@ -18,11 +19,12 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 from llmserve.client import Client
+from llmserve.service.load_report import MIN_RPS, MIN_UTILIZATION
 from llmserve.v1 import llmserve_pb2 as pb
 from xds.data.orca.v3.orca_load_report_pb2 import OrcaLoadReport
 from xds.service.orca.v3 import orca_pb2, orca_pb2_grpc
 
-from tests.conftest import RunningServer, start_server, stop_server
+from tests.conftest import RunningServer, free_port, start_server, stop_server
 
 API_KEY = "load-report-key"
 NAMED = {"kv_cache_usage", "running_sessions", "waiting_sessions", "prefill_tokens_waiting", "slot_wait_s"}
@@ -33,7 +35,7 @@ def two_slots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServe
     """Two slots, so that a third call waits, and 2 waiting at most (utilization is over
     the 4 sessions admitted); an API key, which load reports do not need."""
     running = start_server(["-np", "2", "-c", "4096", "-t", "2", "--max-queue", "2", "--api-key", API_KEY],
-                           tmp_path_factory.mktemp("orca") / "server.log", metrics=True)
+                           tmp_path_factory.mktemp("orca") / "server.log", metrics=True, http_port=free_port())
     yield running
     assert stop_server(running) == 0
 
@@ -52,8 +54,40 @@ def _gauge(port: int | None, name: str) -> float:
     return float(match.group(1))
 
 
+def test_each_http_reply_carries_the_load_report_in_its_headers(two_slots: RunningServer) -> None:
+    """The OpenAI HTTP surface: Envoy's HTTP cluster weights replicas by the
+    `endpoint-load-metrics-bin` header of each reply (base64, as on gRPC); its calls count
+    toward the same call rate. Listing models is no call. (First in the module: before it
+    the replica has served no call, and reports both floors, 0 reading as "no weight".)"""
+    before = _report(two_slots.address)
+    assert (before.application_utilization, before.rps_fractional) == (MIN_UTILIZATION, pytest.approx(MIN_RPS))
+    for _ in range(3):
+        headers = _http_post(two_slots, "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    report = OrcaLoadReport.FromString(base64.b64decode(headers["endpoint-load-metrics-bin"]))
+    assert set(report.named_metrics) == NAMED
+    assert report.application_utilization >= MIN_UTILIZATION
+    assert report.rps_fractional > 2 * MIN_RPS  # 3 calls in the window
+    request = urllib.request.Request(f"http://127.0.0.1:{two_slots.http_port}/v1/models",
+                                     headers={"Authorization": f"Bearer {API_KEY}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert "endpoint-load-metrics-bin" not in response.headers
+
+
+def _report(address: str) -> OrcaLoadReport:
+    with grpc.insecure_channel(address) as channel:
+        return next(_stream(channel, 1.0))[1]
+
+
+def _http_post(server: RunningServer, path: str, body: dict[str, object]) -> dict[str, str]:
+    request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.status == 200
+        return dict(response.headers)
+
+
 def test_out_of_band_reports_follow_the_load(two_slots: RunningServer) -> None:
-    """Idle: utilization 0. Two long generations and a long prompt waiting for a slot:
+    """Idle: no session. Two long generations and a long prompt waiting for a slot:
     utilization counts the sessions of the 4 admitted plus the queued prefill and the wait
     for a slot, and the named metrics say why. Reports come no faster than the server's floor (0.5 s) however
     often the client asks, and the stream needs no API key."""
@@ -71,7 +105,6 @@ def test_out_of_band_reports_follow_the_load(two_slots: RunningServer) -> None:
         t0, idle = next(reports)
         t1, _ = next(reports)
         assert t1 - t0 >= 0.4, "reports faster than the server's floor"
-        assert idle.application_utilization == 0.0
         assert set(idle.named_metrics) == NAMED and idle.named_metrics["running_sessions"] == 0
         for prompt, max_tokens in (("Count slowly:", 400), ("Name many animals:", 400), (long_prompt, 1)):
             calls.append(threading.Thread(target=generate, args=(prompt, max_tokens)))
@@ -125,8 +158,6 @@ def test_each_call_ends_with_a_load_report_in_its_trailers(two_slots: RunningSer
     assert trailers["grpc-status"] == "0", trailers
     report = OrcaLoadReport.FromString(base64.b64decode(trailers["endpoint-load-metrics-bin"] + "=="))
     assert set(report.named_metrics) == NAMED
-    assert report.rps_fractional > 0  # 4 calls in the last seconds
+    assert report.rps_fractional > MIN_RPS  # 4 calls in the last seconds
     assert report.named_metrics["running_sessions"] <= 1  # the last step published may still hold the call itself
-
-
 

@@ -14,6 +14,7 @@ none, as gRPC health. Every request is counted, timed and traced (telemetry.py);
 from __future__ import annotations
 
 import asyncio
+import base64
 import hmac
 import json
 import os
@@ -30,6 +31,7 @@ from aiohttp import web
 from ..config import ServerConfig
 from ..domain import request_rules
 from ..engine.engine import Engine
+from ..load_report import TRAILER, LoadReporter
 from ..metrics import Metrics
 from .chat import ChatResponder
 from .completion_request import parse_completion
@@ -62,7 +64,8 @@ class HttpSurface:
 
     # ------------------------------------------------------------ lifecycle (Surface)
 
-    async def start(self, engine: Callable[[], Engine | None], ready: Callable[[], bool], metrics: Metrics) -> None:
+    async def start(self, engine: Callable[[], Engine | None], ready: Callable[[], bool], metrics: Metrics,
+                    load: LoadReporter) -> None:
         self._engine, self._ready = engine, ready
         telemetry = Telemetry(metrics, traced=self.config.otlp_traces_endpoint is not None)
         app = web.Application(middlewares=[telemetry.middleware, self._errors, self._auth],
@@ -74,6 +77,7 @@ class HttpSurface:
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.on_response_prepare.append(_echo_request_id)
         app.on_response_prepare.append(_bound_send_buffer)
+        app.on_response_prepare.append(_load_report(load))
         telemetry.know_routes(app)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
@@ -249,6 +253,16 @@ def _known_model(model: str | None, names: tuple[str, ...]) -> str:
 async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
     if "request_id" in request:
         response.headers["x-request-id"] = request["request_id"]
+
+
+def _load_report(load: LoadReporter) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+    async def report(request: web.Request, response: web.StreamResponse) -> None:
+        """Every API call counts toward the replica's call rate, and its reply's headers carry
+        the load report (Envoy's client_side_weighted_round_robin reads it per response)."""
+        if request.method == "POST" and request.path.startswith("/v1/"):
+            load.call_started()
+            response.headers[TRAILER] = base64.b64encode(load.report().SerializeToString()).decode("ascii")
+    return report
 
 
 async def _bound_send_buffer(request: web.Request, response: web.StreamResponse) -> None:

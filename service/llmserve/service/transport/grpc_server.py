@@ -46,13 +46,13 @@ def connection_options(config: ServerConfig) -> list[tuple[str, int]]:
 
 
 def build_server(
-    config: ServerConfig, llm: LLMServicer, health_servicer: health.aio.HealthServicer, tracing: Tracing | None
+    config: ServerConfig, llm: LLMServicer, health_servicer: health.aio.HealthServicer, tracing: Tracing | None,
+    reporter: orca.LoadReporter,
 ) -> grpc.aio.Server:
     interceptors: list[grpc.aio.ServerInterceptor] = [TracingInterceptor(tracing)] if tracing else []
     interceptors.append(RpcMetricsInterceptor(llm.metrics))
     if config.api_key:
         interceptors.append(ApiKeyInterceptor(config.api_key))
-    reporter = orca.LoadReporter(lambda: llm.engine, llm.metrics)
     interceptors.append(orca.OrcaTrailerInterceptor(reporter, SERVICE_NAME))
     server = grpc.aio.server(
         interceptors=interceptors,

@@ -36,6 +36,7 @@ from grpc_health.v1 import health, health_pb2
 
 from ..config import ServerConfig
 from ..engine.engine import Engine
+from ..load_report import LoadReporter
 from ..metrics import Metrics
 from .grpc_server import SERVICE_NAME, ListenError, build_server, check_bindable
 from .servicer import LLMServicer
@@ -52,8 +53,10 @@ EXIT_EXECUTOR_FAILED = 70  # EX_SOFTWARE
 
 class Surface(Protocol):
     """Another wing on this loop and engine (OpenAI HTTP, from cli.py), listening, draining and stopping with gRPC.
-    `start`: OSError (one line) if it cannot listen; `engine()` None while loading; `ready()` readiness; `metrics`."""
-    async def start(self, engine: Callable[[], Engine | None], ready: Callable[[], bool], metrics: Metrics) -> None: ...
+    `start`: OSError (one line) if it cannot listen; `engine()` None while loading; `ready()` readiness; `metrics`;
+    `load` the replica's load reports (it counts the surface's calls and sends the report with each reply)."""
+    async def start(self, engine: Callable[[], Engine | None], ready: Callable[[], bool], metrics: Metrics,
+                    load: LoadReporter) -> None: ...
     def begin_drain(self) -> None: ...
     async def wait_idle(self, timeout: float) -> bool: ...
     async def stop(self) -> None: ...
@@ -127,7 +130,8 @@ async def serve(config: ServerConfig, surfaces: Sequence[Surface] = ()) -> None:
     try:
         if config.metrics_port is not None:
             check_bindable(config.metrics_host, config.metrics_port, "--metrics-host/--metrics-port")
-        server = build_server(config, llm, health_servicer, tracing)
+        reporter = LoadReporter(lambda: llm.engine, metrics)
+        server = build_server(config, llm, health_servicer, tracing, reporter)
     except ListenError as exc:
         raise SystemExit(f"llmserve: {exc}") from None
     await _set_health(health_servicer, _SERVING, ("",))  # alive while the model loads
@@ -138,7 +142,7 @@ async def serve(config: ServerConfig, surfaces: Sequence[Surface] = ()) -> None:
                      and (llm.engine.stalled_for() or 0.0) <= _ready_stall_s(config))
     for surface in surfaces:
         try:
-            await surface.start(lambda: llm.engine, ready, metrics)
+            await surface.start(lambda: llm.engine, ready, metrics, reporter)
         except OSError as exc:
             await server.stop(0)
             raise SystemExit(f"llmserve: {exc}") from None
