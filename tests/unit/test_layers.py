@@ -1,7 +1,8 @@
 """The house rules of the code base, checked from the source (ast, nothing imported):
 wings import downward only (transport -> engine -> model, and http -> engine: each transport
 wing through the engine's facade module engine/engine.py alone; everything may use the root's
-config/domain/metrics/logs/tracing/turn_record), the two transport wings (gRPC's transport, OpenAI's http) never
+config/domain/metrics/logs/tracing/turn_record; load_report, above the engine facade, is the
+ORCA report both transport wings send), the two transport wings (gRPC's transport, OpenAI's http) never
 import each other, engine, model and http never touch grpc or the generated stubs, the client never imports the service or the benchmarks, no import
 circles, no file over 300 lines outside generated code (service, client, bench, tools,
 tests, and the example clients in Go, C++, Java and TypeScript)."""

@@ -59,7 +59,7 @@ class ConnectionOptions:
     options: Sequence[tuple[str, Any]] = ()
     extra_metadata: Sequence[tuple[str, str]] = ()
     affinity_key: str | None = None
-    derive_affinity: bool = False  # opt-in until bench.routing has measured it against ORCA weights
+    derive_affinity: bool = False  # opt-in: bench.routing's numbers in docs/deployment.md
 
     @property
     def secure(self) -> bool:

@@ -14,8 +14,8 @@ Prometheus shows it.
   replica's own measured cost of a prompt token, so a slower node (fewer threads, a
   slower CPU) reports more load for the same tokens. One second of queued prefill
   counts as much as a full set of busy slots.
-* The slot term says that a new call would wait: with every slot busy, it gets the
-  slot that frees first (after the waiting sessions ahead of it), when that session
+* The slot term says that a new call would wait: with every slot generating, it gets
+  the slot that frees first (after the waiting sessions ahead of it), when that turn
   has generated its last token as its limits tell (max_tokens, else the slot's room),
   at the replica's measured step time. Two replicas with all slots busy, one with
   replies about to end and one with long ones, then differ as their callers' first
@@ -68,12 +68,12 @@ def replica_load(snapshot: ExecutorSnapshot, num_cells: int, max_queue: int) -> 
 
 
 def slot_wait_s(snapshot: ExecutorSnapshot) -> float:
-    """Seconds until a call arriving now would get a slot: 0 while a slot is free for it;
-    else until the k-th turn in progress ends (k: the sessions waiting ahead of it, + 1),
-    at most as long as the longest one known (slots held between turns never count)."""
-    num_free = sum(not slot.busy for slot in snapshot.slots)
-    ahead = snapshot.num_waiting - num_free
+    """Seconds until a call arriving now would get a slot: 0 while a slot is free for it
+    (idle, or held by a stream that admission would preempt: idle between turns, or not
+    read); else until the k-th turn in progress ends (k: the sessions waiting ahead of it,
+    + 1), at most as long as the longest one."""
     left = snapshot.turn_tokens_left
+    ahead = snapshot.num_waiting - (len(snapshot.slots) - len(left))
     if ahead < 0 or not left:
         return 0.0
     return left[min(ahead, len(left) - 1)] * snapshot.step_s

@@ -38,5 +38,5 @@ class ExecutorSnapshot:
     num_kv_tokens: int = 0
     num_prefill_tokens_waiting: int = 0  # input of open sessions not yet in the KV
     prompt_token_s: float | None = None  # one prompt token's prefill time, as measured (None: not yet)
-    turn_tokens_left: tuple[int, ...] = ()  # per session in a turn on a slot, tokens it may still generate, ascending
+    turn_tokens_left: tuple[int, ...] = ()  # per sample generating on a slot, tokens it may still generate, ascending
     step_s: float = 0.0  # a step's duration, moving average

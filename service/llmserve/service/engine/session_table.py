@@ -270,11 +270,11 @@ class SessionTable:
         return sum(len(x.pending) for s in self.sessions.values() for x in s.samples)
 
     def turn_tokens_left(self) -> tuple[int, ...]:
-        """Per session in a turn on a slot, the most tokens its samples may still generate
-        (max_tokens, else the slot's room), ascending: when slots free, as the limits tell."""
-        left = [max(in_turn) for s in self.sessions.values()
-                if (in_turn := [_tokens_left(x) for x in s.samples if x.turn is not None and x.slot is not None])]
-        return tuple(sorted(left))
+        """Per sample in a turn on a slot, read by its client, the tokens it may still generate
+        (max_tokens, else the slot's room), ascending: when slots free, as the limits tell.
+        Other slots are free, or admission would take them for a new call (paused, idle)."""
+        return tuple(sorted(_tokens_left(x) for s in self.sessions.values() for x in s.samples
+                            if x.turn is not None and x.slot is not None and not x.paused))
 
     # ------------------------------------------------------------ deadlines
 
