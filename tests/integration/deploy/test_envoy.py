@@ -155,13 +155,20 @@ def test_resource_exhausted_is_retried_on_another_replica(cluster: Cluster) -> N
         found = _settled(lambda: _calls_per_replica(cluster), sum(before) + 1)
         home = next(i for i in range(3) if found[i] > before[i])
         with grpc.insecure_channel(f"127.0.0.1:{cluster.replicas[home].port}") as direct:
-            holders = [generate_call(direct, f"Talk for a long time {i}:", max_tokens=2000, ignore_eos=True)
-                       for i in range(3)]
-            for holder in holders[:2]:
-                next(holder)  # both slots generate; the third waits in the queue
+            # Both slots generate and a third call waits in the queue. A holder that ended at
+            # once was refused (the replica still counted an earlier session): made again.
+            holders: list = []  # type: ignore[type-arg]
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and cluster.replicas[home].metric("llmserve_sessions") < 3:
+            while len(holders) < 3 and time.monotonic() < deadline:
+                holder = generate_call(direct, f"Talk for a long time {len(holders)}:", max_tokens=2000, ignore_eos=True)
+                time.sleep(0.3)
+                if not holder.done():
+                    holders.append(holder)
+            replica = cluster.replicas[home]
+            while time.monotonic() < deadline and not (
+                    replica.metric('llmserve_slots{state="busy"}') == 2 and replica.metric("llmserve_waiting_sessions") == 1):
                 time.sleep(0.05)
+            assert len(holders) == 3 and replica.metric("llmserve_waiting_sessions") == 1, "the home replica never filled up"
             counts = _calls_per_replica(cluster)
             refused_before = cluster.replicas[home].metric('llmserve_requests_total{code="RESOURCE_EXHAUSTED",rpc="Generate"}')
             start = time.monotonic()
