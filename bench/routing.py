@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import re
 import statistics
 import tempfile
 import threading
@@ -37,6 +36,7 @@ from llmserve.client.affinity import prefix_affinity_key
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
 from bench.affinity import _document
+from bench.embed_model import write_section
 from tests.envoy_cluster import Cluster
 
 REPLICA_ARGS = ["-np", "2", "-c", "4096", "-t", "1"]
@@ -172,9 +172,7 @@ def main() -> None:
     text = table(results, command + (f" --policies {args.policies}" if args.policies else ""))
     print(text)
     if args.out is not None:
-        doc = args.out.read_text()
-        block = f"<!-- routing -->\n{text}<!-- /routing -->"
-        args.out.write_text(re.sub(r"<!-- routing -->.*?<!-- /routing -->", lambda _: block, doc, flags=re.S))
+        write_section(args.out, f"<!-- routing -->\n{text}<!-- /routing -->", "<!-- routing -->", "<!-- /routing -->")
 
 
 if __name__ == "__main__":
