@@ -56,6 +56,19 @@ def test_envoy_balances_grpc_with_active_health_checks() -> None:
     assert endpoint == {"address": "llmserve", "port_value": 50051}
 
 
+def test_every_cluster_ejects_a_replica_that_refuses_connections_and_only_then() -> None:
+    """A killed replica leaves every pick at its first refused connection; statuses (a
+    draining replica's UNAVAILABLE, 5xx) eject nothing: health checks judge those."""
+    envoy = yaml.safe_load((ROOT / "deploy" / "envoy.yaml").read_text())
+    for cluster in envoy["static_resources"]["clusters"]:
+        outlier = cluster["outlier_detection"]
+        assert outlier["split_external_local_origin_errors"] is True
+        assert outlier["consecutive_local_origin_failure"] == 1 and outlier["enforcing_consecutive_local_origin_failure"] == 100
+        assert outlier["max_ejection_percent"] >= 34  # one of 3 replicas (10% ejected none)
+        for other in ("local_origin_success_rate", "consecutive_5xx", "consecutive_gateway_failure", "success_rate"):
+            assert outlier[f"enforcing_{other}"] == 0, (cluster["name"], other)
+
+
 def test_rendered_envoy_configs_match_the_template() -> None:
     from tools import envoy_config
 
