@@ -10,7 +10,7 @@ from llmserve.service.domain.events import FinishReason, TurnEndEvent
 from llmserve.service.domain.requests import SamplingParams
 from llmserve.service.engine.executor import Executor, ExecutorConfig
 from llmserve.service.engine.scheduler import Scheduler, SeqDemand, worth_drafting
-from llmserve.service.engine.speculation import NgramIndex, SeqSpeculation
+from llmserve.service.engine.speculation import DraftOdds, NgramIndex, SeqSpeculation
 
 from .engine_harness import GREEDY, assert_kv_mirrors_slots, one_turn, params, run_until, turn_ends
 from .fake_runner import BOS, FakeRunner
@@ -63,12 +63,19 @@ def test_a_repeating_tail_drafts_the_repetition_in_full() -> None:
 
 
 def test_adaptive_length_and_rest() -> None:
-    spec = SeqSpeculation(SPEC, max_misses=2, rest_tokens=3)
+    server = DraftOdds(9.0, 1.0)  # the server's drafts have landed 9 tokens per miss
+    spec = SeqSpeculation(SPEC, server, max_misses=2, rest_tokens=3)
+    assert abs(spec.odds.chance - 0.9) < 1e-9  # a new sequence starts from the server's odds
     spec.record(8, 2)
     assert spec.max_len == 3
     assert abs(spec.acceptance - (0.7 * 0.5 + 0.3 * 2 / 8)) < 1e-9  # the moving accepted share
+    accepted, missed = 0.8 * 1.8 + 2, 0.8 * 0.2 + 1  # 2 accepted, then a miss: per-token odds
+    assert abs(spec.odds.chance - accepted / (accepted + missed)) < 1e-9
+    assert abs(server.chance - (0.8 * 9 + 2) / (0.8 * 9 + 2 + 0.8 + 1)) < 1e-9  # the server's too
     spec.record_shadow(True)
     assert abs(spec.acceptance - (0.8 * (0.35 + 0.075) + 0.2)) < 1e-9  # a proposal not verified
+    accepted, missed = 0.8 * accepted + 1, 0.8 * missed  # ... counts as its first token
+    assert abs(spec.odds.chance - accepted / (accepted + missed)) < 1e-9
     spec.record(3, 3)
     assert spec.max_len == 6
     spec.record(4, 0)
@@ -78,13 +85,14 @@ def test_adaptive_length_and_rest() -> None:
 
 def test_scheduler_grants_draft_rows_within_the_budget() -> None:
     scheduler = Scheduler(64, 64, 4, prefill_budget=None, max_draft_rows=8)
-    one = scheduler.plan([SeqDemand(1, True, 0, 12, draft_acceptance=0.99)], [])
-    assert one.drafts == ((1, 8),)
+    one = scheduler.plan([SeqDemand(1, True, 0, 12, draft_acceptance=0.3, draft_odds=0.99)], [])
+    assert one.drafts == ((1, 8),)  # a lone stream: priced by its per-token odds, not the share
+    assert scheduler.plan([SeqDemand(1, True, 0, 12, draft_acceptance=0.99, draft_odds=0.3)], []).drafts == ()
     four = scheduler.plan([SeqDemand(k, True, 0, 12, draft_acceptance=0.99) for k in (1, 2, 3, 4)], [])
     assert sorted(n for _, n in four.drafts) == [2, 2, 2, 2]  # the rows shared fairly
     uneven = scheduler.plan([SeqDemand(1, True, 0, 1, draft_acceptance=0.99), SeqDemand(2, True, 0, 12, draft_acceptance=0.99)], [])
     assert dict(uneven.drafts) == {1: 1, 2: 7}  # what one does not want goes to the next
-    poor = scheduler.plan([SeqDemand(k, True, 0, 12, draft_acceptance=0.3 if k == 1 else 0.99) for k in (1, 2, 3)], [])
+    poor = scheduler.plan([SeqDemand(k, True, 0, 12, draft_acceptance=0.3 if k == 1 else 0.99, draft_odds=0.99) for k in (1, 2, 3)], [])
     assert [key for key, _ in poor.drafts] == [2, 3]  # with 3-4 decoding only well-accepted drafts pay
     assert scheduler.plan([SeqDemand(1, True, 0, 12)], []).drafts == ((1, 1),)  # a neutral start: one row
     many = scheduler.plan([SeqDemand(k, True, 0, 12, draft_acceptance=0.99) for k in range(1, 6)], [])

@@ -16,6 +16,7 @@ from .generation_step import ReadyRow
 from .runner_api import Runner
 from .sample import Sample
 from .scheduler import SeqDemand
+from .speculation import DraftOdds
 from .token_picker import TokenPicker
 from .turn import TurnFinish
 
@@ -25,6 +26,7 @@ class DraftVerifier:
         self.runner = runner
         self.picker = picker
         self.settings = settings  # each sequence's SeqSpeculation drafts by these
+        self.odds = DraftOdds()  # the server's draft odds: where a new sequence's start
         self.metrics = metrics
 
     def propose(self, s: Sample) -> int:
@@ -49,8 +51,9 @@ class DraftVerifier:
         num_draft = len(s.draft)
         n_swa = self.runner.meta.n_swa
         at_risk = num_draft > 0 and n_swa > 0 and len(s.slot.tokens) + 1 + num_draft >= n_swa
-        acceptance = s.speculation.acceptance if s.speculation is not None else 0.0
-        return SeqDemand(s.key, True, 0, num_draft, s.slot.seq_id, at_risk, acceptance)
+        spec = s.speculation
+        acceptance, odds = (spec.acceptance, spec.odds.chance) if spec is not None else (0.0, 0.0)
+        return SeqDemand(s.key, True, 0, num_draft, s.slot.seq_id, at_risk, acceptance, odds)
 
     def verify(self, ready: ReadyRow) -> TurnFinish | None:
         s = ready.sample
