@@ -89,7 +89,10 @@ def test_a_sigterm_under_load_loses_no_call(pair: Cluster, retries: bool, keyed:
         pair.wait_healthy({0, 1})
     assert not load.failed and not failed_during, (load.summary(), failed_during)
     assert all(o.completion_tokens == 24 for o in load.outcomes)
-    assert all(f'"request_id": "{rid}"' in log for rid in during)  # the draining replica served them
+    if not keyed:  # the draining replica served them (under keyed load, bounded load may pass
+        # the key's calls on: Maglev's hash_balance_factor counts the affinity cluster's
+        # active calls, which the keyed load fills; a CI run saw it, all 3 calls OK)
+        assert all(f'"request_id": "{rid}"' in log for rid in during)
     assert retried["upstream_rq_retry"] == 0, retried  # nothing was refused: not rescued by retries
     assert code == 0
     assert f'"drain_delay_s": {SHIPPED_DRAIN_DELAY_S}' in log and '"refusing_new_calls"' in log
