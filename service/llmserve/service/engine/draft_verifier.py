@@ -26,7 +26,7 @@ class DraftVerifier:
         self.runner = runner
         self.picker = picker
         self.settings = settings  # each sequence's SeqSpeculation drafts by these
-        self.odds = DraftOdds()  # the server's draft odds: where a new sequence's start
+        self.odds = DraftOdds()  # the server's draft odds, which each new sequence starts from
         self.metrics = metrics
 
     def propose(self, s: Sample) -> int:
