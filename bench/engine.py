@@ -18,6 +18,7 @@ import threading
 import time
 
 from llmserve.client.loadgen import PROMPTS
+from llmserve.service.config import SpeculationSettings
 from llmserve.service.domain.events import SessionFailed, TurnEndEvent
 from llmserve.service.domain.requests import SamplingParams, SessionParams, StoppingParams
 from llmserve.service.engine.executor import Executor, ExecutorConfig
@@ -65,19 +66,22 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--spec-type", default=SpeculationSettings.spec_type, help="as the server's flag (none: no drafts)")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     runner = LlamaRunner(RunnerConfig(default_model_path(), 16384, max(levels), 512, 512, args.threads, True))
-    executor = Executor(runner, ExecutorConfig(max(levels), 16384 // max(levels), 512, 512))
+    executor = Executor(runner, ExecutorConfig(max(levels), 16384 // max(levels), 512, 512,
+                                                  speculation=SpeculationSettings(spec_type=args.spec_type)))
     executor.start()
     try:
         run_level(executor, runner, 1, 4)  # warm-up
-        print("| streams | tokens/s | step ms | ubatches/step | decode ms | sample ms | host ms | host share |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| streams | tokens/s | step ms | rows/step | generated/step | ubatches/step | decode ms | sample ms | host ms | host share |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for level in levels:
             tps, p = run_level(executor, runner, level, args.max_tokens, args.temperature)
             print(
-                f"| {level} | {tps:.1f} | {p['step_ms']:.2f} | {p['ubatches_per_step']:.2f} | {p['decode_ms']:.2f} "
+                f"| {level} | {tps:.1f} | {p['step_ms']:.2f} | {p['tokens_per_step']:.2f} "
+                f"| {level * args.max_tokens / max(p['steps'], 1):.2f} | {p['ubatches_per_step']:.2f} | {p['decode_ms']:.2f} "
                 f"| {p['sample_ms']:.3f} "
                 f"| {p['host_ms']:.3f} | {100 * p['host_share']:.1f}% |",
                 flush=True,

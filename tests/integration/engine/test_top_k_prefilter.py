@@ -1,5 +1,7 @@
-"""The top-k prefilter (model/sampler.py): a chain that starts with top_k, handed only the
-top k candidates, draws exactly the tokens it draws from the whole 262k-token row."""
+"""The top-k prefilter and the greedy argmax (model/sampler.py): a chain that starts with
+top_k, handed only the top k candidates, and a greedy chain done by numpy draw exactly the
+tokens the chain draws from the whole 262k-token row, also with forbidden tokens
+(ignore_eos bans the end-of-generation tokens with -inf biases)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from llmserve.service.domain.requests import SamplingParams
 from llmserve.service.model.default_model import default_model_path
-from llmserve.service.model.sampler import Sampler, top_k_ids
+from llmserve.service.model.sampler import Sampler, top_k_allowed_ids, top_k_ids
 from llmserve.service.model.tokenizer import Vocab, load_model
 
 
@@ -54,3 +56,56 @@ def test_top_k_ids_are_the_k_highest(values: list[float], k: int, window: float)
     ids = top_k_ids(logits, k, window)
     assert len(ids) == k == len(set(ids.tolist()))
     assert np.sort(logits[ids]).tolist() == np.sort(logits)[-k:].tolist()
+
+
+FORBIDDEN = (1, 106, 5000, 9, 200_000)  # gemma's <eos> and <end_of_turn> among them
+
+
+def _rows_led_by_forbidden(seed: int, n_vocab: int) -> list[np.ndarray]:
+    """Rows whose highest logits are forbidden tokens (as a model about to end would give)."""
+    rows = _rows(seed, n_vocab)
+    for i, row in enumerate(rows):
+        if i % 2 == 0:
+            row[list(FORBIDDEN[: 1 + i % len(FORBIDDEN)])] = row.max() + 5.0
+    return rows
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.0, seed=1),
+    SamplingParams(temperature=0.8, top_k=40, seed=11),
+    SamplingParams(temperature=1.0, top_k=3, seed=7),
+], ids=["greedy", "top-k", "narrow-top-k"])
+def test_fast_paths_leave_out_forbidden_tokens_as_the_chain_does(vocab: Vocab, params: SamplingParams) -> None:
+    fast = Sampler(params, vocab.ptr, vocab.n_tokens, 4096, banned_tokens=FORBIDDEN)
+    whole = Sampler(dataclasses.replace(params), vocab.ptr, vocab.n_tokens, 4096, banned_tokens=FORBIDDEN)
+    whole._is_argmax = whole._top_k_first = False  # the reference: the logit_bias sampler over every token
+    assert fast._is_argmax or fast._top_k_first
+    drawn = [(fast.sample_from(row), whole.sample_from(row)) for row in _rows_led_by_forbidden(params.seed, vocab.n_tokens)]
+    assert all(a == b for a, b in drawn), drawn
+    assert not {a for a, _ in drawn} & set(FORBIDDEN)
+    assert len({a for a, _ in drawn}) > 10
+    fast.free()
+    whole.free()
+
+
+def test_a_greedy_chain_with_every_token_forbidden_picks_none(vocab: Vocab) -> None:
+    sampler = Sampler(SamplingParams(temperature=0.0), vocab.ptr, vocab.n_tokens, 4096, banned_tokens=FORBIDDEN)
+    row = np.full(vocab.n_tokens, -np.inf, dtype=np.float32)
+    row[list(FORBIDDEN)] = 1.0
+    assert sampler.sample_from(row) is None
+    sampler.free()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-50, 50, width=32), min_size=2, max_size=300), st.integers(1, 300),
+       st.sets(st.integers(0, 299), max_size=20))
+def test_top_k_allowed_ids_are_the_k_highest_allowed(values: list[float], k: int, banned: set[int]) -> None:
+    logits = np.array(values, dtype=np.float32)
+    forbidden = np.array(sorted(t for t in banned if t < len(logits)), dtype=np.int64)
+    allowed = np.setdiff1d(np.arange(len(logits)), forbidden)
+    k = min(k, len(allowed))
+    if k == 0:
+        return
+    ids = top_k_allowed_ids(logits, k, forbidden)
+    assert len(ids) == k == len(set(ids.tolist())) and not set(ids.tolist()) & set(forbidden.tolist())
+    assert np.sort(logits[ids]).tolist() == np.sort(logits[allowed])[-k:].tolist()
