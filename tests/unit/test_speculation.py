@@ -93,7 +93,9 @@ def test_scheduler_grants_draft_rows_within_the_budget() -> None:
     uneven = scheduler.plan([SeqDemand(1, True, 0, 1, draft_acceptance=0.99), SeqDemand(2, True, 0, 12, draft_acceptance=0.99)], [])
     assert dict(uneven.drafts) == {1: 1, 2: 7}  # what one does not want goes to the next
     poor = scheduler.plan([SeqDemand(k, True, 0, 12, draft_acceptance=0.3 if k == 1 else 0.99, draft_odds=0.99) for k in (1, 2, 3)], [])
-    assert [key for key, _ in poor.drafts] == [2, 3]  # with 3-4 decoding only well-accepted drafts pay
+    assert poor.drafts == ()  # with 3-4 decoding only well-accepted drafts pay, and only all together
+    # (one stream's drafts would slow every step of the others: plain c=4 lost 13%)
+    assert scheduler.plan([SeqDemand(k, True, 0, 12 if k > 1 else 0, draft_acceptance=0.99) for k in (1, 2, 3)], []).drafts == ()
     assert scheduler.plan([SeqDemand(1, True, 0, 12)], []).drafts == ((1, 1),)  # a neutral start: one row
     many = scheduler.plan([SeqDemand(k, True, 0, 12, draft_acceptance=0.99) for k in range(1, 6)], [])
     assert many.drafts == ()  # a busy server does not draft (measured: c=8 lost a third)

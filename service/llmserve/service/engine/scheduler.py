@@ -156,6 +156,11 @@ class Scheduler:
         rows = self.max_draft_rows if num_decoding <= MAX_DRAFTING_SEQS else 0
         if num_decoding > 2:
             wanting = [d for d in wanting if d.draft_acceptance >= MIN_ACCEPTANCE_BUSY]
+            # All or none: drafts that speed up some streams make every step of the others
+            # slower, and a closed loop's throughput waits for the slowest (plain c=4 lost
+            # 13% when only looping streams drafted); streams that all copy draft together.
+            if len(wanting) < num_decoding:
+                return []
         budget = min(rows, self.n_ubatch - num_decoding)
         extra_ubatch = self.per_slot_streams and num_decoding > 1
         # A lone stream prices by per-token odds (measured on medians: c=1 extractive +14%,
