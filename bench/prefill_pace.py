@@ -1,8 +1,8 @@
 """The prefill pacer's one knob, measured: smooth streams vs long-prompt TTFT and throughput.
 
-    python -m bench.prefill_pace [--max-itl-ms 250,500,1000] [--out docs/benchmarks.md]
+    python -m bench.prefill_pace [--max-itl-ms auto,500,1000] [--repeat 1] [--out docs/benchmarks.md]
 
-For each `--max-itl-ms` value a fresh llmserve runs the mixed load of
+For each `--max-itl-ms` value (`auto`: the default, no flag) a fresh llmserve runs the mixed load of
 `bench.speculative` (8 streams decode 256 tokens while 4 fresh ~1,400-token prompts arrive
 1.5 s apart) and then the extractive c=16 burst (16 prompts of ~150 tokens at once, 160
 tokens each); llama-server (from /tmp/llama-build/bin, bench/README.md) runs the same two
@@ -39,7 +39,8 @@ def _measure(url: str, is_peer: bool) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--max-itl-ms", default="250,500,1000")
+    parser.add_argument("--max-itl-ms", default="auto,500,1000", help="values to compare; auto: the default (no flag); '-kvu ...': other flags")
+    parser.add_argument("--repeat", type=int, default=1, help="each value and llama-server this many times, in turn")
     parser.add_argument("--llama-server", type=Path, default=DEFAULT_BUILD / "llama-server")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -47,20 +48,23 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     ctx = ("-c", "32768")
     rows = []
-    for k in args.max_itl_ms.split(","):
-        process, url = start_llmserve(logs / "ours.log", ("--embeddings", *ctx, "--max-itl-ms", k))
-        try:
-            rows.append(f"| llmserve --max-itl-ms {k} | {_measure(url, False)} |")
-        finally:
-            stop(process)
-        print(rows[-1], flush=True)
-    if args.llama_server.exists():
-        process, url = start_llama_server(args.llama_server, _model(), logs / "peer.log", False, ctx)
-        try:
-            rows.append(f"| llama-server | {_measure(url, True)} |")
-        finally:
-            stop(process)
-        print(rows[-1], flush=True)
+    for rep in range(args.repeat):
+        tag = f"{chr(ord('a') + rep)}: " if args.repeat > 1 else ""
+        for k in args.max_itl_ms.split(","):
+            flag = () if k == "auto" else tuple(k.split()) if k.startswith("-") else ("--max-itl-ms", k)
+            process, url = start_llmserve(logs / "ours.log", ("--embeddings", *ctx, *flag))
+            try:
+                rows.append(f"| {tag}llmserve {' '.join(flag) or '(default: auto)'} | {_measure(url, False)} |")
+            finally:
+                stop(process)
+            print(rows[-1], flush=True)
+        if args.llama_server.exists():
+            process, url = start_llama_server(args.llama_server, _model(), logs / "peer.log", False, ctx)
+            try:
+                rows.append(f"| {tag}llama-server | {_measure(url, True)} |")
+            finally:
+                stop(process)
+            print(rows[-1], flush=True)
     text = "\n".join([
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with `python -m bench.prefill_pace`, "
         "one run per row, servers one at a time.\n",

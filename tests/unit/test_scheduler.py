@@ -146,3 +146,12 @@ def test_prefill_budget_caps_prompts_only_while_others_decode() -> None:
     for _ in range(40):
         pacer.observe(0.600, 16, 0)  # decode steps alone exceed the bound: the smallest chunk
     assert pacer.budget() == pacer.min_tokens
+    auto = PrefillPacer()  # the default: the bound is AUTO_ITL_STEPS decode steps
+    for _ in range(20):
+        auto.observe(0.070, 8, 0)
+        auto.observe(0.070 + 0.002 * 100, 8, 100)
+    assert auto.AUTO_ITL_STEPS == 10
+    assert 305 <= auto.budget() <= 325  # (10 * 70 - 70) / 2 = 315 tokens
+    for _ in range(40):
+        auto.observe(0.035, 4, 0)  # a faster machine (or fewer streams): steps half as long
+    assert 150 <= auto.budget() <= 165  # and the gap with them: (350 - 35) / 2 = 157

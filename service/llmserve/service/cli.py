@@ -97,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
           help="prompt tokens a step may carry while other sequences decode (0: paced by --max-itl-ms)")
     f.add("--max-itl-ms", type=float, default=prefill.max_itl_ms,
           help="paced prefill: the longest gap a decoding stream should see while prompts prefill "
-               "(higher: long prompts finish sooner, streams stutter more)")
+               "(higher: long prompts finish sooner, streams stutter more; default: 12 decode steps)")
     f.add("--spec-type", default=spec.spec_type, help="speculative decoding: none or ngram-simple (n-gram drafts)")
     f.add("--draft-max", type=int, default=spec.draft_max, help="most draft tokens per sequence and step")
     f.add("--draft-min", type=int, default=spec.draft_min, help="fewest draft tokens worth verifying")

@@ -52,11 +52,11 @@ class PrefillSettings:
     executor, which gives the Scheduler a fixed budget or runs a PrefillPacer."""
 
     prefill_budget: int = 0  # prompt tokens per step while sequences decode (0: paced, see PrefillPacer)
-    # Paced: the longest gap a decoding stream should see while prompts prefill. 1000 ms:
-    # beside 8 decoding streams (a ~80 ms step on 2 cores) ~250-token chunks give prompts
-    # ~92% of the machine, so they finish within ~1.1x of llama-server's, which stops
-    # every stream for whole prompts (docs/benchmarks.md, "The prefill pacer's knob").
-    max_itl_ms: float = 1000.0
+    # Paced: the longest gap a decoding stream should see while prompts prefill. None:
+    # PrefillPacer.AUTO_ITL_STEPS decode steps, so the gap and the prompts' share of the
+    # machine keep their proportions on any hardware (docs/benchmarks.md, "The prefill
+    # pacer's knob"); a number of ms is an absolute bound instead.
+    max_itl_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ class ServerConfig:
             raise ValueError(f"--spec-type {spec.spec_type}: expected none or ngram-simple")
         if spec.draft_max < 0 or spec.draft_min < 0 or spec.spec_ngram_size_n < 1 or prefill.prefill_budget < 0:
             raise ValueError("--draft-max, --draft-min, --prefill-budget must be >= 0, --spec-ngram-size-n >= 1")
-        if prefill.max_itl_ms <= 0:
+        if prefill.max_itl_ms is not None and prefill.max_itl_ms <= 0:
             raise ValueError("--max-itl-ms must be > 0")
         if self.watchdog_timeout_s < 0 or self.reader_timeout_s < 0:
             raise ValueError("--watchdog-timeout and --reader-timeout must be >= 0")

@@ -86,7 +86,7 @@ class Executor:
         self.scheduler = Scheduler(
             config.n_batch, config.n_ubatch, config.max_embed_seqs, fixed_budget, max_draft_rows, per_slot_streams,
         )
-        self.pacer = PrefillPacer(config.prefill.max_itl_ms / 1000) if fixed_budget is None else None
+        self.pacer = PrefillPacer(None if (ms := config.prefill.max_itl_ms) is None else ms / 1000) if fixed_budget is None else None
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._embeds: deque[tuple[EmbedInput, EventSink]] = deque()
         self._num_steps = 0

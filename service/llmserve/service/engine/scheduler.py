@@ -236,9 +236,19 @@ class PrefillPacer:
     `max_itl_s` while prompts prefill: (max_itl - a decode-only step) / one prompt token's
     cost, from moving averages measured on this machine as it runs. Large chunks waste
     nothing (the decode rows ride along), so the budget is as large as the gap allows:
-    few slow steps rather than many, which keeps the median gap at a decode step's."""
+    few slow steps rather than many, which keeps the median gap at a decode step's.
 
-    def __init__(self, max_itl_s: float = 1.0, min_tokens: int = 32, max_tokens: int = 2048) -> None:
+    `max_itl_s` None: `AUTO_ITL_STEPS` decode-only steps. Prompts then get 9/10 of the
+    machine while streams decode and the longest gap is 10 ordinary ones, on any hardware;
+    a fixed bound in ms is too loose on a fast machine (where a prompt's whole prefill,
+    llama-server's stall, is short) and too tight on a slow one."""
+
+    # Measured (docs/benchmarks.md, "The prefill pacer's knob"): 8 streams beside 4 prompts
+    # of ~1,400 tokens; the longest gap tracks the bound, llama-server's stall is ~45 decode
+    # steps, and the last prompt's finish varied more between runs than with the bound.
+    AUTO_ITL_STEPS = 10
+
+    def __init__(self, max_itl_s: float | None = None, min_tokens: int = 32, max_tokens: int = 2048) -> None:
         self.max_itl_s = max_itl_s
         self.min_tokens = min_tokens
         self.max_tokens = max_tokens
@@ -258,7 +268,8 @@ class PrefillPacer:
     def budget(self) -> int:
         if self.decode_step_s is None or not self.prefill_token_s:
             return self.min_tokens
-        tokens = int((self.max_itl_s - self.decode_step_s) / self.prefill_token_s)
+        max_itl_s = self.max_itl_s if self.max_itl_s is not None else self.AUTO_ITL_STEPS * self.decode_step_s
+        tokens = int((max_itl_s - self.decode_step_s) / self.prefill_token_s)
         return max(self.min_tokens, min(tokens, self.max_tokens))
 
 
