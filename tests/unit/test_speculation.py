@@ -10,7 +10,7 @@ from llmserve.service.domain.events import FinishReason, TurnEndEvent
 from llmserve.service.domain.requests import SamplingParams
 from llmserve.service.engine.executor import Executor, ExecutorConfig
 from llmserve.service.engine.scheduler import Scheduler, SeqDemand, worth_drafting
-from llmserve.service.engine.speculation import DraftOdds, NgramIndex, SeqSpeculation
+from llmserve.service.engine.speculation import START_ODDS, NgramIndex, SeqSpeculation
 
 from .engine_harness import GREEDY, assert_kv_mirrors_slots, one_turn, params, run_until, turn_ends
 from .fake_runner import BOS, FakeRunner
@@ -63,15 +63,16 @@ def test_a_repeating_tail_drafts_the_repetition_in_full() -> None:
 
 
 def test_adaptive_length_and_rest() -> None:
-    server = DraftOdds(9.0, 1.0)  # the server's drafts have landed 9 tokens per miss
-    spec = SeqSpeculation(SPEC, server, max_misses=2, rest_tokens=3)
-    assert abs(spec.odds.chance - 0.9) < 1e-9  # a new sequence starts from the server's odds
+    earlier = SeqSpeculation(SPEC)
+    for _ in range(5):
+        earlier.record(8, 8)  # another sequence's drafts all landed ...
+    spec = SeqSpeculation(SPEC, max_misses=2, rest_tokens=3)
+    assert abs(spec.odds.chance - START_ODDS) < 1e-9  # ... a new one starts from the same odds
     spec.record(8, 2)
     assert spec.max_len == 3
     assert abs(spec.acceptance - (0.7 * 0.5 + 0.3 * 2 / 8)) < 1e-9  # the moving accepted share
-    accepted, missed = 0.8 * 1.8 + 2, 0.8 * 0.2 + 1  # 2 accepted, then a miss: per-token odds
+    accepted, missed = 0.8 * START_ODDS + 2, 0.8 * (1 - START_ODDS) + 1  # 2 accepted, then a miss: per-token odds
     assert abs(spec.odds.chance - accepted / (accepted + missed)) < 1e-9
-    assert abs(server.chance - (0.8 * 9 + 2) / (0.8 * 9 + 2 + 0.8 + 1)) < 1e-9  # the server's too
     spec.record_shadow(True)
     assert abs(spec.acceptance - (0.8 * (0.35 + 0.075) + 0.2)) < 1e-9  # a proposal not verified
     accepted, missed = 0.8 * accepted + 1, 0.8 * missed  # ... counts as its first token
@@ -153,3 +154,25 @@ def test_sampling_with_drafts_keeps_the_kv_consistent() -> None:
     assert len(sink.token_ids(0)) == 40 and len(sink.token_ids(1)) == 40
     assert_kv_mirrors_slots(executor, runner)
     _ = GREEDY
+
+
+def test_a_call_drafts_the_same_whatever_calls_came_before() -> None:
+    """What a sequence drafts (and so its batch shapes, whose float rounding a fixed seed's
+    draws depend on) comes from its own tokens only: no state carries over from other calls."""
+    # The model says 12 after 11, and (11, 12) was followed by 10: every draft misses.
+    missing = (BOS, 10, 11, 12, 10, 11)
+
+    def prompt_call(history: int) -> tuple[list[int], int, int]:
+        executor, _ = make()
+        executor.scheduler.price_drafts = True  # drafts granted by their odds, as served
+        for _ in range(history):
+            _, key = one_turn(executor, missing, params(max_tokens=6, ignore_eos=True))
+            executor.close(key)
+        steps = executor.profile.steps
+        sink, _ = one_turn(executor, PROMPT, params(max_tokens=30, ignore_eos=True))
+        end = sink.of(TurnEndEvent)[0]
+        return sink.token_ids(), end.draft_tokens, executor.profile.steps - steps
+
+    fresh = prompt_call(0)
+    assert fresh[1] > 0  # it drafts
+    assert prompt_call(4) == fresh  # after four calls whose drafts all missed: the same drafts, the same steps

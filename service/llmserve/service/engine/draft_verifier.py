@@ -16,7 +16,6 @@ from .generation_step import ReadyRow
 from .runner_api import Runner
 from .sample import Sample
 from .scheduler import SeqDemand
-from .speculation import DraftOdds
 from .token_picker import TokenPicker
 from .turn import TurnFinish
 
@@ -26,7 +25,6 @@ class DraftVerifier:
         self.runner = runner
         self.picker = picker
         self.settings = settings  # each sequence's SeqSpeculation drafts by these
-        self.odds = DraftOdds()  # the server's draft odds, which each new sequence starts from
         self.metrics = metrics
 
     def propose(self, s: Sample) -> int:

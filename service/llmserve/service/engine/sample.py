@@ -75,7 +75,7 @@ class Sample:
         forked.turn = self.turn.fork()
         forked.queue_ms, forked.t_slot = self.queue_ms, self.t_slot
         if self.speculation is not None:
-            forked.speculation = SeqSpeculation(self.speculation.settings, self.speculation.server)
+            forked.speculation = SeqSpeculation(self.speculation.settings)
         return forked
 
     # ---------------------------------------------------------------- input

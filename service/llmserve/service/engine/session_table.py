@@ -93,7 +93,7 @@ class SessionTable:
         self.waiting.append(session)
 
     def _speculation(self) -> SeqSpeculation | None:
-        return SeqSpeculation(self.verifier.settings, self.verifier.odds) if self.verifier is not None else None
+        return SeqSpeculation(self.verifier.settings) if self.verifier is not None else None
 
     def _sampler(self, sampling: SamplingParams, ignore_eos: bool, grammar: object | None) -> TokenSampler:
         return self.runner.new_sampler(sampling, self.n_ctx_per_slot, self._eog if ignore_eos else (), grammar)

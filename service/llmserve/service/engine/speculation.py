@@ -18,7 +18,8 @@ nothing accepted it rests for `rest_tokens` tokens. The scheduler grants draft r
 within a per-step budget that shrinks as more sequences decode, since under batching
 verify rows cost real compute. A lone stream's drafts are priced by `DraftOdds`, the
 per-token chance that a draft token lands once those before it did (a new sequence
-starts from the server's running odds); in busy steps, where a draft costs a ubatch of
+starts from the same odds: what it drafts depends on its own tokens only, so a fixed seed
+repeats run to run, batch shapes and their float rounding included); in busy steps, where a draft costs a ubatch of
 its own, by the accepted share of its recent drafts. Pure Python; executor thread only.
 """
 
@@ -30,6 +31,7 @@ from ..config import SpeculationSettings
 
 MAX_MISSES = 3  # drafts in a row with nothing accepted before a sequence rests
 REST_TOKENS = 32  # tokens it then generates without drafting
+START_ODDS = 0.8  # a new sequence's per-token draft odds (the same for every sequence)
 
 
 class NgramIndex:
@@ -93,7 +95,6 @@ class DraftOdds:
     undercounts it: 3 of 16 accepted is a share of 0.19 but one miss in 4 tries, 0.75.)"""
 
     DECAY = 0.8
-    PRIOR_WEIGHT = 2.0  # what a new sequence's start from the server's odds weighs, in drafts
 
     def __init__(self, num_accepted: float = 1.0, num_missed: float = 1.0) -> None:
         self.num_accepted = num_accepted
@@ -107,19 +108,12 @@ class DraftOdds:
         self.num_accepted = self.DECAY * self.num_accepted + num_accepted
         self.num_missed = self.DECAY * self.num_missed + float(missed)
 
-    def start(self) -> DraftOdds:
-        """A new sequence's odds: these odds, weighing `PRIOR_WEIGHT` events."""
-        return DraftOdds(self.PRIOR_WEIGHT * self.chance, self.PRIOR_WEIGHT * (1.0 - self.chance))
-
 
 class SeqSpeculation:
-    """One sequence's drafting state; `server` is the odds over all sequences (shared,
-    updated by each), which a new sequence starts from."""
+    """One sequence's drafting state. Nothing in it comes from other sequences: an earlier
+    call's drafts would change this one's batch shapes, and with them its float rounding."""
 
-    def __init__(
-        self, settings: SpeculationSettings, server: DraftOdds | None = None,
-        max_misses: int = MAX_MISSES, rest_tokens: int = REST_TOKENS,
-    ) -> None:
+    def __init__(self, settings: SpeculationSettings, max_misses: int = MAX_MISSES, rest_tokens: int = REST_TOKENS) -> None:
         self.settings = settings
         self.max_misses = max_misses
         self.rest_tokens = rest_tokens
@@ -127,8 +121,9 @@ class SeqSpeculation:
         self.max_len = settings.draft_max
         self.misses = 0
         self.rest = 0
-        self.server = server if server is not None else DraftOdds()
-        self.odds = self.server.start()  # per-token: what a lone stream's drafts are priced by
+        # Per-token: what a lone stream's drafts are priced by. The start weighs one draft:
+        # a first draft of a few rows, long ones after it lands, none after it misses.
+        self.odds = DraftOdds(START_ODDS, 1.0 - START_ODDS)
         # Moving average of the accepted share of its drafts (for a draft proposed but not
         # granted, whether its first token was what the sampler picked), neutral start: what
         # drafts are priced by when they cost a ubatch of their own (busy steps).
@@ -146,17 +141,13 @@ class SeqSpeculation:
     def record_shadow(self, hit: bool) -> None:
         """A draft proposed but not verified: did its first token match the sampled one?"""
         self.acceptance = 0.8 * self.acceptance + 0.2 * float(hit)
-        self._add(int(hit), not hit)
-
-    def _add(self, num_accepted: int, missed: bool) -> None:
-        self.odds.add(num_accepted, missed)
-        self.server.add(num_accepted, missed)
+        self.odds.add(int(hit), not hit)
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         draft_max = self.settings.draft_max
         if num_drafted:
             self.acceptance = 0.7 * self.acceptance + 0.3 * num_accepted / num_drafted
-            self._add(num_accepted, num_accepted < num_drafted)
+            self.odds.add(num_accepted, num_accepted < num_drafted)
         if num_accepted == num_drafted:
             self.max_len = min(self.max_len * 2, draft_max)
         else:
