@@ -100,13 +100,16 @@ def speculation(peer: Path, rounds: int) -> list[Row]:
         ours = _extractive_levels(url, False)
         mixed_ours = asyncio.run(_mixed_llmserve(url))
         fresh_ours = asyncio.run(_fresh_long(url, None))
-        off, url_off = start_llmserve(LOGS / "targets-ours-off.log", extra=(*ctx, "--spec-type", "none"))
-        try:
-            on_off = _spec_on_off(url, url_off, rounds)
-        finally:
-            stop(off)
     finally:
         stop(process)
+    # Both fresh: a server that has served the loads above holds their cached prefixes.
+    on, url_on = start_llmserve(LOGS / "targets-ours.log", extra=ctx)
+    off, url_off = start_llmserve(LOGS / "targets-ours-off.log", extra=(*ctx, "--spec-type", "none"))
+    try:
+        on_off = _spec_on_off(url_on, url_off, rounds)
+    finally:
+        stop(on)
+        stop(off)
     best: dict[int, float] = {}
     for spec in ("ngram-simple", "ngram-mod"):
         process, url = start_llama_server(peer, default_model_path(), LOGS / "targets-peer.log", False, (*ctx, "--spec-type", spec))
