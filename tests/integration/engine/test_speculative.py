@@ -8,6 +8,8 @@ logits in the last digits (CPU dependent), so the two greedy replies are compare
 their logprobs (tests/greedy.py), not as token lists. Measured here (AVX2): the same
 tokens' logprobs differed by up to 0.10 nats over 3 x 64 tokens and 0.15 with a grammar,
 and the code passage parted at token 10, where the plain run's two best were 0.009 apart.
+With every sequence starting from the same draft odds (a first draft of 4 rows) a grammar
+reply's forced token differed by 0.34 nats (-3.48 vs -3.82, token 21).
 A repeat on the speculative server gave the same digits and tokens (like with like).
 """
 
@@ -26,7 +28,7 @@ from tests.soak import chaos
 
 ARGS = ["-np", "4", "-c", "8192", "-t", "2"]
 TOP = 4  # logprob alternatives asked for: where two greedy replies part, both picks show
-SPEC_TOL = 0.3  # twice the largest difference measured (0.15, see above)
+SPEC_TOL = 0.7  # twice the largest difference measured (0.34, see above); the README's bound for batch composition
 PASSAGES = [
     "The river runs past the old mill, under the stone bridge, and into the harbor where the boats wait.",
     "def area(width, height):\n    return width * height\n\ndef perimeter(width, height):\n    return 2 * (width + height)\n",

@@ -156,9 +156,9 @@ class Admission:
                 fail(s, "DEADLINE_EXCEEDED",
                      f"the client read no response for {reader_timeout_s:g} s (--reader-timeout)")
 
-    def idle_timeout(self, step_s: float) -> float | None:
+    def idle_timeout(self, deadline_margin_s: float) -> float | None:
         """How long the idle loop may sleep: paused sessions resume when their client
-        reads (polled), and deadlines must be caught in time."""
+        reads (polled), and deadlines must be caught `deadline_margin_s` before they fall."""
         if any(s.paused for s in self.sessions.values()):
             return 0.005
         if self.waiting:  # an idle stream's slot may become theirs (admission.IDLE_GRACE_S)
@@ -166,4 +166,4 @@ class Admission:
         deadlines = [s.deadline for s in self.sessions.values() if s.deadline is not None]
         if not deadlines:
             return None
-        return max(min(deadlines) - time.monotonic() - 1.5 * step_s - 0.005, 0.0)
+        return max(min(deadlines) - time.monotonic() - deadline_margin_s, 0.0)

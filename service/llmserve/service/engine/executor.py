@@ -83,14 +83,14 @@ class Executor:
                                          n_ubatch=config.n_ubatch)
         max_draft_rows = spec.spec_max_rows if spec.enabled else 0
         fixed_budget = config.prefill.prefill_budget or None  # 0: paced, a budget per step from the PrefillPacer
-        self.scheduler = Scheduler(
-            config.n_batch, config.n_ubatch, config.max_embed_seqs, fixed_budget, max_draft_rows, per_slot_streams,
-        )
+        self.scheduler = Scheduler(config.n_batch, config.n_ubatch, config.max_embed_seqs, fixed_budget, max_draft_rows,
+                                   per_slot_streams)
         self.pacer = PrefillPacer(None if (ms := config.prefill.max_itl_ms) is None else ms / 1000) if fixed_budget is None else None
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._embeds: deque[tuple[EmbedInput, EventSink]] = deque()
         self._num_steps = 0
-        self._step_s = 0.02  # moving average of a step's duration (deadline margin)
+        self._step_s = 0.02  # moving average of a step's duration
+        self._slow_step_s = 0.02  # the slowest recent step, decaying (drafts or a first allocation make some several average ones)
         self.snapshot = ExecutorSnapshot()
         self._beat = time.monotonic()  # the loop's last iteration
         self._idle = True  # waiting for a command, with nothing to do
@@ -161,7 +161,7 @@ class Executor:
                 self._publish()
                 if not worked:
                     self._idle = True
-                    if not self.drain(block=True, timeout=self.table.admission.idle_timeout(self._step_s)):
+                    if not self.drain(block=True, timeout=self.table.admission.idle_timeout(self._deadline_margin_s)):
                         break
         except BaseException:
             log.critical("executor_died", exc_info=True)  # the watchdog sees the dead thread
@@ -204,7 +204,7 @@ class Executor:
         """One iteration of the loop; False when there was nothing to do. Each line is a
         phase and its comment says what it changes; `demands()` and `plan` only read."""
         table = self.table
-        table.expire_deadlines(self._step_s)  # sessions out of time end
+        table.expire_deadlines(self._deadline_margin_s)  # sessions out of time end
         table.expire_readers(self.config.reader_timeout_s)  # and streams nobody reads
         if table.admit():  # waiting sessions get free (or preempted) slots
             self._publish()  # slots taken before the first token streams out
@@ -224,6 +224,10 @@ class Executor:
         self._account(plan, embed_sizes, start)
         return True
 
+    @property
+    def _deadline_margin_s(self) -> float:  # the next step may outlast the slowest recent one (drafts double)
+        return 2.5 * self._slow_step_s + 0.005
+
     def _embed_sizes(self) -> list[int]:
         """Token counts of the embedding inputs a step could take."""
         return [len(item.tokens) for item, _ in itertools.islice(self._embeds, self.scheduler.max_embed_seqs)]
@@ -241,6 +245,7 @@ class Executor:
             num_prefill = sum(n for _, n in plan.prefill)
             self.pacer.observe(elapsed, len(plan.decode) + sum(n for _, n in plan.drafts), num_prefill)
         self._step_s = 0.9 * self._step_s + 0.1 * elapsed
+        self._slow_step_s = max(elapsed, 0.95 * self._slow_step_s, self._step_s)
         self.metrics.step_duration.labels(kind).observe(elapsed)
         self.metrics.batch_tokens.labels(kind).observe(num_tokens)
 

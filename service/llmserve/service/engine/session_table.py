@@ -278,9 +278,9 @@ class SessionTable:
 
     # ------------------------------------------------------------ deadlines
 
-    def expire_deadlines(self, step_s: float) -> None:
-        """End sessions whose deadline falls before the next step could finish."""
-        horizon = time.monotonic() + 1.5 * step_s + 0.005
+    def expire_deadlines(self, margin_s: float) -> None:
+        """End sessions whose deadline falls within `margin_s` (before the next step could finish)."""
+        horizon = time.monotonic() + margin_s
         for s in list(self.sessions.values()):
             if s.deadline is not None and s.deadline <= horizon:
                 s.later.clear()
