@@ -109,13 +109,15 @@ def test_the_lame_duck_serves_then_refusals_are_trailers_only(tmp_path) -> None:
     the delay; then refused UNAVAILABLE before any response headers (trailers-only), which
     is what lets a retry policy try the call again: the SDK's policy makes all its attempts
     (gRPC commits a call to its first attempt once response headers arrive)."""
-    server = start_server(["-np", "2", "-c", "2048", "-t", "2", "--shutdown-grace", "30",
+    server = start_server(["-np", "2", "-c", "8192", "-t", "2", "--shutdown-grace", "30",
                            "--drain-delay", str(DRAIN_DELAY_S)], tmp_path / "server.log", metrics=True)
     channel = grpc.insecure_channel(server.address)
     watch = health_pb2_grpc.HealthStub(channel).Watch(
         health_pb2.HealthCheckRequest(service="llmserve.v1.LLMService"), timeout=120)
     assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
-    holder = SessionStream(channel, max_tokens=1000, temperature=0, ignore_eos=True)  # keeps the drain open
+    # Keeps the drain open past the delay and the refused call: 1000 greedy tokens, which loop
+    # and draft, were done within ~9.5 s of SIGTERM on a fast machine, and the server stopped.
+    holder = SessionStream(channel, max_tokens=4000, temperature=0, ignore_eos=True)
     holder.send("Write a very long story:")
     assert holder.next_response().HasField("chunk")
 

@@ -90,7 +90,7 @@ class Executor:
         self._embeds: deque[tuple[EmbedInput, EventSink]] = deque()
         self._num_steps = 0
         self._step_s = 0.02  # moving average of a step's duration
-        self._slow_step_s = 0.02  # the slowest recent step, decaying (drafts or a first allocation make some several average ones)
+        self._recent_steps: deque[tuple[float, float]] = deque()  # (end, duration) of the last second's steps
         self.snapshot = ExecutorSnapshot()
         self._beat = time.monotonic()  # the loop's last iteration
         self._idle = True  # waiting for a command, with nothing to do
@@ -104,15 +104,13 @@ class Executor:
         self._thread.start()
 
     def stop(self, timeout: float | None = None) -> bool:
-        """Stop after the current step; open sessions end UNAVAILABLE. False if the thread
-        did not end within `timeout`."""
+        """Stop after the current step; open sessions end UNAVAILABLE. False: not ended in `timeout`."""
         self._commands.put(STOP)
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
     def stalled_for(self) -> float | None:
-        """Seconds since the loop last moved while it had work (0 when idle); None if the
-        thread has died."""
+        """Seconds since the loop last moved while it had work (0 when idle); None: the thread died."""
         if not self._thread.is_alive():
             return None
         return 0.0 if self._idle else max(time.monotonic() - self._beat, 0.0)
@@ -225,8 +223,10 @@ class Executor:
         return True
 
     @property
-    def _deadline_margin_s(self) -> float:  # the next step may outlast the slowest recent one (drafts double)
-        return 2.5 * self._slow_step_s + 0.005
+    def _deadline_margin_s(self) -> float:  # the next step may outlast the last second's slowest (drafts double)
+        while self._recent_steps and self._recent_steps[0][0] < time.monotonic() - 1.0:
+            self._recent_steps.popleft()
+        return 2.5 * max((d for _, d in self._recent_steps), default=self._step_s) + 0.005
 
     def _embed_sizes(self) -> list[int]:
         """Token counts of the embedding inputs a step could take."""
@@ -245,7 +245,7 @@ class Executor:
             num_prefill = sum(n for _, n in plan.prefill)
             self.pacer.observe(elapsed, len(plan.decode) + sum(n for _, n in plan.drafts), num_prefill)
         self._step_s = 0.9 * self._step_s + 0.1 * elapsed
-        self._slow_step_s = max(elapsed, 0.95 * self._slow_step_s, self._step_s)
+        self._recent_steps.append((time.monotonic(), elapsed))
         self.metrics.step_duration.labels(kind).observe(elapsed)
         self.metrics.batch_tokens.labels(kind).observe(num_tokens)
 
