@@ -12,7 +12,7 @@ from llmserve.service.engine.executor import Executor, ExecutorConfig
 from llmserve.service.engine.scheduler import Scheduler, SeqDemand, worth_drafting
 from llmserve.service.engine.speculation import START_ODDS, NgramIndex, SeqSpeculation
 
-from .engine_harness import GREEDY, assert_kv_mirrors_slots, one_turn, params, run_until, turn_ends
+from .engine_harness import GREEDY, ListSink, assert_kv_mirrors_slots, one_turn, params, run_until, turn_ends
 from .fake_runner import BOS, FakeRunner
 
 SPEC = SpeculationSettings(spec_type="ngram-simple", draft_max=16, spec_ngram_size_n=2, spec_max_rows=16)
@@ -176,3 +176,23 @@ def test_a_call_drafts_the_same_whatever_calls_came_before() -> None:
     fresh = prompt_call(0)
     assert fresh[1] > 0  # it drafts
     assert prompt_call(4) == fresh  # after four calls whose drafts all missed: the same drafts, the same steps
+
+
+def test_no_drafts_close_to_the_call_deadline() -> None:
+    """A lone stream's drafts double and its steps with them, so near its deadline a call
+    drafts nothing: the step before the deadline stays short and the turn's end (DEADLINE)
+    still reaches the client in time."""
+    import time
+
+    drafted = []
+    for deadline_s in (None, 0.15):  # within DRAFT_FREE_STEPS steps of 20 ms
+        executor, runner = make()
+        decode = runner.decode
+        runner.decode = lambda decode=decode: (time.sleep(0.02), decode())[1]  # type: ignore[method-assign, misc]
+        deadline = None if deadline_s is None else time.monotonic() + deadline_s
+        sink = ListSink()
+        key = executor.open_session(params(max_tokens=30, ignore_eos=True), sink, deadline)
+        executor.add_input(key, PROMPT, True)
+        run_until(executor, turn_ends(sink))
+        drafted.append(sink.of(TurnEndEvent)[0].draft_tokens)
+    assert drafted[0] > 0 and drafted[1] == 0

@@ -38,6 +38,7 @@ from .slot_kv import SlotKV
 from .token_picker import TokenPicker
 
 log = structlog.get_logger("llmserve.executor")
+DRAFT_FREE_STEPS = 10  # no drafts this close to a call's deadline: a lone stream's drafts double, their steps with them
 
 
 class InjectedFault(BaseException):
@@ -90,7 +91,6 @@ class Executor:
         self._embeds: deque[tuple[EmbedInput, EventSink]] = deque()
         self._num_steps = 0
         self._step_s = 0.02  # moving average of a step's duration
-        self._recent_steps: deque[tuple[float, float]] = deque()  # (end, duration) of the last second's steps
         self.snapshot = ExecutorSnapshot()
         self._beat = time.monotonic()  # the loop's last iteration
         self._idle = True  # waiting for a command, with nothing to do
@@ -207,7 +207,7 @@ class Executor:
         if table.admit():  # waiting sessions get free (or preempted) slots
             self._publish()  # slots taken before the first token streams out
         table.sample_ready()  # turns whose prompt is cached with its logits: no decode
-        table.propose_drafts()  # speculation: drafts for the generating sequences
+        table.propose_drafts(time.monotonic() + DRAFT_FREE_STEPS * self._step_s)  # speculation: drafts for the generating sequences
         embed_sizes = self._embed_sizes()
         budget = self.pacer.budget() if self.pacer is not None else None
         plan = self.scheduler.plan(table.demands(), embed_sizes, budget)
@@ -223,10 +223,8 @@ class Executor:
         return True
 
     @property
-    def _deadline_margin_s(self) -> float:  # the next step may outlast the last second's slowest (drafts double)
-        while self._recent_steps and self._recent_steps[0][0] < time.monotonic() - 1.0:
-            self._recent_steps.popleft()
-        return 2.5 * max((d for _, d in self._recent_steps), default=self._step_s) + 0.005
+    def _deadline_margin_s(self) -> float:  # sessions whose deadline is nearer end now
+        return 1.5 * self._step_s + 0.005
 
     def _embed_sizes(self) -> list[int]:
         """Token counts of the embedding inputs a step could take."""
@@ -245,7 +243,6 @@ class Executor:
             num_prefill = sum(n for _, n in plan.prefill)
             self.pacer.observe(elapsed, len(plan.decode) + sum(n for _, n in plan.drafts), num_prefill)
         self._step_s = 0.9 * self._step_s + 0.1 * elapsed
-        self._recent_steps.append((time.monotonic(), elapsed))
         self.metrics.step_duration.labels(kind).observe(elapsed)
         self.metrics.batch_tokens.labels(kind).observe(num_tokens)
 

@@ -40,14 +40,9 @@ class SessionTable:
     def __init__(self, runner: Runner, allocator: SlotAllocator, kv: SlotKV, picker: TokenPicker, keys: Iterator[int],
                  store: SessionStore | None, verifier: DraftVerifier | None = None) -> None:
         """`verifier`: speculative decoding (None: off)."""
-        self.runner = runner
-        self.verifier = verifier
+        self.runner, self.verifier, self.store, self.allocator, self.kv = runner, verifier, store, allocator, kv
         self.n_ctx_per_slot = allocator.n_ctx_per_slot
-        self.store = store
-        self.allocator = allocator
-        self.kv = kv
-        self.picker = picker
-        self.keys = keys
+        self.picker, self.keys = picker, keys
         self.sessions: dict[int, Session] = {}
         self.samples: dict[int, Sample] = {}  # every session's samples: the main one has the session's key
         self.waiting: deque[Session] = deque()
@@ -125,12 +120,16 @@ class SessionTable:
             if s.slot is not None and not s.paused
         ]
 
-    def propose_drafts(self) -> None:
-        """Speculation: each generating sequence drafts the tokens it hopes the step accepts."""
+    def propose_drafts(self, no_drafts_after: float) -> None:
+        """Speculation: each generating sequence drafts the tokens it hopes the step accepts;
+        none whose call's deadline is before `no_drafts_after` (draft steps are the slow ones)."""
         if self.verifier is not None:
             for s in self.samples.values():
-                if s.slot is not None and not s.paused and s.generating:
+                deadline = session.deadline if (session := self.sessions.get(s.session_key)) else None
+                if s.slot is not None and not s.paused and s.generating and (deadline or no_drafts_after) >= no_drafts_after:
                     self.verifier.propose(s)
+                else:
+                    s.draft = []
 
     def postprocess(self, output: StepOutput) -> None:
         """Apply a step's output: record what entered each slot, sample every ready row
