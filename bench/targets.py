@@ -18,7 +18,7 @@ import argparse
 import asyncio
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from llmserve.client import loadgen
@@ -45,33 +45,50 @@ def _prompt(rnd: int) -> Callable[[int, int, int], str]:
         loadgen.PROMPTS[worker % len(loadgen.PROMPTS)]
 
 
+Level = Callable[..., Awaitable[loadgen.LevelResult]]
+
+
+def alternate(servers: dict[str, tuple[Level, str]], rounds: int, label: str = "plain") -> tuple[dict[str, dict[int, list[float]]], ...]:
+    """The plain rows' load on each server (runner, address): `rounds` rounds over
+    PLAIN_LEVELS, the servers' order swapped each round. Returns tokens/s and TTFT p50,
+    by server name and level, one entry a round."""
+    tps: dict[str, dict[int, list[float]]] = {name: {} for name in servers}
+    ttft: dict[str, dict[int, list[float]]] = {name: {} for name in servers}
+    names = list(servers)
+    for rnd in range(rounds):
+        for level in PLAIN_LEVELS:
+            for name in names if rnd % 2 == 0 else reversed(names):
+                run, url = servers[name]
+                s = asyncio.run(run(url, level, 2, 64, _prompt(rnd))).summary()
+                tps[name].setdefault(level, []).append(s["tokens_per_s"])
+                ttft[name].setdefault(level, []).append(s["ttft_p50_ms"])
+            print(f"{label} round {rnd} c={level}: " + " vs ".join(f"{tps[n][level][-1]:.1f}" for n in names), flush=True)
+    return tps, ttft
+
+
 def plain(peer: Path, rounds: int) -> tuple[list[Row], dict[int, float]]:
     ours, url_ours = start_llmserve(LOGS / "targets-ours.log")
     theirs, url_theirs = start_llama_server(peer, default_model_path(), LOGS / "targets-peer.log", False)
-    tps: dict[str, dict[int, list[float]]] = {"ours": {}, "peer": {}}
-    ttft: dict[str, dict[int, list[float]]] = {"ours": {}, "peer": {}}
     try:
-        for rnd in range(rounds):
-            for level in PLAIN_LEVELS:
-                order = [("ours", url_ours), ("peer", url_theirs)]
-                for name, url in order if rnd % 2 == 0 else reversed(order):
-                    run = loadgen.llmserve_level if name == "ours" else loadgen.peer_level
-                    s = asyncio.run(run(url, level, 2, 64, _prompt(rnd))).summary()
-                    tps[name].setdefault(level, []).append(s["tokens_per_s"])
-                    ttft[name].setdefault(level, []).append(s["ttft_p50_ms"])
-                print(f"plain round {rnd} c={level}: {tps['ours'][level][-1]:.1f} vs {tps['peer'][level][-1]:.1f}", flush=True)
+        tps, ttft = alternate({"ours": (loadgen.llmserve_level, url_ours), "peer": (loadgen.peer_level, url_theirs)}, rounds)
     finally:
         stop(ours)
         stop(theirs)
+    return plain_rows(tps, ttft, "ours", "peer"), {level: statistics.median(tps["ours"][level]) for level in PLAIN_LEVELS}
+
+
+def plain_rows(tps: dict[str, dict[int, list[float]]], ttft: dict[str, dict[int, list[float]]], a: str, b: str) -> list[Row]:
+    """The plain rows' goals, server `a` over server `b`, from `alternate`'s results."""
     rows: list[Row] = []
     for level in PLAIN_LEVELS:
-        ratios = [a / b for a, b in zip(tps["ours"][level], tps["peer"][level])]
+        ratios = [x / y for x, y in zip(tps[a][level], tps[b][level])]
         med, low = statistics.median(ratios), min(ratios)
         rows.append((f"plain c={level} tokens/s", f"median {med:.2f}x, lowest {low:.2f}x "
                      f"({', '.join(f'{r:.2f}' for r in ratios)})", ">= 1.05x, none < 0.95x", med >= 1.05 and low >= 0.95))
-        t = statistics.median(a / b for a, b in zip(ttft["ours"][level], ttft["peer"][level]))
-        rows.append((f"plain c={level} TTFT p50", f"{t:.2f}x", "<= 1.0x", t <= 1.0))
-    return rows, {level: statistics.median(tps["ours"][level]) for level in PLAIN_LEVELS}
+        t = [x / y for x, y in zip(ttft[a][level], ttft[b][level])]
+        rows.append((f"plain c={level} TTFT p50", f"median {statistics.median(t):.2f}x ({', '.join(f'{r:.2f}' for r in t)})",
+                     "<= 1.0x", statistics.median(t) <= 1.0))
+    return rows
 
 
 def _extractive_levels(url: str, is_peer: bool) -> dict[int, float]:
