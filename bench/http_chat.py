@@ -107,11 +107,7 @@ async def chat_level(
     """`concurrency` workers send `rounds` streamed chat requests each, after one warm-up."""
     prompt = prompt or loadgen._prompt
     result = ChatLevelResult(concurrency)
-    timeout = aiohttp.ClientTimeout(total=600)
-    # A connection per request, for both servers: llama-server closes idle keep-alive
-    # connections, and a request that reused one failed with ServerDisconnectedError.
-    connector = aiohttp.TCPConnector(limit=64, force_close=True)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    async with loadgen.peer_session() as session:  # a connection per request, for both servers
         async with session.get(f"{url}/v1/models") as response:
             response.raise_for_status()
             model = (await response.json())["data"][0]["id"]

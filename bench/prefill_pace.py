@@ -28,7 +28,7 @@ MARKER = "<!-- prefill-pace -->"
 def _measure(url: str, is_peer: bool) -> str:
     mixed = asyncio.run(_mixed_peer(url) if is_peer else _mixed_llmserve(url))
     run = loadgen.peer_level if is_peer else loadgen.llmserve_level
-    burst = asyncio.run(run(url, 16, 1, 160, extractive))
+    burst = asyncio.run(run(url, 16, 1, 160, extractive)).checked()
     ttfts = mixed["long_ttft_s"]
     s = burst.summary()
     return (f"{mixed['itl_p50']:.0f} / {mixed['itl_p99']:.0f} / {mixed['itl_max']:.0f} ms "

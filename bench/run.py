@@ -84,9 +84,9 @@ def main() -> None:
             ours.append({})
             peer.append({})
             for level in levels:
-                ours[-1][level] = asyncio.run(loadgen.llmserve_level(address, level, args.rounds, 64)).summary()
+                ours[-1][level] = asyncio.run(loadgen.llmserve_level(address, level, args.rounds, 64)).checked().summary()
                 if have_peer:
-                    peer[-1][level] = asyncio.run(loadgen.peer_level(peer_url, level, args.rounds, 64)).summary()
+                    peer[-1][level] = asyncio.run(loadgen.peer_level(peer_url, level, args.rounds, 64)).checked().summary()
         embed["llmserve"] = asyncio.run(loadgen.llmserve_embed(address, loadgen.CORPUS))
     finally:
         stop(process)

@@ -37,7 +37,7 @@ def main() -> None:
                     def prompt(_level: int, worker: int, request: int, rnd: int = rnd) -> str:
                         return f"Round {rnd}.{request} worker {worker}: {loadgen.PROMPTS[worker % len(loadgen.PROMPTS)]}"
 
-                    tps[name] = asyncio.run(loadgen.llmserve_level(address, level, args.requests, 64, prompt)).tokens_per_s
+                    tps[name] = asyncio.run(loadgen.llmserve_level(address, level, args.requests, 64, prompt)).checked().tokens_per_s
                 print(f"| {rnd} | {level} | {tps['off']:.1f} | {tps['on']:.1f} | {tps['on'] / tps['off']:.2f} |", flush=True)
     finally:
         stop(off)

@@ -76,13 +76,11 @@ async def _mixed_llmserve(address: str) -> dict[str, float]:
 
 
 async def _mixed_peer(url: str) -> dict[str, float]:
-    import aiohttp
-
     result = loadgen.LevelResult(8)
     long = loadgen.LevelResult(4)
     done: list[float] = []
     start = time.perf_counter()
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+    async with loadgen.peer_session() as session:
         async def stream(i: int) -> None:
             await loadgen._peer_one(session, url, f"Stream {i} {time.time()}: count slowly:", 256, result)
 
@@ -96,7 +94,7 @@ async def _mixed_peer(url: str) -> dict[str, float]:
 
 
 def _mixed_summary(streams: loadgen.LevelResult, long: loadgen.LevelResult, done: list[float]) -> dict[str, float]:
-    s = streams.summary()
+    s, _ = streams.checked().summary(), long.checked()
     return {"last_done_s": max(done), "itl_p50": s["itl_p50_ms"], "itl_p99": s["itl_p99_ms"], "itl_max": max(streams.itl_ms),
             "long_ttft_min": min(long.ttft_ms), "long_ttft_max": max(long.ttft_ms), "itl_ms": list(streams.itl_ms),
             "long_ttft_s": sorted(t / 1000 for t in long.ttft_ms)}
@@ -111,11 +109,9 @@ async def _fresh_long(address: str | None, url: str | None) -> float:
             async with grpc.aio.insecure_channel(address) as channel:
                 await loadgen._llmserve_one(pb_grpc.LLMServiceStub(channel), prompt, 2, result)
         else:
-            import aiohttp
-
-            async with aiohttp.ClientSession() as session:
+            async with loadgen.peer_session() as session:
                 await loadgen._peer_one(session, url, prompt, 2, result)
-        ttfts.append(result.ttft_ms[0])
+        ttfts.append(result.checked().ttft_ms[0])
     return statistics.median(ttfts)
 
 
@@ -165,14 +161,14 @@ def main() -> None:
             row = table.setdefault(name, {})
             for level in ext_levels if "extractive" in scenarios else ():
                 run = loadgen.peer_level if is_peer else loadgen.llmserve_level
-                r = asyncio.run(run(url, level, 2 if level == 1 else 1, 160, extractive))
+                r = asyncio.run(run(url, level, 2 if level == 1 else 1, 160, extractive)).checked()
                 row[f"ext{level}"] = f"{r.tokens_per_s:.1f}"
                 print(name, "extractive", level, _row(r.summary()), flush=True)
             if "ngram-mod" in name or ("simple" in name and is_peer):
                 continue
             for level in plain_levels if "plain" in scenarios else ():
                 run = loadgen.peer_level if is_peer else loadgen.llmserve_level
-                r = asyncio.run(run(url, level, 1, 64))
+                r = asyncio.run(run(url, level, 1, 64)).checked()
                 row[f"plain{level}"] = f"{r.tokens_per_s:.1f}"
                 print(name, "plain", level, _row(r.summary()), flush=True)
             if "mixed" in scenarios:

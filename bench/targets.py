@@ -59,7 +59,7 @@ def alternate(servers: dict[str, tuple[Level, str]], rounds: int, label: str = "
         for level in PLAIN_LEVELS:
             for name in names if rnd % 2 == 0 else reversed(names):
                 run, url = servers[name]
-                s = asyncio.run(run(url, level, 2, 64, _prompt(rnd))).summary()
+                s = asyncio.run(run(url, level, 2, 64, _prompt(rnd))).checked().summary()
                 tps[name].setdefault(level, []).append(s["tokens_per_s"])
                 ttft[name].setdefault(level, []).append(s["ttft_p50_ms"])
             print(f"{label} round {rnd} c={level}: " + " vs ".join(f"{tps[n][level][-1]:.1f}" for n in names), flush=True)
@@ -93,7 +93,7 @@ def plain_rows(tps: dict[str, dict[int, list[float]]], ttft: dict[str, dict[int,
 
 def _extractive_levels(url: str, is_peer: bool) -> dict[int, float]:
     run = loadgen.peer_level if is_peer else loadgen.llmserve_level
-    return {level: asyncio.run(run(url, level, 2 if level == 1 else 1, 160, extractive)).tokens_per_s for level in (1, 4, 16)}
+    return {level: asyncio.run(run(url, level, 2 if level == 1 else 1, 160, extractive)).checked().tokens_per_s for level in (1, 4, 16)}
 
 
 def _spec_on_off(url_on: str, url_off: str, rounds: int) -> dict[int, list[float]]:
@@ -104,7 +104,7 @@ def _spec_on_off(url_on: str, url_off: str, rounds: int) -> dict[int, list[float
         for level in PLAIN_LEVELS:
             tps = {}
             for url in (url_on, url_off) if rnd % 2 == 0 else (url_off, url_on):
-                tps[url] = asyncio.run(loadgen.llmserve_level(url, level, 1, 64, _prompt(7 + rnd))).tokens_per_s
+                tps[url] = asyncio.run(loadgen.llmserve_level(url, level, 1, 64, _prompt(7 + rnd))).checked().tokens_per_s
             ratios.setdefault(level, []).append(tps[url_on] / tps[url_off])
             print(f"speculation round {rnd} c={level}: on/off {ratios[level][-1]:.2f}", flush=True)
     return ratios

@@ -54,6 +54,13 @@ class LevelResult:
     def tokens_per_s(self) -> float:
         return self.tokens / self.wall_s if self.wall_s else 0.0
 
+    def checked(self) -> LevelResult:
+        """This result, or RuntimeError when calls failed: a rate over the calls that were
+        left measures a lighter load than the one it is compared with."""
+        if self.errors:
+            raise RuntimeError(f"{self.errors} calls failed at concurrency {self.concurrency}: no figure from this level")
+        return self
+
     def summary(self) -> dict[str, float]:
         return {
             "tokens_per_s": self.tokens_per_s,
@@ -161,6 +168,17 @@ async def llmserve_embed(address: str, texts: list[str], batch: int = 32) -> tup
 # ------------------------------------------------------------------ llama-server
 
 
+def peer_session(limit: int = 64):  # type: ignore[no-untyped-def]
+    """An aiohttp session for llama-server: a new connection per request. llama-server
+    closes a connection after a streamed reply, and a request that reused it failed at
+    once ("Can not write request body", "Server disconnected"): every other request of a
+    worker, which made its load lighter than the one it was compared with."""
+    import aiohttp
+
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600),
+                                 connector=aiohttp.TCPConnector(limit=limit, force_close=True))
+
+
 async def _peer_one(session, url: str, prompt: str, max_tokens: int, result: LevelResult) -> None:  # type: ignore[no-untyped-def]
     body = {
         "prompt": prompt, "n_predict": max_tokens, "ignore_eos": True, "temperature": 0, "seed": 1,
@@ -186,12 +204,9 @@ async def _peer_one(session, url: str, prompt: str, max_tokens: int, result: Lev
 async def peer_level(
     url: str, concurrency: int, rounds: int, max_tokens: int, prompt: PromptFn | None = None
 ) -> LevelResult:
-    import aiohttp
-
     prompt = prompt or _prompt
     result = LevelResult(concurrency)
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=64)) as session:
+    async with peer_session() as session:
         await _peer_one(session, url, PROMPTS[0], 4, LevelResult(0))
 
         async def worker(w: int) -> None:
@@ -206,9 +221,7 @@ async def peer_level(
 
 async def peer_embed(url: str, texts: list[str], batch: int = 32, concurrency: int = 4) -> tuple[float, float]:
     """llama-server /embedding with `batch` texts per request, `concurrency` requests in flight."""
-    import aiohttp
-
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+    async with peer_session() as session:
         async with session.post(f"{url}/tokenize", json={"content": texts[0]}) as r:
             per_text = len((await r.json())["tokens"]) + 1
         chunks = [texts[i : i + batch] for i in range(0, len(texts), batch)]
