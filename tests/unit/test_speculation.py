@@ -11,6 +11,7 @@ from llmserve.service.domain.requests import SamplingParams
 from llmserve.service.engine.executor import Executor, ExecutorConfig
 from llmserve.service.engine.scheduler import Scheduler, SeqDemand, worth_drafting
 from llmserve.service.engine.speculation import START_ODDS, NgramIndex, SeqSpeculation
+from llmserve.service.engine.ubatches import num_ubatches
 
 from .engine_harness import GREEDY, ListSink, assert_kv_mirrors_slots, one_turn, params, run_until, turn_ends
 from .fake_runner import BOS, FakeRunner
@@ -100,6 +101,18 @@ def test_scheduler_grants_draft_rows_within_the_budget() -> None:
     assert scheduler.plan([SeqDemand(1, True, 0, 12)], []).drafts == ((1, 1),)  # a neutral start: one row
     many = scheduler.plan([SeqDemand(k, True, 0, 12, draft_acceptance=0.99) for k in range(1, 6)], [])
     assert many.drafts == ()  # a busy server does not draft (measured: c=8 lost a third)
+
+
+def test_three_or_four_decoding_draft_equal_lengths_that_share_one_ubatch() -> None:
+    # One KV stream per slot: split_equal puts consecutive sequences with equal rows in one
+    # ubatch, so equal drafts cost no ubatch of their own (priced as one: 0.95 drafted nothing).
+    scheduler = Scheduler(512, 512, 4, prefill_budget=None, max_draft_rows=64, per_slot_streams=True)
+    four = scheduler.plan([SeqDemand(k, True, 0, 16, seq_id=k, draft_acceptance=0.95) for k in (1, 2, 3, 4)], [])
+    assert len(four.drafts) == 4 and len({n for _, n in four.drafts}) == 1 and four.drafts[0][1] >= 4
+    assert num_ubatches([(key, 1 + n) for key, n in sorted(four.drafts)], 512, True) == 1
+    short = scheduler.plan([SeqDemand(k, True, 0, 3 if k == 2 else 16, seq_id=k, draft_acceptance=0.99) for k in (1, 2, 3)], [])
+    assert sorted(short.drafts) == [(1, 3), (2, 3), (3, 3)]  # as long as the shortest proposal
+    assert worth_drafting(0.95, 4, 16, True) == 0
 
 
 def test_draft_rows_are_granted_only_where_they_pay() -> None:

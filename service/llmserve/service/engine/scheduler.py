@@ -3,7 +3,8 @@
 Per generation step: one decode token for every generating sequence first (so
 streams never stall behind long prompts), then draft rows for the sequences that
 speculate (`max_draft_rows` shared fairly while at most `MAX_DRAFTING_SEQS` sequences
-decode, none with more: under batching verify rows cost real compute), then prompt chunks until `n_batch`
+decode, none with more: under batching verify rows cost real compute; with 3-4 decoding, all
+or none and of one length), then prompt chunks until `n_batch`
 tokens: the prompt that has waited longest gets at least an equal share of the budget
 (no prompt starves), the rest goes to the prompts closest to done (shortest remaining
 first: a short chat turn is not queued behind a long document, and long prompts finish
@@ -162,6 +163,12 @@ class Scheduler:
             if len(wanting) < num_decoding:
                 return []
         budget = min(rows, self.n_ubatch - num_decoding)
+        if num_decoding > 2 and self.price_drafts:
+            # Every decoding sequence drafts: equal lengths keep their rows in one ubatch
+            # (split_equal), so no draft pays for an extra one.
+            k = min(worth_drafting(d.draft_acceptance, num_decoding, d.num_draft, False) for d in wanting)
+            k = min(k, budget // len(wanting))
+            return [(d.key, k) for d in wanting] if k > 0 else []
         extra_ubatch = self.per_slot_streams and num_decoding > 1
         # A lone stream prices by per-token odds (measured on medians: c=1 extractive +14%,
         # plain +22% over the share); busy steps keep the share (odds lost extractive c=4 26%).
