@@ -18,9 +18,8 @@ from pathlib import Path
 from llmserve.client import loadgen
 from llmserve.service.model.default_model import default_model_path
 
-from . import embed_model
 from .servers import DEFAULT_BUILD, start_llama_server, start_llmserve, stop
-from .targets import LOGS, alternate, plain_rows
+from .targets import LOGS, alternate, plain_rows, report
 
 MARKER = "<!-- noise -->"
 
@@ -49,16 +48,10 @@ def main() -> None:
     finally:
         stop(first)
         stop(second)
-    rows = plain_rows(tps, ttft, "a", "b")
-    text = "\n".join([
-        f"Measured {started} to {time.strftime('%H:%M UTC', time.gmtime())} with `python -m bench.noise "
-        f"--server {args.server} --rounds {args.rounds}`: {args.server} against a second {args.server}, same flags.\n",
-        "| plain row, server A / server B | measured | goal | met by chance |", "|---|---|---|---|",
-        *(f"| {t} | {m} | {g} | {'yes' if ok else 'no'} |" for t, m, g, ok in rows)]) + "\n"
-    print(text)
-    if args.out:
-        embed_model.write_section(args.out, MARKER + "\n" + text + MARKER, MARKER, MARKER)
-
+    report(plain_rows(tps, ttft, "a", "b"), f"Measured {started} to {time.strftime('%H:%M UTC', time.gmtime())} with "
+           f"`python -m bench.noise --server {args.server} --rounds {args.rounds}`: {args.server} against a second "
+           f"{args.server}, same flags.", "| plain row, server A / server B | measured | goal | met by chance |",
+           args.out, MARKER, missed="no")
 
 if __name__ == "__main__":
     main()

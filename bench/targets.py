@@ -220,14 +220,18 @@ def main() -> None:
     rows += speculation(args.llama_server, args.rounds)
     rows += embed(args.llama_server)
     rows += memory(args.llama_server)
-    text = "\n".join([
-        f"Measured {started} to {time.strftime('%H:%M UTC', time.gmtime())} with `python -m bench.targets "
-        f"--rounds {args.rounds}`, one run, servers one at a time.\n",
-        "| target | measured (llmserve / llama-server) | goal | met |", "|---|---|---|---|",
-        *(f"| {t} | {m} | {g} | {'yes' if ok else '**no**'} |" for t, m, g, ok in rows)]) + "\n"
+    report(rows, f"Measured {started} to {time.strftime('%H:%M UTC', time.gmtime())} with `python -m bench.targets "
+           f"--rounds {args.rounds}`, one run, servers one at a time.", "| target | measured (llmserve / llama-server) | goal | met |",
+           args.out, MARKER)
+
+
+def report(rows: list[Row], intro: str, header: str, out: Path | None, marker: str, missed: str = "**no**") -> None:
+    """Print the rows as a table under `intro`; with `out`, also into its `marker` section."""
+    text = "\n".join([intro + "\n", header, "|---|---|---|---|",
+                      *(f"| {t} | {m} | {g} | {'yes' if ok else missed} |" for t, m, g, ok in rows)]) + "\n"
     print(text)
-    if args.out:
-        embed_model.write_section(args.out, MARKER + "\n" + text + MARKER, MARKER, MARKER)
+    if out:
+        embed_model.write_section(out, marker + "\n" + text + marker, marker, marker)
 
 
 if __name__ == "__main__":
