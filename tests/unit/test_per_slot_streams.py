@@ -58,16 +58,17 @@ def test_a_granted_draft_never_starts_a_later_ubatch_past_its_first_draft_row(ra
 
 
 def test_a_neighbours_prompt_holds_a_long_sequences_draft_back_but_not_a_far_ones() -> None:
+    # 7 draft rows: with the decode row a multiple of four (step_costs), all of a lone stream's
     scheduler = Scheduler(512, 512, 4, prefill_budget=None, max_draft_rows=16, per_slot_streams=True)
-    near = scheduler.plan([SeqDemand(1, True, 0, 8, seq_id=3, window_at_risk=True, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=4)], [])
+    near = scheduler.plan([SeqDemand(1, True, 0, 7, seq_id=3, window_at_risk=True, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=4)], [])
     assert near.drafts == () and near.prefill == ((2, 100),)  # the prompt goes on, the draft waits
-    short = scheduler.plan([SeqDemand(1, True, 0, 8, seq_id=3, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=4)], [])
-    assert short.drafts == ((1, 8),)  # a sequence shorter than the window loses no cell
-    far = scheduler.plan([SeqDemand(1, True, 0, 8, seq_id=3, window_at_risk=True, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=5)], [])
-    assert far.drafts == ((1, 8),)
+    short = scheduler.plan([SeqDemand(1, True, 0, 7, seq_id=3, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=4)], [])
+    assert short.drafts == ((1, 7),)  # a sequence shorter than the window loses no cell
+    far = scheduler.plan([SeqDemand(1, True, 0, 7, seq_id=3, window_at_risk=True, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=5)], [])
+    assert far.drafts == ((1, 7),)
     unified = Scheduler(512, 512, 4, prefill_budget=None, max_draft_rows=16)
-    assert unified.plan([SeqDemand(1, True, 0, 8, seq_id=3, window_at_risk=True, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=4)],
-                        []).drafts == ((1, 8),)  # one buffer: drafts lead the batch, in its first ubatch
+    assert unified.plan([SeqDemand(1, True, 0, 7, seq_id=3, window_at_risk=True, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=4)],
+                        []).drafts == ((1, 7),)  # one buffer: drafts lead the batch, in its first ubatch
 
 
 def test_busy_slots_stay_together_so_a_decode_step_is_one_ubatch() -> None:

@@ -88,7 +88,7 @@ def test_adaptive_length_and_rest() -> None:
 def test_scheduler_grants_draft_rows_within_the_budget() -> None:
     scheduler = Scheduler(64, 64, 4, prefill_budget=None, max_draft_rows=8)
     one = scheduler.plan([SeqDemand(1, True, 0, 12, draft_acceptance=0.3, draft_odds=0.99)], [])
-    assert one.drafts == ((1, 8),)  # a lone stream: priced by its per-token odds, not the share
+    assert one.drafts == ((1, 7),)  # a lone stream: priced by its per-token odds, not the share (8 rows: step_costs)
     assert scheduler.plan([SeqDemand(1, True, 0, 12, draft_acceptance=0.99, draft_odds=0.3)], []).drafts == ()
     four = scheduler.plan([SeqDemand(k, True, 0, 12, draft_acceptance=0.99) for k in (1, 2, 3, 4)], [])
     assert sorted(n for _, n in four.drafts) == [2, 2, 2, 2]  # the rows shared fairly
@@ -98,7 +98,8 @@ def test_scheduler_grants_draft_rows_within_the_budget() -> None:
     assert poor.drafts == ()  # with 3-4 decoding only well-accepted drafts pay, and only all together
     # (one stream's drafts would slow every step of the others: plain c=4 lost 13%)
     assert scheduler.plan([SeqDemand(k, True, 0, 12 if k > 1 else 0, draft_acceptance=0.99) for k in (1, 2, 3)], []).drafts == ()
-    assert scheduler.plan([SeqDemand(1, True, 0, 12)], []).drafts == ((1, 1),)  # a neutral start: one row
+    assert scheduler.plan([SeqDemand(1, True, 0, 12)], []).drafts == ()  # even odds: one more row doubles the step
+    assert scheduler.plan([SeqDemand(1, True, 0, 12, draft_odds=0.8)], []).drafts == ((1, 3),)  # START_ODDS: four rows
     many = scheduler.plan([SeqDemand(k, True, 0, 12, draft_acceptance=0.99) for k in range(1, 6)], [])
     assert many.drafts == ()  # a busy server does not draft (measured: c=8 lost a third)
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .step_costs import best_draft_length
+
 MAX_DRAFTING_SEQS = 4  # more sequences decoding than this: no drafts (measured: verify rows then cost more than they save)
 MIN_ACCEPTANCE_BUSY = 0.85  # with 3-4 decoding only drafts that nearly always land pay for their rows (measured)
 # A decode step on CPU costs about STEP_BASE_ROWS rows' worth plus one per row (gemma-3-270m,
@@ -169,11 +171,13 @@ class Scheduler:
             k = min(worth_drafting(d.draft_acceptance, num_decoding, d.num_draft, False) for d in wanting)
             k = min(k, budget // len(wanting))
             return [(d.key, k) for d in wanting] if k > 0 else []
+        if num_decoding == 1 and self.price_drafts:
+            # A lone stream prices by per-token odds (measured on medians: c=1 extractive +14%,
+            # plain +22% over the share), its rows by step_cost (a multiple of four is cheap).
+            return [(d.key, k) for d in wanting if (k := best_draft_length(d.draft_odds, min(d.num_draft, budget))) > 0]
+        # Busy steps keep the share (odds lost extractive c=4 26%).
         extra_ubatch = self.per_slot_streams and num_decoding > 1
-        # A lone stream prices by per-token odds (measured on medians: c=1 extractive +14%,
-        # plain +22% over the share); busy steps keep the share (odds lost extractive c=4 26%).
-        wants = [(d.key, worth_drafting(d.draft_odds if num_decoding == 1 else d.draft_acceptance,
-                                        num_decoding, d.num_draft, extra_ubatch)
+        wants = [(d.key, worth_drafting(d.draft_acceptance, num_decoding, d.num_draft, extra_ubatch)
                   if self.price_drafts else d.num_draft) for d in wanting]
         return _fair_shares([(key, n) for key, n in wants if n > 0], budget)
 

@@ -13,7 +13,7 @@ computed in a batch (a near tie can flip). Rejected rows are cut from the KV
 with `llama_memory_seq_rm`.
 
 Adaptive: a sequence's draft length doubles after a fully accepted draft and drops
-to what was accepted (+1) otherwise; after `max_misses` drafts in a row with
+to what was accepted (+1, at least `MIN_PROPOSAL`) otherwise; after `max_misses` drafts in a row with
 nothing accepted it rests for `rest_tokens` tokens. The scheduler grants draft rows
 within a per-step budget that shrinks as more sequences decode, since under batching
 verify rows cost real compute. A lone stream's drafts are priced by `DraftOdds`, the
@@ -32,6 +32,9 @@ from ..config import SpeculationSettings
 MAX_MISSES = 3  # drafts in a row with nothing accepted before a sequence rests
 REST_TOKENS = 32  # tokens it then generates without drafting
 START_ODDS = 0.8  # a new sequence's per-token draft odds (the same for every sequence)
+# The shortest draft proposed after a miss: with its decode row four rows, the shortest a lone
+# stream's step pays for (step_costs); shorter proposals were never granted, so never grew.
+MIN_PROPOSAL = 3
 
 
 class NgramIndex:
@@ -151,7 +154,7 @@ class SeqSpeculation:
         if num_accepted == num_drafted:
             self.max_len = min(self.max_len * 2, draft_max)
         else:
-            self.max_len = max(num_accepted + 1, 1)
+            self.max_len = max(num_accepted + 1, MIN_PROPOSAL)
         self.misses = self.misses + 1 if num_accepted == 0 else 0
         if self.misses >= self.max_misses:
             self.misses, self.rest, self.max_len = 0, self.rest_tokens, draft_max
