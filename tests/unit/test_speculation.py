@@ -116,6 +116,21 @@ def test_three_or_four_decoding_draft_equal_lengths_that_share_one_ubatch() -> N
     assert worth_drafting(0.95, 4, 16, True) == 0
 
 
+def test_two_or_three_decoding_draft_to_a_multiple_of_four_rows() -> None:
+    # Per-slot streams: equal drafts share one ubatch, and a step of 2 (or 3) rows costs
+    # nearly what one of 4 (or 12) does (step_costs), so their lengths fill the groups of four.
+    scheduler = Scheduler(512, 512, 4, prefill_budget=None, max_draft_rows=64, per_slot_streams=True)
+    for keys in ((1, 2), (1, 2, 3)):
+        plan = scheduler.plan([SeqDemand(k, True, 0, 16, seq_id=k, draft_acceptance=0.9) for k in keys], [])
+        lengths = {n for _, n in plan.drafts}
+        assert len(plan.drafts) == len(keys) and len(lengths) == 1, plan
+        assert len(keys) * (1 + lengths.pop()) % 4 == 0
+        assert num_ubatches([(key, 1 + n) for key, n in sorted(plan.drafts)], 512, True) == 1
+    one_copies = scheduler.plan([SeqDemand(1, True, 0, 16, seq_id=1, draft_acceptance=0.9), SeqDemand(2, True, 0, 0, seq_id=2)], [])
+    assert len(one_copies.drafts) <= 1  # the other has nothing to draft: priced with a ubatch of its own
+    assert scheduler.plan([SeqDemand(k, True, 0, 16, seq_id=k, draft_acceptance=0.1) for k in (1, 2)], []).drafts == ()
+
+
 def test_draft_rows_are_granted_only_where_they_pay() -> None:
     assert worth_drafting(0.3, 1, 16, False) == 0  # a lone stream whose drafts miss: none
     assert worth_drafting(0.9, 1, 16, False) >= 8  # a lone stream that copies: long drafts

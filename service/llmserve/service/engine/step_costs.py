@@ -30,16 +30,17 @@ def step_cost(num_rows: int) -> float:
     return FIRST_GROUP + NEXT_GROUP * (groups - 1) + LEFTOVER[leftover]
 
 
-def best_draft_length(odds: float, max_len: int) -> int:
-    """The draft length k for a lone decoding stream that yields the most tokens per unit of
-    step time: its k-th draft token lands with probability about odds**k (each after all
-    before it), so a step of 1 + k rows yields 1 + odds + ... + odds**k tokens. 0: no draft
-    beats the decode row alone."""
+def best_draft_length(odds: float, max_len: int, num_seqs: int = 1) -> int:
+    """The draft length k, the same for each of `num_seqs` decoding sequences whose rows
+    share one ubatch, that yields the most tokens per unit of step time: a k-th draft
+    token lands with probability about odds**k (each after all before it), so a step of
+    num_seqs * (1 + k) rows yields num_seqs * (1 + odds + ... + odds**k) tokens. 0: no
+    draft beats the decode rows alone."""
     q = min(max(odds, 0.0), 0.999)
-    best, best_rate, expected = 0, 1.0 / step_cost(1), 1.0
+    best, best_rate, expected = 0, 1.0 / step_cost(num_seqs), 1.0
     for k in range(1, max_len + 1):
         expected += q**k
-        rate = expected / step_cost(1 + k)
+        rate = expected / step_cost(num_seqs * (1 + k))
         if rate > best_rate:
             best, best_rate = k, rate
     return best
