@@ -4,7 +4,7 @@ Per generation step: one decode token for every generating sequence first (so
 streams never stall behind long prompts), then draft rows for the sequences that
 speculate (`max_draft_rows` shared fairly while at most `MAX_DRAFTING_SEQS` sequences
 decode, none with more: under batching verify rows cost real compute; with 3-4 decoding, all
-or none and of one length), then prompt chunks until `n_batch`
+or none and of one length, with 2 of one length when both draft), then prompt chunks until `n_batch`
 tokens: the prompt that has waited longest gets at least an equal share of the budget
 (no prompt starves), the rest goes to the prompts closest to done (shortest remaining
 first: a short chat turn is not queued behind a long document, and long prompts finish
