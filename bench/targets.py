@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import statistics
-import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -43,26 +41,30 @@ def _rss_mib(pid: int) -> int:
         return next(int(line.split()[1]) // 1024 for line in status if line.startswith("VmRSS"))
 
 
-def _prompt(rnd: int) -> Callable[[int, int, int], str]:
+Level = Callable[..., Awaitable[loadgen.LevelResult]]
+Prompt = Callable[[int, int, int], str]  # (level, worker, request) -> prompt
+
+
+def _prompt(rnd: int) -> Prompt:
     return lambda level, worker, request: f"Round {rnd}.{request} of {level}, worker {worker}: " + \
         loadgen.PROMPTS[worker % len(loadgen.PROMPTS)]
 
 
-Level = Callable[..., Awaitable[loadgen.LevelResult]]
-
-
-def alternate(servers: dict[str, tuple[Level, str]], rounds: int, label: str = "plain") -> tuple[dict[str, dict[int, list[float]]], ...]:
-    """The plain rows' load on each server (runner, address): `rounds` rounds over
-    PLAIN_LEVELS, the servers' order swapped each round. Returns tokens/s and TTFT p50,
-    by server name and level, one entry a round."""
+def alternate(
+    servers: dict[str, tuple[Level, str]], rounds: int, label: str = "plain", levels: tuple[int, ...] = PLAIN_LEVELS,
+    max_tokens: int = 64, prompts: Callable[[int], Prompt] = _prompt, num_requests: Callable[[int], int] = lambda level: 2,
+) -> tuple[dict[str, dict[int, list[float]]], ...]:
+    """A load on each server (runner, address), by default the plain rows': `rounds` rounds
+    over `levels`, the servers' order swapped each round, `prompts(round)` the round's
+    prompts. Returns tokens/s and TTFT p50, by server name and level, one entry a round."""
     tps: dict[str, dict[int, list[float]]] = {name: {} for name in servers}
     ttft: dict[str, dict[int, list[float]]] = {name: {} for name in servers}
     names = list(servers)
     for rnd in range(rounds):
-        for level in PLAIN_LEVELS:
+        for level in levels:
             for name in names if rnd % 2 == 0 else reversed(names):
                 run, url = servers[name]
-                s = asyncio.run(run(url, level, 2, 64, _prompt(rnd))).checked().summary()
+                s = asyncio.run(run(url, level, num_requests(level), max_tokens, prompts(rnd))).checked().summary()
                 tps[name].setdefault(level, []).append(s["tokens_per_s"])
                 ttft[name].setdefault(level, []).append(s["ttft_p50_ms"])
             print(f"{label} round {rnd} c={level}: " + " vs ".join(f"{tps[n][level][-1]:.1f}" for n in names), flush=True)
@@ -99,41 +101,35 @@ EXTRACTIVE_LEVELS = (1, 4, 16)
 
 def _extractive(peer: Path, ctx: tuple[str, ...], rounds: int) -> list[Row]:
     """Extractive work on llmserve and on llama-server with each `--spec-type`, all three
-    up at once, measured one at a time in `rounds` rounds, the order reversed each round:
-    one ratio a round, over the better llama-server of that round (single runs minutes
-    apart moved with the machine's speed)."""
+    up at once, measured one at a time in `rounds` alternating rounds: one ratio a round,
+    over the better llama-server of that round (single runs minutes apart moved with the
+    machine's speed)."""
     ours, url_ours = start_llmserve(LOGS / "targets-ours.log", extra=ctx)
-    servers: dict[str, tuple[Level, str, subprocess.Popen[bytes]]] = {"llmserve": (loadgen.llmserve_level, url_ours, ours)}
+    processes, servers = [ours], {"llmserve": (loadgen.llmserve_level, url_ours)}
     try:
         for spec in ("ngram-simple", "ngram-mod"):
             process, url = start_llama_server(peer, default_model_path(), LOGS / f"targets-peer-{spec}.log", False,
                                               (*ctx, "--spec-type", spec))
-            servers[spec] = (loadgen.peer_level, url, process)
-        tps: dict[tuple[str, int], list[float]] = {}
-        for rnd in range(rounds):
-            for level in EXTRACTIVE_LEVELS:
-                for name in list(servers) if rnd % 2 == 0 else reversed(list(servers)):
-                    run, url, _ = servers[name]
-                    prompt = functools.partial(_extractive_prompt, rnd)
-                    result = asyncio.run(run(url, level, 2 if level == 1 else 1, 160, prompt)).checked()
-                    tps.setdefault((name, level), []).append(result.tokens_per_s)
-                print(f"extractive round {rnd} c={level}: " + " vs ".join(f"{n} {tps[n, level][-1]:.1f}" for n in servers), flush=True)
+            processes.append(process)
+            servers[spec] = (loadgen.peer_level, url)
+        tps, _ = alternate(servers, rounds, "extractive", EXTRACTIVE_LEVELS, 160, _extractive_prompt,
+                           lambda level: 2 if level == 1 else 1)
     finally:
-        for _, _, process in servers.values():
+        for process in processes:
             stop(process)
     rows: list[Row] = []
     for level, goal in zip(EXTRACTIVE_LEVELS, (1.10, 1.0, 1.0)):
-        best = [max(s, m) for s, m in zip(tps["ngram-simple", level], tps["ngram-mod", level])]
-        ratios = [o / b for o, b in zip(tps["llmserve", level], best)]
+        best = [max(s, m) for s, m in zip(tps["ngram-simple"][level], tps["ngram-mod"][level])]
+        ratios = [o / b for o, b in zip(tps["llmserve"][level], best)]
         med = statistics.median(ratios)
         rows.append((f"extractive c={level} vs llama-server's best --spec-type",
-                     f"median {med:.2f}x ({', '.join(f'{r:.2f}' for r in ratios)}; medians {statistics.median(tps['llmserve', level]):.1f} "
+                     f"median {med:.2f}x ({', '.join(f'{r:.2f}' for r in ratios)}; medians {statistics.median(tps['llmserve'][level]):.1f} "
                      f"vs {statistics.median(best):.1f})", f">= {goal:.2f}x", med >= goal))
     return rows
 
 
-def _extractive_prompt(rnd: int, level: int, worker: int, request: int) -> str:
-    return extractive(level, worker, request + 10 * rnd)
+def _extractive_prompt(rnd: int) -> Prompt:
+    return lambda level, worker, request: extractive(level, worker, request + 10 * rnd)
 
 
 def _spec_on_off(url_on: str, url_off: str, rounds: int) -> dict[int, list[float]]:

@@ -165,23 +165,24 @@ class Scheduler:
             if len(wanting) < num_decoding:
                 return []
         budget = min(rows, self.n_ubatch - num_decoding)
-        if (num_decoding > 2 or (num_decoding == 2 and self.per_slot_streams)) and len(wanting) == num_decoding and self.price_drafts:
-            # Every decoding sequence drafts: equal lengths keep their rows in one ubatch
-            # (split_equal), so no draft pays for an extra one. With 2 or 3 decoding the rows
-            # are priced by step_cost (2: a 1-token draft each makes 4 rows, ~1.3x the step of
-            # 2); with 4 any length is whole groups of four, and the linear pricing measured
-            # better there (extractive c=4, 8 rounds: step_cost's shorter drafts 0.95x).
-            cap = budget // len(wanting)
+        one_ubatch = num_decoding != 2 or self.per_slot_streams  # unified, 2 decoding: fair shares instead
+        if self.price_drafts and wanting and len(wanting) == num_decoding and one_ubatch:
+            # Every decoding sequence drafts (a lone stream, or all 2-4): equal lengths keep
+            # their rows in one ubatch (split_equal), so no draft pays for an extra one. Up to
+            # 3 decoding the rows are priced by step_cost (a multiple of four is cheap; 2: a
+            # 1-token draft each makes 4 rows, ~1.3x the step of 2); with 4 any length is whole
+            # groups of four, and the linear pricing measured better there (extractive c=4,
+            # 8 rounds: step_cost's shorter drafts 0.95x). A lone stream prices by per-token
+            # odds (measured on medians: c=1 extractive +14%, plain +22% over the share).
+            cap = budget // num_decoding
             if num_decoding % 4:
-                k = min(best_draft_length(d.draft_acceptance, min(d.num_draft, cap), num_decoding) for d in wanting)
+                k = min(best_draft_length(d.draft_odds if num_decoding == 1 else d.draft_acceptance,
+                                          min(d.num_draft, cap), num_decoding) for d in wanting)
             else:
                 k = min(min(worth_drafting(d.draft_acceptance, num_decoding, d.num_draft, False) for d in wanting), cap)
             return [(d.key, k) for d in wanting] if k > 0 else []
-        if num_decoding == 1 and self.price_drafts:
-            # A lone stream prices by per-token odds (measured on medians: c=1 extractive +14%,
-            # plain +22% over the share), its rows by step_cost (a multiple of four is cheap).
-            return [(d.key, k) for d in wanting if (k := best_draft_length(d.draft_odds, min(d.num_draft, budget))) > 0]
-        # Busy steps keep the share (odds lost extractive c=4 26%).
+        # Two decoding and one drafting (or one buffer): fair shares, priced by the accepted
+        # share (odds lost extractive c=4 26%), a ubatch of their own with per-slot streams.
         extra_ubatch = self.per_slot_streams and num_decoding > 1
         wants = [(d.key, worth_drafting(d.draft_acceptance, num_decoding, d.num_draft, extra_ubatch)
                   if self.price_drafts else d.num_draft) for d in wanting]
