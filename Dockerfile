@@ -33,6 +33,8 @@ COPY pyproject.toml README.md ./
 COPY proto ./proto
 COPY service ./service
 COPY client ./client
+# The packages are found by setuptools (pyproject.toml); tests/integration/deploy/test_wheel.py builds
+# this wheel from the same sources, installs it without -e and serves from it.
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE}

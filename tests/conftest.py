@@ -53,9 +53,11 @@ def start_server(
     port: int | None = None,
     metrics_port: int | None = None,
     http_port: int | None = None,
+    command: tuple[str, ...] = (sys.executable, "-m", "llmserve.service"),
 ) -> RunningServer:
     """Start `llmserve serve` as a real process and wait until it is ready (health of
-    llmserve.v1.LLMService SERVING: the model is loaded; "" is liveness, at once)."""
+    llmserve.v1.LLMService SERVING: the model is loaded; "" is liveness, at once).
+    `command` is the `llmserve` to run (another environment's console script)."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     port = port or free_port()
@@ -66,7 +68,7 @@ def start_server(
         args = [*args, "--http-port", str(http_port)]
     log_file = log_path.open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "llmserve.service", "serve", "--port", str(port), *args],
+        [*command, "serve", "--port", str(port), *args],
         stdout=log_file,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
