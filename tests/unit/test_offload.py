@@ -120,3 +120,31 @@ def test_refusals_map_to_statuses_that_say_whose_fault() -> None:
     failure = error_details_pb2.PreconditionFailure()
     assert details[0].Unpack(failure) and failure.violations[0].subject == "/x"
     assert not any(d.type_url.endswith("BadRequest") for d in details)  # not the request's fault
+
+
+def test_a_compile_nobody_waits_for_is_dropped_before_it_starts() -> None:
+    compiler = _FakeCompiler()
+    cache = ConstraintCache(compiler, Metrics())  # type: ignore[arg-type]
+    compiler.gate.clear()
+    running = cache.get("grammar", "first")  # holds the worker
+    left, stays = cache.get("grammar", "gone"), cache.get("grammar", "kept")
+    joined = cache.get("grammar", "gone")  # a second caller of the same text
+    left.cancel()
+    assert not joined.cancelled()  # the other caller still waits: the compile stays queued
+    joined.cancel()
+    compiler.gate.set()
+    assert running.result(10)[0] == "root ::= first" and stays.result(10)[0] == "root ::= kept"
+    assert compiler.calls == ["first", "kept"]  # "gone" never ran: its callers had all left
+    cache.close()
+
+
+def test_a_small_constraint_never_waits_behind_large_ones() -> None:
+    large, small = _FakeCompiler(), _FakeCompiler()
+    cache = ConstraintCache(large, Metrics(), small_compiler=small)  # type: ignore[arg-type]
+    large.gate.clear()  # a large compile runs and more wait behind it
+    queued = [cache.get("json_schema", "x" * 5000 + str(i)) for i in range(3)]
+    assert cache.get("choice", "yes").result(10)[0] == "root ::= yes"
+    assert small.calls == ["yes"] and not any(f.done() for f in queued)
+    large.gate.set()
+    assert all(f.result(10) for f in queued)
+    cache.close()

@@ -9,6 +9,7 @@ session store; nothing here knows gRPC.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -45,11 +46,14 @@ from .tools import ToolChoice as ToolChoice
 from .tools import ToolPlan as ToolPlan
 from .tools import plan_tools as plan_tools
 from .tools import reply_constraint as reply_constraint
+from .tools import with_preamble
 
 log = structlog.get_logger("llmserve.engine")
 
 T = TypeVar("T")
-HEAVY_MAX_WAITING = 8  # heavy unary calls (Tokenize, Detokenize of megabytes) that may wait
+HEAVY_MAX_WAITING = 8  # heavy calls (Tokenize, Detokenize, bodies of megabytes) that may wait
+HEAVY_THREADS = 2  # a large rendering or body never holds up all the others
+LARGE_TEXT_CHARS = 16 * 1024  # longer texts are tokenized on the offload pool, not the event loop
 
 
 class Engine:
@@ -121,11 +125,11 @@ class Engine:
             )
         self.pooling = self.embedding_model.pooling if self.embedding_model else "none"
         self.samplers = SAMPLER_NAMES
-        self._constraints = ConstraintCache(
-            GrammarCompiler(model_path, runner.vocab, config.grammar_timeout_s, config.grammar_max_mb << 20),
-            metrics or Metrics(),
-        )
-        self._heavy = OffloadPool("heavy unary", 1, HEAVY_MAX_WAITING)
+        def compiler() -> GrammarCompiler:
+            return GrammarCompiler(model_path, runner.vocab, config.grammar_timeout_s, config.grammar_max_mb << 20)
+
+        self._constraints = ConstraintCache(compiler(), metrics, small_compiler=compiler())
+        self._heavy = OffloadPool("heavy", HEAVY_THREADS, HEAVY_MAX_WAITING)
         log_loaded(config, self.meta, embedder)
 
     # ------------------------------------------------------------- lifecycle
@@ -179,7 +183,7 @@ class Engine:
             self._store.begin(params.session_id)  # a reopen waits until this session is saved
         conversation = Conversation(restore.chat if restore is not None else None)
         key = self._executor.open_session(params, sink, deadline, restore, grammar, conversation)
-        render = self.render_chat if self.chat_template is not None else None
+        render = self._render_offloaded if self.chat_template is not None else None
         return SessionHandle(self._executor, key, conversation, self.limits, render, max_input_tokens,
                              params.stopping.max_tokens, add_bos and self.meta.add_bos, restore, tools)
 
@@ -205,7 +209,7 @@ class Engine:
         ready: proven in the grammar worker within its CPU-time and memory budget, then parsed, on a thread of its own; kept by content, so a repeated
         text compiles once. The future fails with GrammarError (the text's fault) or
         Overloaded (the machine's); this call raises Overloaded when too many compiles
-        wait. Shared: never cancel it."""
+        wait. The future is the caller's: cancel it when the caller leaves."""
         return self._constraints.get(kind, text)
 
     def offload(self, fn: Callable[..., T], *args: Any, may_refuse: bool = True) -> Future[T]:
@@ -214,9 +218,16 @@ class Engine:
         (unless not `may_refuse`: work of an admitted session waits its turn)."""
         return self._heavy.submit(fn, *args, may_refuse=may_refuse)
 
-    def render_chat(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
-        """The conversation rendered with the chat template, as tokens (the template must exist)."""
+    def _render_offloaded(self, messages: Sequence[ChatMessage], tools: ToolPlan | None) -> Future[tuple[int, ...]]:
+        """`render_chat` on the offload pool: a session's rendering waits its turn there, never refused."""
+        return self._heavy.submit(self.render_chat, messages, tools, may_refuse=False)
+
+    def render_chat(self, messages: Sequence[ChatMessage], tools: ToolPlan | None = None) -> tuple[int, ...]:
+        """The conversation rendered with the chat template, as tokens (the template must
+        exist); an active tool plan's preamble first. Blocking: call it off the event loop."""
         assert self.chat_template is not None
+        if tools is not None:
+            messages = with_preamble(messages, tools)
         text = self.chat_template.render(list(messages), add_generation_prompt=True)
         return tuple(self._runner.tokenizer.tokenize(text, add_special=False, parse_special=True))
 
@@ -244,6 +255,15 @@ class Engine:
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool, embedding_model: bool = False) -> list[int]:
         return self._tokenizer(embedding_model).tokenize(text, add_special, parse_special)
+
+    async def tokenized(self, text: str, add_special: bool, parse_special: bool,
+                        embedding_model: bool = False) -> list[int]:
+        """`tokenize` for a surface on the event loop: a text over LARGE_TEXT_CHARS on the
+        offload pool (llama_tokenize releases the GIL; a session's input waits its turn, never refused)."""
+        if len(text) <= LARGE_TEXT_CHARS:
+            return self.tokenize(text, add_special, parse_special, embedding_model)
+        future = self._heavy.submit(self.tokenize, text, add_special, parse_special, embedding_model, may_refuse=False)
+        return await asyncio.wrap_future(future)
 
     def pieces(self, ids: Sequence[int], embedding_model: bool = False) -> list[bytes]:
         tokenizer = self._tokenizer(embedding_model)

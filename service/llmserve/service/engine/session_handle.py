@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import replace
 
 from ..domain.errors import InvalidRequest, PreconditionFailed
@@ -20,11 +21,12 @@ from ..domain.snapshots import SavedSession
 from .chat import ChatMessage, Conversation
 from .executor import Executor
 from .tool_reply import ReplyReader
-from .tools import ToolPlan, as_generic_messages, with_preamble
+from .tools import ToolPlan, as_generic_messages
 
 MAX_TURNS_PENDING = 2  # the running turn and one queued behind it
 
-RenderChat = Callable[[Sequence[ChatMessage]], tuple[int, ...]]
+# The conversation (with the tools' preamble, if any) as tokens, rendered off the event loop.
+RenderChat = Callable[[Sequence[ChatMessage], "ToolPlan | None"], Future[tuple[int, ...]]]
 
 
 class SessionHandle:
@@ -34,8 +36,8 @@ class SessionHandle:
                  render_chat: RenderChat | None, max_input_tokens: int, max_tokens: int | None,
                  add_bos: bool, restore: SavedSession | None, tools: ToolPlan | None = None) -> None:
         """`key`: the executor's name for the session; `conversation`: the one the executor
-        saves with a named session; `render_chat`: the chat template as tokens (None: the
-        model has none); `max_tokens`: the per-turn limit; `add_bos`: whether the first text
+        saves with a named session; `render_chat`: the chat template as tokens, on the
+        engine's offload pool (None: the model has none); `max_tokens`: the per-turn limit; `add_bos`: whether the first text
         starts with BOS; `restore`: the saved session it goes on from; `tools`: an active
         plan puts its preamble in the rendering and reads each reply for calls (its
         constraint must be the session's grammar)."""
@@ -108,9 +110,7 @@ class SessionHandle:
         tokens are prefilled)."""
         assert self._render_chat is not None
         conversation = self.conversation.add(messages, end_of_turn)
-        if self._tools is not None:
-            conversation = with_preamble(conversation, self._tools)
-        tokens = await asyncio.to_thread(self._render_chat, conversation)
+        tokens = await asyncio.wrap_future(self._render_chat(conversation, self._tools))
         self._turn_tokens = self._session_tokens = len(tokens)
         self._check_sizes()
         if end_of_turn:

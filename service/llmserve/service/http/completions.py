@@ -20,6 +20,7 @@ import structlog
 from aiohttp import web
 
 from ..domain import request_rules
+from ..domain.errors import InvalidRequest
 from ..domain.events import FinishReason, PromptLogprobsEvent, SessionFailed, TokenEvent, TurnEndEvent
 from ..domain.requests import SessionParams
 from ..engine.engine import Engine, LoopSink, SessionHandle
@@ -32,7 +33,6 @@ from .sse import end_stream, write_event
 
 log = structlog.get_logger("llmserve.http.completions")
 
-LARGE_TEXT = 16 * 1024  # longer prompts are tokenized on the engine's offload thread, as gRPC's
 Event = TokenEvent | PromptLogprobsEvent | TurnEndEvent
 
 
@@ -58,10 +58,7 @@ class _PromptSink:
 async def prompt_tokens(engine: Engine, prompt: str | list[int], needs_bos: bool, where: str) -> tuple[int, ...]:
     if isinstance(prompt, list):
         return request_rules.token_ids(prompt, engine.n_vocab(), where)
-    if len(prompt) > LARGE_TEXT:
-        future = engine.offload(engine.tokenize, prompt, needs_bos, True, may_refuse=False)
-        return tuple(await asyncio.wrap_future(future))
-    return tuple(engine.tokenize(prompt, needs_bos, True))
+    return tuple(await engine.tokenized(prompt, needs_bos, True))
 
 
 async def prompt_events(engine: Engine, request: CompletionRequest, params: SessionParams,
@@ -78,7 +75,13 @@ async def prompt_events(engine: Engine, request: CompletionRequest, params: Sess
             handle = engine.open_session(params, sinks[i], max_input_tokens, request.deadline)
             handles.append(handle)
             where = "prompt" if len(request.prompts) == 1 else f"prompt[{i}]"
-            handle.add_tokens(await prompt_tokens(engine, prompt, handle.needs_bos, where), True)
+            try:
+                handle.add_tokens(await prompt_tokens(engine, prompt, handle.needs_bos, where), True)
+            except InvalidRequest as exc:  # the engine names a turn's input `input`: here it is this prompt
+                error = from_exception(exc)
+                assert error is not None
+                error.param = where if exc.field in ("input", "end_of_turn") else error.param
+                raise error from None
         num_open = len(handles)
         while num_open:
             i, event = await shared.get()  # type: ignore[misc]

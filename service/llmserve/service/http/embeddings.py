@@ -29,7 +29,7 @@ from .errors import ApiError, bad_request, from_status_name
 FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
 ENCODINGS = ("float", "base64")
 MAX_INPUTS = 2048  # OpenAI's limit per request
-LARGE_TEXT = 16 * 1024  # longer texts are tokenized on the engine's offload thread, as gRPC's
+WINDOW = 256  # inputs queued on the executor at once, as gRPC Embed's read-ahead
 
 
 @dataclass(frozen=True)
@@ -74,23 +74,16 @@ def model_names(embedder: EmbeddingModelInfo, names: tuple[str, ...]) -> tuple[s
 
 async def embed(engine: Engine, embedder: EmbeddingModelInfo, request: EmbeddingsRequest,
                 model: str) -> dict[str, object]:
+    """The request's vectors, as gRPC Embed computes them: its texts tokenized off the event
+    loop (one offload job: Overloaded, a 429, when that pool is full), at most `WINDOW`
+    inputs queued on the executor at a time."""
     if request.dimensions is not None and request.dimensions != embedder.n_embd:
         raise bad_request(f"dimensions must be the model's {embedder.n_embd} (vectors are not shortened), "
                           f"got {request.dimensions}", "dimensions")
-    inputs = [EmbedInput(i, await _tokens(engine, embedder, item, i, len(request.inputs)), True, False)
-              for i, item in enumerate(request.inputs)]
-    sink = LoopSink(asyncio.get_running_loop())
-    results: dict[int, EmbedResult] = {}
-    engine.embed(tuple(inputs), sink)
-    try:
-        while len(results) < len(inputs):
-            event = await sink.get()
-            if isinstance(event, SessionFailed):
-                raise from_status_name(event.status, event.message)
-            if isinstance(event, EmbedResult):
-                results[event.index] = event
-    finally:
-        engine.drop_embeds(sink)  # a cancelled request leaves no work behind
+    n_vocab = engine.n_vocab(embedding_model=True)
+    tokenized = await asyncio.wrap_future(engine.offload(_all_tokens, engine, embedder, request.inputs, n_vocab))
+    inputs = [EmbedInput(i, tokens, True, False) for i, tokens in enumerate(tokenized)]
+    results = await _vectors(engine, inputs)
     data = [{"object": "embedding", "index": i, "embedding": _encoded(results[i].vector, request.encoding_format)}
             for i in range(len(inputs))]
     num_tokens = sum(len(x.tokens) for x in inputs)
@@ -98,14 +91,38 @@ async def embed(engine: Engine, embedder: EmbeddingModelInfo, request: Embedding
             "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
 
 
-async def _tokens(engine: Engine, embedder: EmbeddingModelInfo, item: str | list[int], index: int,
-                  num_inputs: int) -> tuple[int, ...]:
+async def _vectors(engine: Engine, inputs: list[EmbedInput]) -> dict[int, EmbedResult]:
+    """Every input's result, with at most WINDOW of them waiting on the executor."""
+    sink = LoopSink(asyncio.get_running_loop())
+    results: dict[int, EmbedResult] = {}
+    num_sent = 0
+    try:
+        while len(results) < len(inputs):
+            if num_sent - len(results) < WINDOW // 2 and num_sent < len(inputs):
+                batch = inputs[num_sent:len(results) + WINDOW]
+                engine.embed(tuple(batch), sink)
+                num_sent += len(batch)
+            event = await sink.get()
+            if isinstance(event, SessionFailed):
+                raise from_status_name(event.status, event.message)
+            if isinstance(event, EmbedResult):
+                results[event.index] = event
+    finally:
+        engine.drop_embeds(sink)  # a cancelled request leaves no work behind
+    return results
+
+
+def _all_tokens(engine: Engine, embedder: EmbeddingModelInfo, items: list[str | list[int]],
+                n_vocab: int) -> list[tuple[int, ...]]:
+    """Each input's tokens (on the offload pool), or a 400 naming the first that is refused."""
+    return [_tokens(engine, embedder, item, i, len(items), n_vocab) for i, item in enumerate(items)]
+
+
+def _tokens(engine: Engine, embedder: EmbeddingModelInfo, item: str | list[int], index: int,
+            num_inputs: int, n_vocab: int) -> tuple[int, ...]:
     where = "input" if num_inputs == 1 and isinstance(item, str) else f"input[{index}]"
     if isinstance(item, list):
-        tokens = request_rules.token_ids(item, engine.n_vocab(embedding_model=True), where)
-    elif len(item) > LARGE_TEXT:
-        future = engine.offload(engine.tokenize, item, True, True, True, may_refuse=False)
-        tokens = tuple(await asyncio.wrap_future(future))
+        tokens = request_rules.token_ids(item, n_vocab, where)
     else:
         tokens = tuple(engine.tokenize(item, True, True, embedding_model=True))
     max_tokens = embedder.max_input_tokens

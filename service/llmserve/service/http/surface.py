@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
-import json
 import os
+import re
 import socket
 import ssl
 import uuid
@@ -33,9 +33,11 @@ from ..domain import request_rules
 from ..engine.engine import Engine
 from ..load_report import TRAILER, LoadReporter
 from ..metrics import Metrics
+from .body import parsed_body
 from .chat import ChatResponder
 from .completion_request import parse_completion
 from .completions import CompletionResponder
+from .connections import ConnectionGuard, ConnectionLimits
 from .embeddings import embed, embedding_model_of, model_names, parse_embeddings
 from .errors import ApiError, from_exception, server_error, unavailable
 from .request import parse_chat
@@ -44,6 +46,7 @@ from .telemetry import Telemetry, request_deadline
 log = structlog.get_logger("llmserve.http")
 
 MAX_REQUEST_ID_LENGTH = request_rules.MAX_REQUEST_ID_LENGTH
+_REQUEST_ID = re.compile(f"[\\x20-\\x7e]{{1,{MAX_REQUEST_ID_LENGTH}}}")  # printable ASCII
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OPEN = ("/health",)  # served without the API key
 SEND_BUFFER_BYTES = 64 * 1024  # an event stream's socket send buffer (the kernel doubles it)
@@ -68,7 +71,8 @@ class HttpSurface:
                     load: LoadReporter) -> None:
         self._engine, self._ready = engine, ready
         telemetry = Telemetry(metrics, traced=self.config.otlp_traces_endpoint is not None)
-        app = web.Application(middlewares=[telemetry.middleware, self._errors, self._auth],
+        self._guard = guard = ConnectionGuard(ConnectionLimits.of(self.config.http), metrics)  # connections.py
+        app = web.Application(middlewares=[telemetry.middleware, self._errors, self._auth, guard.middleware],
                               client_max_size=self.config.max_message_bytes)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
@@ -79,11 +83,12 @@ class HttpSurface:
         app.on_response_prepare.append(_bound_send_buffer)
         app.on_response_prepare.append(_load_report(load))
         telemetry.know_routes(app)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0,
+                                     keepalive_timeout=guard.limits.aiohttp_keepalive_s)
         await self._runner.setup()
         host, port = self.config.host, self.config.http_port
         try:
-            await web.TCPSite(self._runner, host, port, reuse_address=True, ssl_context=_tls(self.config)).start()
+            await guard.listen(self._runner.server, host, port, _tls(self.config))
         except OSError as exc:
             await self._runner.cleanup()
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
@@ -103,19 +108,22 @@ class HttpSurface:
 
     async def stop(self) -> None:
         if self._runner is not None:
+            self._guard.stop()
             await self._runner.cleanup()
 
     # ------------------------------------------------------------ middlewares
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        request["request_id"] = rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        given = request.headers.get("x-request-id")
+        request["request_id"] = rid = given if given and _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
         structlog.contextvars.bind_contextvars(request_id=rid, route=request.path)
         self._num_requests += 1
         self._idle.clear()
         try:
-            if len(rid) > MAX_REQUEST_ID_LENGTH:
-                raise ApiError(400, f"x-request-id is limited to {MAX_REQUEST_ID_LENGTH} characters", param="x-request-id")
+            if given and rid != given:  # never echoed: a header must stay printable ASCII
+                raise ApiError(400, f"x-request-id takes 1 to {MAX_REQUEST_ID_LENGTH} printable ASCII characters",
+                               param="x-request-id")
             return await handler(request)
         except web.HTTPException as exc:  # aiohttp's own: no route (404), wrong method (405), too large (413)
             if exc.status < 400:
@@ -143,7 +151,8 @@ class HttpSurface:
         key = self.config.api_key
         if key and request.path not in _OPEN:
             given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            # aiohttp keeps a header's non-UTF-8 bytes as surrogate escapes: compared as the bytes sent
+            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {key}".encode()):
                 raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <--api-key>'",
                                code="invalid_api_key")
         return await handler(request)
@@ -180,16 +189,8 @@ class HttpSurface:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         engine = self._engine_or_503()
-        try:
-            body = await request.json(loads=json.loads)
-        except ValueError as exc:
-            raise ApiError(400, f"the body is not JSON: {exc}") from None
-        chat = replace(parse_chat(body), deadline=request_deadline(request))
-        names = self._model_names(engine)
-        model = chat.model or names[0]
-        if model not in names:
-            raise ApiError(404, f"the model {model!r} does not exist; this server serves {', '.join(names)}",
-                           param="model", code="model_not_found")
+        chat = replace(await parsed_body(request, engine, parse_chat), deadline=request_deadline(request))
+        model = _known_model(chat.model, self._model_names(engine))
         max_samples = min(request_rules.MAX_SAMPLES, engine.config.n_parallel)
         params = replace(chat.session_params(request["request_id"], engine.limits, max_samples), surface=SURFACE)
         with engine.calls.admitted():  # open sessions of both surfaces: the slots plus --max-queue
@@ -199,7 +200,7 @@ class HttpSurface:
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         engine = self._engine_or_503()
-        completion = replace(parse_completion(await _json_body(request)), deadline=request_deadline(request))
+        completion = replace(await parsed_body(request, engine, parse_completion), deadline=request_deadline(request))
         model = _known_model(completion.model, self._model_names(engine))
         max_samples = min(request_rules.MAX_SAMPLES, engine.config.n_parallel)
         params = replace(completion.session_params(request["request_id"], engine.limits, max_samples), surface=SURFACE)
@@ -214,10 +215,11 @@ class HttpSurface:
 
     async def _embeddings(self, request: web.Request) -> web.Response:
         engine = self._engine_or_503()
-        body = parse_embeddings(await _json_body(request))
+        body = await parsed_body(request, engine, parse_embeddings)
         embedder = embedding_model_of(engine, self._model_names(engine))
         model = _known_model(body.model, model_names(embedder, self._model_names(engine)))
-        return web.json_response(await embed(engine, embedder, body, model))
+        with engine.calls.admitted():  # a place like a session's: the slots plus --max-queue
+            return web.json_response(await embed(engine, embedder, body, model))
 
 
 def _tls(config: ServerConfig) -> ssl.SSLContext | None:
@@ -231,13 +233,6 @@ def _tls(config: ServerConfig) -> ssl.SSLContext | None:
         context.load_verify_locations(config.tls_client_ca)
         context.verify_mode = ssl.CERT_REQUIRED
     return context
-
-
-async def _json_body(request: web.Request) -> object:
-    try:
-        return await request.json(loads=json.loads)
-    except ValueError as exc:
-        raise ApiError(400, f"the body is not JSON: {exc}") from None
 
 
 def _known_model(model: str | None, names: tuple[str, ...]) -> str:

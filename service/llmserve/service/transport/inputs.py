@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from llmserve.v1 import llmserve_pb2 as pb
 
 from ..engine.engine import Engine
 from . import validation
 from .errors import InvalidArgument
-
-LARGE_TEXT_BYTES = 16 * 1024  # longer texts are tokenized on the engine's offload thread, not the event loop
-
-
-async def tokenize(engine: Engine, text: str, add_special: bool, parse_special: bool, embedding_model: bool) -> list[int]:
-    """Tokenize; a large text on the engine's offload thread (llama_tokenize releases the GIL;
-    a session's input waits its turn there, it is never refused)."""
-    if len(text) > LARGE_TEXT_BYTES:
-        future = engine.offload(engine.tokenize, text, add_special, parse_special, embedding_model, may_refuse=False)
-        return await asyncio.wrap_future(future)
-    return engine.tokenize(text, add_special, parse_special, embedding_model)
 
 
 async def input_tokens(
@@ -31,7 +18,7 @@ async def input_tokens(
     if kind == "text":
         if not msg.text:
             raise InvalidArgument("text input must not be empty", field=f"{field}.text")
-        return tuple(await tokenize(engine, msg.text, add_special, True, embedding_model))
+        return tuple(await engine.tokenized(msg.text, add_special, True, embedding_model))
     if kind == "tokens":
         if not msg.tokens.ids:
             raise InvalidArgument("token input must not be empty", field=f"{field}.tokens.ids")

@@ -1,6 +1,6 @@
 """Tokenize and Detokenize: a small request is answered on the event loop; a large one
 (its whole answer: tokenizing, pieces, the response message) on the engine's offload
-thread, which runs one at a time at a lower CPU priority than decoding and refuses
+pool, whose few threads run at a lower CPU priority than decoding and which refuses
 calls past its queue with RESOURCE_EXHAUSTED and a retry hint (`Engine.offload`).
 
 Measured before (issue 26): 8 concurrent 4 MB Tokenize calls on asyncio's default
@@ -13,9 +13,8 @@ import asyncio
 
 from llmserve.v1 import llmserve_pb2 as pb
 
-from ..engine.engine import Engine
+from ..engine.engine import LARGE_TEXT_CHARS, Engine
 from . import validation
-from .inputs import LARGE_TEXT_BYTES
 
 LARGE_IDS = 4096  # more ids than this are checked and rendered off the event loop
 
@@ -34,7 +33,7 @@ def _detokenize(engine: Engine, request: pb.DetokenizeRequest) -> pb.DetokenizeR
 
 
 async def tokenize(engine: Engine, request: pb.TokenizeRequest) -> pb.TokenizeResponse:
-    if len(request.text) <= LARGE_TEXT_BYTES:
+    if len(request.text) <= LARGE_TEXT_CHARS:
         return _tokenize(engine, request)
     return await asyncio.wrap_future(engine.offload(_tokenize, engine, request))
 
