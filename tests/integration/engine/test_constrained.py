@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import jsonschema
 import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 from llmserve.client import Client, make_input, pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
@@ -70,7 +72,10 @@ def test_invalid_grammar_is_invalid_argument(server, constraint: pb.Constraint, 
     with pytest.raises(grpc.RpcError) as err:
         _run(server.address, constraint)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert field.split(".")[-1] in err.value.debug_error_string() or err.value.details()
+    status = rpc_status.from_call(err.value)  # type: ignore[arg-type]
+    bad = error_details_pb2.BadRequest()
+    assert status is not None and any(d.Unpack(bad) for d in status.details), "no BadRequest in the status"
+    assert [v.field for v in bad.field_violations] == [field], err.value.details()
     with Client(server.address, timeout=30) as client:
         assert client.generate("Hi", max_tokens=2).turn_end.usage.completion_tokens == 2
 

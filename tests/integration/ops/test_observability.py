@@ -19,6 +19,7 @@ from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 from tests.conftest import free_port, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parents[3]
+IDLE_GAUGES = ("llmserve_waiting_sessions", "llmserve_running_sessions", "llmserve_sessions")
 
 
 def test_every_log_line_is_json_and_calls_carry_the_request_id(server) -> None:  # type: ignore[no-untyped-def]
@@ -57,6 +58,17 @@ def _scrape(port: int) -> str:
         return response.read().decode()
 
 
+def _idle_scrape(port: int) -> str:
+    """/metrics once the session gauges show the calls ended (the executor publishes its
+    snapshot after its steps, so they may lag the reply a little), or after 5 s."""
+    deadline = time.monotonic() + 5
+    while True:
+        text = _scrape(port)
+        if all(_value(text, name) == 0 for name in IDLE_GAUGES) or time.monotonic() > deadline:
+            return text
+        time.sleep(0.1)
+
+
 def _value(text: str, sample: str) -> float:
     for line in text.splitlines():
         if line.startswith(sample + " "):
@@ -67,9 +79,9 @@ def _value(text: str, sample: str) -> float:
 def test_metrics_endpoint(server) -> None:  # type: ignore[no-untyped-def]
     before = _scrape(server.metrics_port)
     with Client(server.address, timeout=30) as client:
-        client.generate("Count: one, two,", max_tokens=8, temperature=0, ignore_eos=True)
+        usage = client.generate("Count: one, two,", max_tokens=8, temperature=0, ignore_eos=True).turn_end.usage
         list(client.embed(["a", "b", "c"]))
-    after = _scrape(server.metrics_port)
+    after = _idle_scrape(server.metrics_port)
     ok = 'llmserve_requests_total{code="OK",rpc="Generate"}'
     assert _value(after, ok) >= (_value(before, ok) if ok in before else 0) + 1
     assert _value(after, "llmserve_generated_tokens_total") >= 8
@@ -79,9 +91,13 @@ def test_metrics_endpoint(server) -> None:  # type: ignore[no-untyped-def]
     assert _value(after, 'llmserve_step_duration_seconds_count{kind="generate"}') >= 8
     assert _value(after, 'llmserve_batch_tokens_count{kind="embed"}') >= 1
     assert _value(after, 'llmserve_slots{state="idle"}') + _value(after, 'llmserve_slots{state="busy"}') == 8
-    for name in ("llmserve_waiting_sessions", "llmserve_running_sessions", "llmserve_kv_cells_used_ratio",
-                 "llmserve_prompt_tokens_total", "llmserve_cached_tokens_total", "llmserve_sessions"):
-        assert _value(after, name) >= 0
+    for name in IDLE_GAUGES:
+        assert _value(after, name) == 0, name  # both calls ended: nothing open, waiting or running
+    for name, turn in (("llmserve_prompt_tokens_total", usage.prompt_tokens),
+                       ("llmserve_cached_tokens_total", usage.cached_tokens)):
+        was = _value(before, name) if name in before else 0
+        assert _value(after, name) >= was + turn, (name, was, turn)  # the turn's usage was counted
+    assert _value(after, "llmserve_cached_tokens_total") <= _value(after, "llmserve_prompt_tokens_total")
     assert 0 < _value(after, "llmserve_kv_cells_used_ratio") <= 1
 
 
