@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import queue
+import threading
+import time
 from collections.abc import Iterator, Sequence
 
 import grpc
@@ -59,3 +61,42 @@ class SessionStream:
             else:
                 return "".join(text), ids, response.turn_end
         raise AssertionError("stream ended before the turn end")
+
+
+class DecodingStream:
+    """A gRPC stream that decodes until stopped; the time of every chunk it gets (a
+    flood's effect on other clients is its longest gap)."""
+
+    def __init__(self, stub: pb_grpc.LLMServiceStub, max_tokens: int = 3500) -> None:
+        self._max_tokens = max_tokens
+        self._stop = threading.Event()
+        self.times: list[float] = []
+        self._call = stub.Generate(self._requests(), timeout=600)
+        self._reader = threading.Thread(target=self._read)
+        self._reader.start()
+        deadline = time.monotonic() + 60
+        while not self.times:
+            assert self._reader.is_alive() and time.monotonic() < deadline, "the stream did not start"
+            time.sleep(0.01)
+
+    def _requests(self) -> Iterator[pb.GenerateRequest]:
+        config = session_config(max_tokens=self._max_tokens, ignore_eos=True)
+        yield pb.GenerateRequest(config=config, input=make_input("Count to ten thousand:"), end_of_turn=True)
+        self._stop.wait()
+
+    def _read(self) -> None:
+        try:
+            for response in self._call:
+                if response.HasField("chunk"):
+                    self.times.append(time.monotonic())
+        except grpc.RpcError:
+            pass
+
+    def max_gap(self, start: float, end: float) -> float:
+        window = [t for t in self.times if start <= t <= end]
+        return max((b - a for a, b in zip(window, window[1:])), default=float("inf"))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._call.cancel()
+        self._reader.join()

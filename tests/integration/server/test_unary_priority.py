@@ -8,7 +8,6 @@ its queue are RESOURCE_EXHAUSTED with a retry hint.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -17,10 +16,11 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
-from llmserve.client import make_input, pb, session_config
+from llmserve.client import pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
 from tests.conftest import RunningServer, start_server, stop_server
+from tests.helpers import DecodingStream
 
 OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 TEXT_4MB = ("The committee reviewed the proposal and postponed the vote until next week. " * 60_000)[: 4 << 20]
@@ -34,43 +34,6 @@ def heavy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSe
     running = start_server(args, tmp_path_factory.mktemp("heavy") / "server.log")
     yield running
     assert stop_server(running) == 0
-
-
-class _Decoding:
-    """A stream that decodes until stopped; the time of every chunk it gets."""
-
-    def __init__(self, stub: pb_grpc.LLMServiceStub) -> None:
-        self._stop = threading.Event()
-        self.times: list[float] = []
-        self._call = stub.Generate(self._requests(), timeout=600)
-        self._reader = threading.Thread(target=self._read)
-        self._reader.start()
-        deadline = time.monotonic() + 60
-        while not self.times:
-            assert self._reader.is_alive() and time.monotonic() < deadline, "the stream did not start"
-            time.sleep(0.01)
-
-    def _requests(self) -> Iterator[pb.GenerateRequest]:
-        config = session_config(max_tokens=3500, ignore_eos=True)
-        yield pb.GenerateRequest(config=config, input=make_input("Count to ten thousand:"), end_of_turn=True)
-        self._stop.wait()
-
-    def _read(self) -> None:
-        try:
-            for response in self._call:
-                if response.HasField("chunk"):
-                    self.times.append(time.monotonic())
-        except grpc.RpcError:
-            pass
-
-    def max_gap(self, start: float, end: float) -> float:
-        window = [t for t in self.times if start <= t <= end]
-        return max((b - a for a, b in zip(window, window[1:])), default=float("inf"))
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._call.cancel()
-        self._reader.join()
 
 
 def _tokenize(stub: pb_grpc.LLMServiceStub, text: str = TEXT_4MB) -> tuple[grpc.StatusCode, int, float | None]:
@@ -92,7 +55,7 @@ def test_eight_4mb_tokenize_calls_keep_a_decoding_stream_under_a_second(heavy_se
     seconds); then the stream stops and the calls must all succeed."""
     with grpc.insecure_channel(heavy_server.address, options=OPTIONS) as channel:
         stub = pb_grpc.LLMServiceStub(channel)
-        stream = _Decoding(stub)
+        stream = DecodingStream(stub)
         time.sleep(1.0)
         quiet = stream.max_gap(time.monotonic() - 1.0, time.monotonic())
         with ThreadPoolExecutor(8) as pool:

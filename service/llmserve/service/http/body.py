@@ -86,7 +86,7 @@ def check_value(value: object, surrogates: bool = True) -> None:
         items = node.items() if isinstance(node, dict) else enumerate(node)
         for key, child in items:
             if surrogates and isinstance(key, str) and (found := _SURROGATE.search(key)) is not None:
-                raise _lone_surrogate(path, found.start(), key[found.start()], key=True)
+                raise _lone_surrogate(path, found.start(), key[found.start()], key=key)
             stack.append((child, depth + 1, (*path, key)))
 
 
@@ -98,8 +98,11 @@ def field_name(path: tuple[str | int, ...]) -> str | None:
     return name or None
 
 
-def _lone_surrogate(path: tuple[str | int, ...], at: int, char: str, key: bool = False) -> ApiError:
+def _lone_surrogate(path: tuple[str | int, ...], at: int, char: str, key: str | None = None) -> ApiError:
+    """The field is named; a key at fault is spelled with its surrogate escaped (`\\ud800`)."""
+    if key is not None:
+        path = (*path, key.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace"))
     where = field_name(path)
-    what = "a key" if key else "the string"
+    what = "the key" if key is not None else "the string"
     return bad_request(f"{what} at {where or 'the top level'} holds a lone surrogate (U+{ord(char):04X} at "
                        f"character {at}), which is not Unicode text: send valid UTF-16 pairs or UTF-8", where)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +74,8 @@ def model_names(embedder: EmbeddingModelInfo, names: tuple[str, ...]) -> tuple[s
 
 
 async def embed(engine: Engine, embedder: EmbeddingModelInfo, request: EmbeddingsRequest,
-                model: str) -> dict[str, object]:
-    """The request's vectors, as gRPC Embed computes them: its texts tokenized off the event
+                model: str) -> bytes:
+    """The request's reply body (JSON): its vectors, as gRPC Embed computes them: its texts tokenized off the event
     loop (one offload job: Overloaded, a 429, when that pool is full), at most `WINDOW`
     inputs queued on the executor at a time."""
     if request.dimensions is not None and request.dimensions != embedder.n_embd:
@@ -84,11 +85,17 @@ async def embed(engine: Engine, embedder: EmbeddingModelInfo, request: Embedding
     tokenized = await asyncio.wrap_future(engine.offload(_all_tokens, engine, embedder, request.inputs, n_vocab))
     inputs = [EmbedInput(i, tokens, True, False) for i, tokens in enumerate(tokenized)]
     results = await _vectors(engine, inputs)
-    data = [{"object": "embedding", "index": i, "embedding": _encoded(results[i].vector, request.encoding_format)}
+    reply = engine.offload(_reply_json, results, request.encoding_format, model, inputs, may_refuse=False)
+    return await asyncio.wrap_future(reply)
+
+
+def _reply_json(results: dict[int, EmbedResult], encoding: str, model: str, inputs: list[EmbedInput]) -> bytes:
+    """OpenAI's list, serialized (on the offload pool: 2,048 vectors are megabytes of JSON)."""
+    data = [{"object": "embedding", "index": i, "embedding": _encoded(results[i].vector, encoding)}
             for i in range(len(inputs))]
     num_tokens = sum(len(x.tokens) for x in inputs)
-    return {"object": "list", "data": data, "model": model,
-            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
+    return json.dumps({"object": "list", "data": data, "model": model,
+                       "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}).encode()
 
 
 async def _vectors(engine: Engine, inputs: list[EmbedInput]) -> dict[int, EmbedResult]:

@@ -219,7 +219,7 @@ class HttpSurface:
         embedder = embedding_model_of(engine, self._model_names(engine))
         model = _known_model(body.model, model_names(embedder, self._model_names(engine)))
         with engine.calls.admitted():  # a place like a session's: the slots plus --max-queue
-            return web.json_response(await embed(engine, embedder, body, model))
+            return web.Response(body=await embed(engine, embedder, body, model), content_type="application/json")
 
 
 def _tls(config: ServerConfig) -> ssl.SSLContext | None:

@@ -1,0 +1,115 @@
+"""Hypothesis over every POST route's fields: JSON of any shape and type, strings of any code
+point (lone surrogates included), against the real server. Whatever the body, the answer
+is never a 5xx; a refusal is OpenAI's error object, and a field at fault is named in
+`param`. After the run the server is alive and serves a plain request.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
+BASE = {
+    CHAT: {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1},
+    COMPLETIONS: {"prompt": "Hi", "max_tokens": 1},
+    EMBEDDINGS: {"input": "Hi"},
+}
+SAMPLING = ["temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
+            "frequency_penalty", "seed", "logit_bias", "stop", "min_tokens", "ignore_eos", "n", "max_tokens"]
+FIELDS = {
+    CHAT: ["model", "messages", "stream", "stream_options", "max_completion_tokens", "logprobs", "top_logprobs",
+           "user", "response_format", "grammar", "regex", "choice", "tools", "tool_choice", "parallel_tool_calls",
+           "no_such_field", *SAMPLING],
+    COMPLETIONS: ["model", "prompt", "stream", "stream_options", "logprobs", "echo", "user", "no_such_field",
+                  *SAMPLING],
+    EMBEDDINGS: ["model", "input", "encoding_format", "dimensions", "user", "no_such_field"],
+}
+# Any code point: hypothesis leaves lone surrogates out of characters() unless asked for them by range
+CODE_POINT = st.characters() | st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+TEXT = st.lists(CODE_POINT, max_size=12).map("".join)  # text() of a union leaves them out too
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
+    max_leaves=12,
+)
+# Shapes a route takes, with one part fuzzed: where most checks live
+NEAR = {
+    CHAT: st.builds(lambda role, content: {"messages": [{"role": role, "content": content}]},
+                    st.sampled_from(["user", "system", "assistant", "tool", "developer"]) | TEXT, JSON),
+    COMPLETIONS: st.builds(lambda prompt: {"prompt": prompt}, JSON),
+    EMBEDDINGS: st.builds(lambda item: {"input": [item]}, JSON),
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    running = start_server([*CHAT_SERVER_ARGS, "--embeddings"], tmp_path_factory.mktemp("fuzz") / "server.log",
+                           http_port=free_port())
+    yield running
+    assert stop_server(running) == 0
+
+
+def post(server: RunningServer, path: str, body: object) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=120)
+    try:  # x-request-timeout: a fuzzed max_tokens or n that is valid ends in seconds (408)
+        conn.request("POST", path, json.dumps(body).encode(),
+                     {"Content-Type": "application/json", "x-request-timeout": "3"})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def check_answer(path: str, body: object, status: int, raw: bytes) -> None:
+    assert status < 500, (path, body, raw[:500])
+    if status < 400:
+        return
+    error = json.loads(raw)["error"]
+    assert isinstance(error["message"], str) and error["message"] and isinstance(error["type"], str)
+    if status == 400 and isinstance(body, dict) and body:  # an object with fields: the one at fault is named
+        assert isinstance(error["param"], str), (path, body, error)  # "" for a field named ""
+
+
+def fuzz_settings(num_examples: int) -> settings:
+    return settings(max_examples=num_examples, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, EMBEDDINGS])
+@fuzz_settings(120)
+@given(data=st.data())
+def test_any_value_of_any_field_is_never_a_5xx(server: RunningServer, path: str, data: st.DataObject) -> None:
+    names = data.draw(st.lists(st.sampled_from(FIELDS[path]), min_size=1, max_size=3, unique=True))
+    body = {**BASE[path], **{name: data.draw(JSON, label=name) for name in names}}
+    check_answer(path, body, *post(server, path, body))
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, EMBEDDINGS])
+@fuzz_settings(80)
+@given(data=st.data())
+def test_near_valid_bodies_are_never_a_5xx(server: RunningServer, path: str, data: st.DataObject) -> None:
+    body = {**BASE[path], **data.draw(NEAR[path])}
+    check_answer(path, body, *post(server, path, body))
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, EMBEDDINGS])
+@fuzz_settings(40)
+@given(body=JSON)
+def test_any_json_body_is_never_a_5xx(server: RunningServer, path: str, body: object) -> None:
+    check_answer(path, body, *post(server, path, body))
+
+
+def test_the_server_serves_after_the_fuzz(server: RunningServer) -> None:
+    status, raw = post(server, CHAT, BASE[CHAT])
+    assert status == 200 and json.loads(raw)["choices"]
+    assert server.process.poll() is None

@@ -1,0 +1,145 @@
+"""Floods of heavy HTTP requests beside a decoding gRPC stream: the event loop both surfaces
+share stays responsive (docs/reliability.md, "The shared event loop").
+
+Before (725c320): 4 embeddings requests of 2,048 inputs made `/health` take 6.1 s and the
+gRPC stream's longest gap 6.1 s (inputs tokenized and results serialized on the loop);
+128 tools of 8 MB with a named tiny one got no answer in 300 s (`/health` 7.4 s); 5 requests
+with 128 large distinct tools held a small `choice` request for 60.2 s (one FIFO compile
+worker). Each flood here measures the stream's longest gap and `/health`'s slowest answer
+while the flood is in the server, and that every flooding request got a clear answer.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+
+from tests.conftest import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
+from tests.helpers import DecodingStream
+from tools.embedding_model import convert
+
+MAX_GAP_S = 1.0  # the bound on both: one decode step here takes 15-90 ms, /health ~1 ms
+MAX_BODY = 32 << 20
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    # MiniLM (`make embed-model`) computes 2,048 vectors in seconds; the loop's share of the work is the same
+    args = [*CHAT_SERVER_ARGS, "--embedding-model", str(convert()), "--max-message-bytes", str(MAX_BODY)]
+    running = start_server(args, tmp_path_factory.mktemp("floods") / "server.log", http_port=free_port())
+    yield running
+    assert stop_server(running) == 0
+
+
+def post(server: RunningServer, path: str, body: object, timeout: float = 300) -> tuple[int, dict[str, object]]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=timeout)
+    try:
+        conn.request("POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+class HealthProbe:
+    """`GET /health` every 50 ms; the slowest answer."""
+
+    def __init__(self, server: RunningServer) -> None:
+        self.server = server
+        self.slowest_s = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            conn = http.client.HTTPConnection("127.0.0.1", self.server.http_port, timeout=60)
+            conn.request("GET", "/health")
+            assert conn.getresponse().status == 200
+            conn.close()
+            self.slowest_s = max(self.slowest_s, time.monotonic() - started)
+            self._stop.wait(0.05)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.slowest_s
+
+
+def flood(server: RunningServer, calls: list[Callable[[], tuple[int, dict[str, object]]]],
+          ) -> tuple[list[tuple[int, dict[str, object]]], float, float]:
+    """Run `calls` at once beside a decoding stream: their answers, the stream's longest gap
+    and /health's slowest answer while they ran."""
+    with grpc.insecure_channel(server.address) as channel:
+        stream = DecodingStream(pb_grpc.LLMServiceStub(channel), max_tokens=1800)  # a slot holds 2,048
+        probe = HealthProbe(server)
+        with ThreadPoolExecutor(len(calls)) as pool:
+            started = time.monotonic()
+            answers = [f.result(timeout=600) for f in [pool.submit(call) for call in calls]]
+            ended = time.monotonic()
+        health_s = probe.stop()
+        stream.stop()
+    gap = stream.max_gap(started, ended)
+    print(f"{len(calls)} calls in {ended - started:.1f} s: stream's longest gap {gap * 1000:.0f} ms, "
+          f"/health's slowest {health_s * 1000:.0f} ms")
+    return answers, gap, health_s
+
+
+def test_embeddings_of_2048_inputs_keep_the_loop_responsive(server: RunningServer) -> None:
+    inputs = [f"Sentence number {i} is about the weather in a town by the sea." for i in range(2048)]
+    call = lambda: post(server, "/v1/embeddings", {"input": inputs})  # noqa: E731
+    answers, gap, health_s = flood(server, [call] * 4)
+    for status, reply in answers:
+        assert status == 200, reply
+        assert len(reply["data"]) == 2048  # type: ignore[arg-type]
+    assert gap < MAX_GAP_S and health_s < MAX_GAP_S
+
+
+def _tool(name: str, num_bytes: int) -> dict[str, object]:
+    """A function tool whose parameters' descriptions make it about `num_bytes` of JSON."""
+    properties = {f"p{i}": {"type": "string", "description": f"{name} field {i} " + "x" * 1000}
+                  for i in range(max(1, num_bytes // 1040))}
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": properties}}}
+
+
+def test_many_huge_tools_with_a_tiny_one_named_keep_the_loop_responsive(server: RunningServer) -> None:
+    tools = [_tool(f"big_{i}", 64 * 1024) for i in range(127)]
+    tools.append({"type": "function", "function": {"name": "tiny", "parameters": {"type": "object"}}})
+    body = {"messages": [{"role": "user", "content": "Call tiny."}], "tools": tools, "max_tokens": 16,
+            "tool_choice": {"type": "function", "function": {"name": "tiny"}}}
+    assert len(json.dumps(body)) > 8 << 20
+    answers, gap, health_s = flood(server, [lambda: post(server, "/v1/chat/completions", body)] * 2)
+    for status, reply in answers:
+        assert status in (200, 400), reply  # served, or refused as too long for a slot: never a stall
+    assert gap < MAX_GAP_S and health_s < MAX_GAP_S
+
+
+def test_a_small_constraint_is_not_held_up_by_large_compiles(server: RunningServer) -> None:
+    def large(k: int) -> tuple[int, dict[str, object]]:
+        tools = [_tool(f"t{k}_{i}", 2048) for i in range(64)]  # distinct texts: nothing is shared or kept
+        return post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                     "tools": tools, "tool_choice": "required", "max_tokens": 8})
+
+    def small() -> tuple[int, dict[str, object]]:
+        time.sleep(1.0)  # behind the large ones
+        started = time.monotonic()
+        answer = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Yes or no?"}],
+                                                       "choice": ["yes", "no"], "max_tokens": 4})
+        return answer[0], {**answer[1], "took_s": time.monotonic() - started}
+
+    answers, gap, health_s = flood(server, [lambda k=k: large(k) for k in range(5)] + [small])
+    status, reply = answers[-1]
+    print(f"the small constraint's request took {reply['took_s']:.2f} s")
+    assert status == 200 and reply["choices"][0]["message"]["content"] in ("yes", "no"), reply  # type: ignore[index]
+    assert float(reply["took_s"]) < 10.0  # type: ignore[arg-type]
+    assert all(s in (200, 400, 429) for s, _ in answers[:-1])
+    assert gap < MAX_GAP_S and health_s < MAX_GAP_S
