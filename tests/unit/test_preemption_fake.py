@@ -189,10 +189,13 @@ def test_a_stream_between_turns_gives_up_its_slot_and_continues_its_conversation
     assert_kv_mirrors_slots(executor, runner)
 
 
-def test_a_stream_that_reads_nothing_for_reader_timeout_ends_deadline_exceeded() -> None:
-    executor, _ = make(n_parallel=1, reader_timeout_s=0.05)
+@pytest.mark.parametrize("num_samples", [1, 3])
+def test_a_stream_that_reads_nothing_for_reader_timeout_ends_deadline_exceeded(num_samples: int) -> None:
+    from dataclasses import replace
+
+    executor, _ = make(n_parallel=num_samples, reader_timeout_s=0.05)
     slow = ReaderSink()
-    key = executor.open_session(params(), slow)
+    key = executor.open_session(replace(params(), num_samples=num_samples), slow)
     executor.add_input(key, PROMPT_A, True)
     steps(executor, 4)
     slow.stop_reading()
@@ -202,7 +205,7 @@ def test_a_stream_that_reads_nothing_for_reader_timeout_ends_deadline_exceeded()
     steps(executor, 1)
     failed = slow.of(SessionFailed)
     assert failed and failed[0].status == "DEADLINE_EXCEEDED" and "--reader-timeout" in failed[0].message
-    assert key not in executor.table.sessions
+    assert key not in executor.table.sessions and not any(slot.busy for slot, _ in executor.table.slot_states())
 
 
 def test_a_named_session_that_gave_its_slot_up_is_saved_at_close_and_restored() -> None:

@@ -2,19 +2,25 @@
 
 Waiting sessions get free slots by priority, then FIFO. A session whose client stopped
 reading (its events pile up: `Session.paused`), or that sits between turns, would keep
-its slot for as long as the client likes. So when a session that can run waits for a
+its slots for as long as the client likes. So when a session that can run waits for a
 slot, such sessions give theirs up: paused ones first, idle ones once `IDLE_GRACE_S`
 has passed since their last token. This is preemption by recompute, as vLLM does it.
-The preempted session's history goes back to its pending input and the slot goes idle
-with its KV as a prefix cache; when the client reads again the session waits for a slot
-like any other and, if the slot still caches its history, continues with no recompute,
-else prefills it again. Its sampler already saw that history, so nothing is fed to it
-twice. A stream that reads nothing for `reader_timeout_s` ends DEADLINE_EXCEEDED,
-naming the flag.
+Each preempted sample's history goes back to its pending input and its slot goes idle
+with its KV as a prefix cache; when the client reads again the session waits for its
+slots like any other and, where a slot still caches a sample's history, that sample
+continues with no recompute, else prefills it again. Its sampler already saw that
+history, so nothing is fed to it twice. A stream that reads nothing for
+`reader_timeout_s` ends DEADLINE_EXCEEDED, naming the flag.
 
-Admission works on sessions (`session.py`); the slot, input and turn it reads or moves are
-their main sample's. Sessions with n > 1 (forked samples, reserved slots) are not
-preempted. Executor thread only.
+Admission works on sessions (`session.py`); the input and turn it reads are their main
+sample's. A session with n > 1 gives up every slot it holds at once, its forked samples'
+and its reserved ones too, and gets them all back at once (`num_samples` slots): its
+samples share one sink, so they pause together, and a session never runs with only
+some of its samples. Recompute rather than ending such a session: each sample is one
+sequence like any other, so the same rule serves (issue 39: an unread n = 4 stream held
+all 4 slots for `--reader-timeout`, or forever with 0). A forked sample prefills its own
+history again (its slot may have kept it); a session preempted before its turn forked
+forks when its prompt ends, from the reserved slots it gets back. Executor thread only.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from collections import deque
 import structlog
 
 from ..metrics import Metrics
-from .allocator import SlotAllocator
+from .allocator import Slot, SlotAllocator
+from .sample import Sample
 from .session import Session
 from .slot_kv import SlotKV
 
@@ -36,9 +43,9 @@ log = structlog.get_logger("llmserve.admission")
 IDLE_GRACE_S = 1.0
 
 
-def _holds_one_slot(s: Session) -> bool:
-    main = s.main
-    return main.slot is not None and len(s.samples) == 1 and not s.reserved and main.ready_logits is None
+def _holds_slots(s: Session) -> bool:
+    """On its slots (all its samples are, or none) with no saved logits about to be sampled."""
+    return s.main.slot is not None and all(x.ready_logits is None for x in s.samples)
 
 
 def _last_active(s: Session) -> float:
@@ -90,12 +97,15 @@ class Admission:
 
     def _preempt_for(self, need: int) -> bool:
         """Free slots until `need` are idle: those of paused streams (the longest paused
-        first), then those of streams idle between turns (the least recently active first)."""
-        holders = [s for s in self.sessions.values() if _holds_one_slot(s)]
+        first), then those of streams idle between turns (the least recently active first).
+        Nobody gives a slot up when all of theirs together would not be enough."""
+        holders = [s for s in self.sessions.values() if _holds_slots(s)]
         paused = sorted((s for s in holders if s.paused), key=lambda s: s.t_paused or 0.0)
         idle_since = time.monotonic() - self.idle_grace_s
         idle = sorted((s for s in holders if not s.paused and _idle(s) and _last_active(s) <= idle_since), key=_last_active)
         victims = paused + idle
+        if self.allocator.num_idle + sum(s.num_slots_held for s in victims) < need:
+            return False
         for victim in victims:
             if self.allocator.num_idle >= need:
                 break
@@ -103,45 +113,38 @@ class Admission:
         return self.allocator.num_idle >= need
 
     def _preempt(self, session: Session) -> None:
-        s = session.main
-        slot = s.slot
-        assert slot is not None
-        history = slot.tokens[: slot.num_confirmed]
-        sampled = [s.next_token] if s.next_token is not None else []
-        # Everything before the old pending input has been through the sampler already.
-        s.num_accepted_ahead += len(history) + len(sampled)
-        s.pending[:0] = [*history, *sampled]
-        s.next_token = None
-        s.draft = []
-        if s.turn is None or s.turn.t_first_token is None:
-            s.turn_cached = 0  # the coming turn's cached tokens: what the slot still holds at reattach
+        """Every sample of `session` gives its slot up, and its reserved slots go too."""
+        main = session.main
+        num_history, generating = len(main.slot.tokens[: main.slot.num_confirmed]), main.generating  # type: ignore[union-attr]
+        for sample in session.samples:
+            if sample.slot is not None:
+                self._free(_give_up_slot(sample))
+        for slot in session.reserved:
+            self.allocator.free(slot)
+        session.reserved.clear()
+        session.preempted_history = num_history
+        self.waiting.append(session)
+        self.num_preempted += 1
+        self.metrics.preemptions.labels("paused" if session.paused else "idle").inc()
+        log.info("session_preempted", request_id=main.params.request_id, num_tokens=num_history, generating=generating,
+                 num_samples=len(session.samples),
+                 reason="its client stopped reading" if session.paused else "idle between turns")
+
+    def _free(self, slot: Slot) -> None:
         if slot.shifted:  # positions moved: the cells are no prefix of anything
             self.kv.clear(slot)
             slot.shifted = False
         self.allocator.free(slot)
-        s.slot = None
-        session.preempted_history = len(history)
-        self.waiting.append(session)
-        self.num_preempted += 1
-        self.metrics.preemptions.labels("paused" if session.paused else "idle").inc()
-        log.info("session_preempted", request_id=s.params.request_id, num_tokens=len(history), generating=bool(sampled),
-                 reason="its client stopped reading" if session.paused else "idle between turns")
 
     def _reattach(self, session: Session) -> None:
-        """A preempted session gets a slot: reuse what it caches of the history, keep at
-        least one token to decode for the logits the turn samples from next."""
-        s = session.main
-        slot = self.allocator.allocate(s.pending)
-        s.slot = slot
+        """A preempted session gets its slots back: each sample one (reusing what it still
+        caches of its history), and the session's reserved slots for samples yet to fork."""
         session.preempted_history = None
-        matched = slot.match(s.pending[:-1])
-        del s.pending[:matched]
-        s.num_accepted_ahead = max(0, s.num_accepted_ahead - matched)
-        if s.turn is None or s.turn.t_first_token is None:
-            s.turn_cached += matched
-            if s.turn is not None:
-                s.turn.cached_tokens = s.turn_cached
-        log.info("session_resumed", request_id=s.params.request_id, num_cached=matched, num_prefill=len(s.pending))
+        matched = [_take_slot(x, self.allocator.allocate(x.pending)) for x in session.samples]
+        session.reserved = [self.allocator.allocate(()) for _ in range(session.params.num_samples - len(session.samples))]
+        s = session.main
+        log.info("session_resumed", request_id=s.params.request_id, num_cached=matched[0], num_prefill=len(s.pending),
+                 num_samples=len(session.samples))
 
     def expire_readers(self, reader_timeout_s: float | None, fail) -> None:  # type: ignore[no-untyped-def]
         """End streams whose client has read nothing for `reader_timeout_s` (None: never)
@@ -167,3 +170,37 @@ class Admission:
         if not deadlines:
             return None
         return max(min(deadlines) - time.monotonic() - deadline_margin_s, 0.0)
+
+
+def _give_up_slot(s: Sample) -> Slot:
+    """Preemption by recompute of one sample: the history its slot holds, then a token
+    sampled but not yet decoded, go back in front of its pending input, counted as seen
+    by the sampler. Returns the slot, to be freed."""
+    slot = s.slot
+    assert slot is not None
+    history = slot.tokens[: slot.num_confirmed]
+    sampled = [s.next_token] if s.next_token is not None else []
+    # Everything before the old pending input has been through the sampler already.
+    s.num_accepted_ahead += len(history) + len(sampled)
+    s.pending[:0] = [*history, *sampled]
+    s.next_token = None
+    s.draft = []
+    if s.turn is None or s.turn.t_first_token is None:
+        s.turn_cached = 0  # the coming turn's cached tokens: what the slot still holds at reattach
+    s.slot = None
+    return slot
+
+
+def _take_slot(s: Sample, slot: Slot) -> int:
+    """A preempted sample gets `slot`: confirm what it still caches of the history, keeping
+    at least one token to decode for the logits the turn samples from next. Returns how
+    many tokens it caches."""
+    s.slot = slot
+    matched = slot.match(s.pending[:-1])
+    del s.pending[:matched]
+    s.num_accepted_ahead = max(0, s.num_accepted_ahead - matched)
+    if s.turn is None or s.turn.t_first_token is None:
+        s.turn_cached += matched
+        if s.turn is not None:
+            s.turn.cached_tokens = s.turn_cached
+    return matched

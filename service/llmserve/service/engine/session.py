@@ -6,8 +6,9 @@ turn, and its samples (`sample.py`). `samples[0]`, the main sample, decodes the 
 history across turns and is addressed by the session's own key. A turn with n > 1 forks
 n - 1 more samples when its prompt has been evaluated: each on a slot reserved when the
 session was admitted, holding a copy of the main sample's KV; a forked sample lives for
-that turn, and its slot goes back to `reserved` for the next turn's fork. Only the
-executor thread touches these objects.
+that turn, and its slot goes back to `reserved` for the next turn's fork. Preempted
+(`admission.py`), every sample and reserved slot gives its slot up at once, and gets one
+back at once. Only the executor thread touches these objects.
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ class Session:
     @property
     def paused(self) -> bool:
         return self.sink.backlog >= MAX_BACKLOG
+
+    @property
+    def num_slots_held(self) -> int:
+        """Slots the session would give up if preempted: its samples' and its reserved ones."""
+        return sum(x.slot is not None for x in self.samples) + len(self.reserved)
 
     def saved_chat(self) -> SavedChat | None:
         """The conversation a named session is saved with (None: not a chat session)."""
