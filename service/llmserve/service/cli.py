@@ -27,6 +27,7 @@ from .config import (
     CACHE_TYPES,
     DEFAULT_PARALLEL,
     ContextShiftSettings,
+    HttpConnectionSettings,
     KVCacheSettings,
     PrefillSettings,
     ServerConfig,
@@ -68,6 +69,14 @@ def _parser() -> argparse.ArgumentParser:
     f.add("--port", type=int, default=d.port, help="gRPC port")
     f.add("--http-port", type=int, help="also serve the OpenAI HTTP API (/v1/chat/completions, /v1/models, /health) "
           "on this port, at --host (off when unset)")
+    f.add("-to", "--timeout", type=float, default=d.http.timeout,
+          help="HTTP: seconds a request's headers and body may take to arrive, and a reply may sit unread between "
+               "requests (then 408 and the connection closes; a response stream is not bounded by it)")
+    f.add("--http-keepalive-timeout", type=float, default=d.http.http_keepalive_timeout,
+          help="HTTP: seconds a connection may stay open without a request")
+    f.add("--http-max-connections", type=int,
+          help="HTTP: most connections open at once; more are answered 503 and closed (default: 1024, at most "
+               "half the open-file limit)")
     f.add("--alias", help="the model's name on the HTTP API (default: the model file's stem)")
     f.switch("--embeddings", help="serve Embed (clamps the batch to one ubatch)")
     f.add("--embedding-model", type=Path, help="GGUF embedding model for Embed (its own context; implies --embeddings)")
@@ -157,6 +166,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         port=args.port,
         http_port=args.http_port,
         alias=args.alias,
+        http=_settings(HttpConnectionSettings, args),
         max_queue=args.max_queue,
         max_input_tokens=args.max_input_tokens,
         max_message_bytes=args.max_message_bytes,

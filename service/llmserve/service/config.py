@@ -110,6 +110,22 @@ class ContextShiftSettings:
 
 
 @dataclass(frozen=True)
+class HttpConnectionSettings:
+    """How the HTTP surface bounds its connections: read by http/connections.py. aiohttp
+    alone would keep a slowly sent request, or an idle connection, open for an hour."""
+
+    timeout: float = 60.0  # a request's headers and body must arrive within this (llama-server's --timeout)
+    http_keepalive_timeout: float = 30.0  # a connection with no request this long closes
+    http_max_connections: int | None = None  # None: 1024, at most half the open-file limit
+
+    def validate(self) -> None:
+        if self.timeout <= 0 or self.http_keepalive_timeout <= 0:
+            raise ValueError("--timeout and --http-keepalive-timeout must be positive")
+        if self.http_max_connections is not None and self.http_max_connections < 1:
+            raise ValueError("--http-max-connections must be at least 1")
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     model_path: Path | None = None  # None: the default PyPI model
     n_ctx: int = 8192  # total KV cells: n_ctx / n_parallel per slot
@@ -124,6 +140,7 @@ class ServerConfig:
     port: int = 50051
     http_port: int | None = None  # the OpenAI HTTP API (http/); None: off
     alias: str | None = None  # the model's name on the HTTP API; None: the model file's stem
+    http: HttpConnectionSettings = HttpConnectionSettings()
     max_queue: int = 64  # sessions that may wait for a slot
     max_input_tokens: int | None = None  # per session; None: the slot's context
     max_message_bytes: int = 16 * 1024 * 1024
@@ -173,6 +190,11 @@ class ServerConfig:
             raise ValueError("--parallel must be at least 1")
         if self.n_ubatch < 1 or self.n_batch < 1:
             raise ValueError("--batch-size and --ubatch-size must be positive")
+        if self.n_batch_effective < self.n_parallel:  # llama.cpp reserves an output per slot in one batch, or aborts
+            flag = (f"--batch-size {self.n_batch}" if self.n_batch_effective == self.n_batch else
+                    f"--ubatch-size {self.n_ubatch} (with --embeddings a batch is one ubatch)")
+            raise ValueError(f"{flag} is smaller than --parallel {self.n_parallel}: a batch must hold a token "
+                             f"of every slot; use at least {self.n_parallel}")
         if self.n_ctx_per_slot < 16:
             raise ValueError(f"--ctx-size {self.n_ctx} leaves fewer than 16 tokens per slot")
         if self.n_threads < 1:
@@ -195,6 +217,7 @@ class ServerConfig:
             raise ValueError("--keepalive-* must be positive, --max-connection-age(-grace) >= 0")
         if self.http_port is not None and (not 0 < self.http_port < 65536 or self.http_port == self.port):
             raise ValueError(f"--http-port {self.http_port}: expected a port in 1..65535 other than --port")
+        self.http.validate()
         if self.max_queue < 0:
             raise ValueError("--max-queue must be >= 0")
         if self.max_input_tokens is not None and self.max_input_tokens < 1:

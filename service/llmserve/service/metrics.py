@@ -74,6 +74,12 @@ class Metrics:
             "llmserve_http_requests", "Finished HTTP requests by route template (unknown paths: other), method and "
             "status code", ["route", "method", "status"], registry=r,
         )
+        self.http_connections = Gauge("llmserve_http_connections", "Open HTTP connections (http/connections.py)",
+                                      registry=r)
+        self.http_connections_closed = Counter(
+            "llmserve_http_connections_closed", "HTTP connections the server closed: refused (over "
+            "--http-max-connections), idle, header_timeout, body_timeout, write_timeout", ["reason"], registry=r,
+        )
         self.http_seconds = Histogram(
             "llmserve_http_request_duration_seconds", "HTTP request start to end (a stream's last byte)", ["route"],
             buckets=_REQUEST_BUCKETS, registry=r,

@@ -78,9 +78,13 @@ class Embedder:
         # Pooled in llama.cpp (an embedding model, maybe non-causal): a job is one ubatch,
         # the embeddings clamp. Hidden states pooled here (a causal LM): pieces.
         piece = n_ubatch if self.pools_in_llama else min(n_ubatch, HIDDEN_PIECE_TOKENS)
-        params.n_ctx = n_ubatch
-        params.n_batch = piece
-        params.n_ubatch = piece
+        # llama.cpp reserves its graphs for n_seq_max outputs and, for MEAN pooling, for a
+        # ubatch split evenly across n_seq_max sequences: a context batch below max_seqs or
+        # not a multiple of it aborts the process (GGML_ASSERT in llama_context::output_reserve,
+        # ggml_mul_mat in build_pooling; -ub 300 and -ub 7 did), and a causal model's batch is
+        # clamped to n_ctx first. Decodes stay within `piece` tokens (self.batch).
+        params.n_batch = params.n_ubatch = -(-piece // max_seqs) * max_seqs
+        params.n_ctx = max(n_ubatch, params.n_batch)
         params.n_seq_max = max_seqs
         params.swa_full = True  # every packed input's cells stay visible across pieces
         params.n_threads = n_threads
