@@ -93,8 +93,14 @@ class DecodingStream:
             pass
 
     def max_gap(self, start: float, end: float) -> float:
-        window = [t for t in self.times if start <= t <= end]
-        return max((b - a for a, b in zip(window, window[1:])), default=float("inf"))
+        """The longest time without a chunk from `start` to `end`, counting from the chunk
+        before `start` to the one after `end` (inf when the stream got none after `end`)."""
+        before = [t for t in self.times if t < start][-1:]
+        after = [t for t in self.times if t > end][:1]
+        window = before + [t for t in self.times if start <= t <= end] + after
+        if not after:
+            return float("inf")
+        return max(b - a for a, b in zip(window, window[1:]))
 
     def stop(self) -> None:
         self._stop.set()

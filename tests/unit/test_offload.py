@@ -34,6 +34,17 @@ def test_offload_refuses_past_its_queue_with_a_retry_hint() -> None:
     pool.close()
 
 
+def test_offload_runs_the_smallest_waiting_job_first() -> None:
+    pool = OffloadPool("test", num_threads=1, max_waiting=8)
+    gate, order = threading.Event(), []
+    running = pool.submit(gate.wait, 10)  # holds the thread
+    jobs = [pool.submit(order.append, name, size=size) for name, size in (("large", 10**6), ("small", 10), ("mid", 10**3))]
+    gate.set()
+    wait([running, *jobs], timeout=10)
+    assert order == ["small", "mid", "large"]
+    pool.close()
+
+
 def test_offload_threads_run_at_a_lower_priority() -> None:
     pool = OffloadPool("test", num_threads=1, max_waiting=1, nice=5)
     mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())

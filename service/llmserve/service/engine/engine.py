@@ -212,15 +212,17 @@ class Engine:
         wait. The future is the caller's: cancel it when the caller leaves."""
         return self._constraints.get(kind, text)
 
-    def offload(self, fn: Callable[..., T], *args: Any, may_refuse: bool = True) -> Future[T]:
+    def offload(self, fn: Callable[..., T], *args: Any, may_refuse: bool = True, size: int = 0) -> Future[T]:
         """Run heavy work (tokenizing or rendering megabytes) on a low-priority thread so
         that it never starves decoding; Overloaded when `HEAVY_MAX_WAITING` calls wait
         (unless not `may_refuse`: work of an admitted session waits its turn)."""
-        return self._heavy.submit(fn, *args, may_refuse=may_refuse)
+        return self._heavy.submit(fn, *args, may_refuse=may_refuse, size=size)
 
     def _render_offloaded(self, messages: Sequence[ChatMessage], tools: ToolPlan | None) -> Future[tuple[int, ...]]:
         """`render_chat` on the offload pool: a session's rendering waits its turn there, never refused."""
-        return self._heavy.submit(self.render_chat, messages, tools, may_refuse=False)
+        size = sum(len(m.content) for m in messages)
+        size += sum(len(t.parameters) + len(t.description) for t in tools.tools) if tools is not None else 0
+        return self._heavy.submit(self.render_chat, messages, tools, may_refuse=False, size=size)
 
     def render_chat(self, messages: Sequence[ChatMessage], tools: ToolPlan | None = None) -> tuple[int, ...]:
         """The conversation rendered with the chat template, as tokens (the template must
@@ -262,7 +264,8 @@ class Engine:
         offload pool (llama_tokenize releases the GIL; a session's input waits its turn, never refused)."""
         if len(text) <= LARGE_TEXT_CHARS:
             return self.tokenize(text, add_special, parse_special, embedding_model)
-        future = self._heavy.submit(self.tokenize, text, add_special, parse_special, embedding_model, may_refuse=False)
+        future = self._heavy.submit(self.tokenize, text, add_special, parse_special, embedding_model,
+                                    may_refuse=False, size=len(text))
         return await asyncio.wrap_future(future)
 
     def pieces(self, ids: Sequence[int], embedding_model: bool = False) -> list[bytes]:

@@ -44,7 +44,7 @@ async def parsed_body(request: web.Request, engine: Engine, parse: Callable[[obj
     raw = await request.read()
     if len(raw) <= LARGE_BODY_BYTES:
         return parse(json_value(raw))
-    return await asyncio.wrap_future(engine.offload(_parse_raw, raw, parse))
+    return await asyncio.wrap_future(engine.offload(_parse_raw, raw, parse, size=len(raw)))
 
 
 def _parse_raw(raw: bytes, parse: Callable[[object], T]) -> T:

@@ -82,20 +82,24 @@ async def embed(engine: Engine, embedder: EmbeddingModelInfo, request: Embedding
         raise bad_request(f"dimensions must be the model's {embedder.n_embd} (vectors are not shortened), "
                           f"got {request.dimensions}", "dimensions")
     n_vocab = engine.n_vocab(embedding_model=True)
-    tokenized = await asyncio.wrap_future(engine.offload(_all_tokens, engine, embedder, request.inputs, n_vocab))
+    size = sum(len(item) for item in request.inputs)
+    tokenized = await asyncio.wrap_future(engine.offload(_all_tokens, engine, embedder, request.inputs, n_vocab,
+                                                         size=size))
     inputs = [EmbedInput(i, tokens, True, False) for i, tokens in enumerate(tokenized)]
     results = await _vectors(engine, inputs)
-    reply = engine.offload(_reply_json, results, request.encoding_format, model, inputs, may_refuse=False)
+    reply = engine.offload(_reply_json, results, request.encoding_format, model, inputs, may_refuse=False,
+                           size=len(inputs) * embedder.n_embd)
     return await asyncio.wrap_future(reply)
 
 
 def _reply_json(results: dict[int, EmbedResult], encoding: str, model: str, inputs: list[EmbedInput]) -> bytes:
-    """OpenAI's list, serialized (on the offload pool: 2,048 vectors are megabytes of JSON)."""
-    data = [{"object": "embedding", "index": i, "embedding": _encoded(results[i].vector, encoding)}
-            for i in range(len(inputs))]
+    """OpenAI's list, serialized on the offload pool (2,048 vectors are megabytes of JSON),
+    one vector at a time: json.dumps holds the GIL for a whole call, the loop's and the executor's too."""
+    data = ",".join(json.dumps({"object": "embedding", "index": i, "embedding": _encoded(results[i].vector, encoding)})
+                    for i in range(len(inputs)))
     num_tokens = sum(len(x.tokens) for x in inputs)
-    return json.dumps({"object": "list", "data": data, "model": model,
-                       "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}).encode()
+    usage = json.dumps({"prompt_tokens": num_tokens, "total_tokens": num_tokens})
+    return f'{{"object": "list", "data": [{data}], "model": {json.dumps(model)}, "usage": {usage}}}'.encode()
 
 
 async def _vectors(engine: Engine, inputs: list[EmbedInput]) -> dict[int, EmbedResult]:

@@ -35,10 +35,10 @@ def _detokenize(engine: Engine, request: pb.DetokenizeRequest) -> pb.DetokenizeR
 async def tokenize(engine: Engine, request: pb.TokenizeRequest) -> pb.TokenizeResponse:
     if len(request.text) <= LARGE_TEXT_CHARS:
         return _tokenize(engine, request)
-    return await asyncio.wrap_future(engine.offload(_tokenize, engine, request))
+    return await asyncio.wrap_future(engine.offload(_tokenize, engine, request, size=len(request.text)))
 
 
 async def detokenize(engine: Engine, request: pb.DetokenizeRequest) -> pb.DetokenizeResponse:
     if len(request.ids) <= LARGE_IDS:
         return _detokenize(engine, request)
-    return await asyncio.wrap_future(engine.offload(_detokenize, engine, request))
+    return await asyncio.wrap_future(engine.offload(_detokenize, engine, request, size=len(request.ids)))
