@@ -34,11 +34,11 @@ def two_slots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServe
     assert stop_server(running) == 0
 
 
-def _unread_stream(address: str, prompt: str, max_tokens: int) -> tuple[grpc.Channel, object]:
+def _unread_stream(address: str, prompt: str, max_tokens: int, **config: object) -> tuple[grpc.Channel, object]:
     """A Generate call nobody reads: a 1 KiB HTTP/2 window, so the server's writes stop at once."""
     channel = grpc.insecure_channel(address, options=[("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)])
     request = pb.GenerateRequest(
-        config=session_config(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+        config=session_config(max_tokens=max_tokens, ignore_eos=True, **{"temperature": 0, **config}),  # type: ignore[arg-type]
         input=make_input(prompt), end_of_turn=True,
     )
     return channel, pb_grpc.LLMServiceStub(channel).Generate(iter([request]), timeout=600)
@@ -123,4 +123,68 @@ def test_a_stream_that_reads_nothing_ends_deadline_exceeded_naming_the_flag(tmp_
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     status = rpc_status.from_call(err.value)  # type: ignore[arg-type]
     assert "--reader-timeout" in err.value.details()
-    assert status is None or status.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+    assert status is not None, "no rich status (grpc-status-details-bin) on the reader timeout"
+    assert status.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0] and "--reader-timeout" in status.message
+
+
+SAMPLES = 4
+SAMPLE_TOKENS = 64  # per sample; the stream paused after ~15 (4 events a step, each with 20 top logprobs)
+# Before issue 39 the caller waited 60 s for a slot (the reader timeout), or forever. Measured after: 1.6 and 3.5 s in
+# all with the 2 cores at load 10 (other servers running).
+QUEUE_BOUND_S = 2.0
+CALLER_BOUND_S = 30.0
+
+
+def _read_samples(call) -> tuple[dict[int, list[int]], list[pb.TurnEnd]]:  # type: ignore[no-untyped-def]
+    ids: dict[int, list[int]] = {}
+    ends: list[pb.TurnEnd] = []
+    for response in call:
+        if response.HasField("chunk"):
+            ids.setdefault(response.chunk.index, []).extend(response.chunk.token_ids)
+        elif response.HasField("turn_end"):
+            ends.append(response.turn_end)
+    return ids, ends
+
+
+def _wait_idle(client: Client) -> None:
+    """Every slot idle soon after the last reading caller's call ended (its close is a step away)."""
+    deadline = time.monotonic() + 5
+    while any(s.busy for s in client.model_info().slots):
+        assert time.monotonic() < deadline, "the unread stream kept its slots"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("reader_timeout", [[], ["--reader-timeout", "0"]], ids=["default", "none"])
+def test_an_unread_stream_of_four_samples_gives_all_four_slots_to_another_caller(reader_timeout: list[str],
+                                                                                  tmp_path: Path) -> None:
+    """Issue 39: an unread n = 4 stream held every slot of `-np 4`; another caller waited
+    for the reader timeout (60 s), or forever with 0. Now its four samples give their slots
+    up, and read again each finishes its reply (every token once, one turn end each)."""
+    running = start_server(["-np", str(SAMPLES), "-c", "4096", "-t", "2", *reader_timeout], tmp_path / "server.log",
+                           metrics=True)
+    try:
+        channel, call = _unread_stream(running.address, "Write an endless list of numbers:", SAMPLE_TOKENS, n=SAMPLES,
+                                       temperature=0.7, seed=5, logprobs=True, top_logprobs=20)
+        try:
+            with Client(running.address, timeout=30, retries=False) as client:
+                _wait_paused(client, SAMPLES)
+                cached_at_pause = [s.num_cached_tokens for s in client.model_info().slots]
+                started = time.monotonic()
+                reply = client.generate("Say hello.", max_tokens=4, temperature=0)
+                waited = time.monotonic() - started
+                assert reply.turn_end.usage.completion_tokens == 4
+                queued = reply.turn_end.timings.queue_ms / 1000
+                print(f"caller answered in {waited:.2f} s ({queued * 1000:.1f} ms for a slot) past an unread n={SAMPLES}"
+                      f" stream (slots held {cached_at_pause})")
+                assert queued < QUEUE_BOUND_S and waited < CALLER_BOUND_S
+                _wait_idle(client)  # the unread stream holds none of its slots now
+                assert _metric(running, "llmserve_preemptions_total") == 1
+            ids, ends = _read_samples(call)
+            assert call.code() == grpc.StatusCode.OK  # type: ignore[attr-defined]
+        finally:
+            channel.close()
+    finally:
+        assert stop_server(running) == 0
+    assert sorted(e.index for e in ends) == list(range(SAMPLES))
+    assert all(e.finish_reason == pb.FINISH_REASON_LENGTH and e.usage.completion_tokens == SAMPLE_TOKENS for e in ends)
+    assert sorted(ids) == list(range(SAMPLES)) and all(len(v) == SAMPLE_TOKENS for v in ids.values())
