@@ -115,7 +115,8 @@ class Admission:
     def _preempt(self, session: Session) -> None:
         """Every sample of `session` gives its slot up, and its reserved slots go too."""
         main = session.main
-        num_history, generating = len(main.slot.tokens[: main.slot.num_confirmed]), main.generating  # type: ignore[union-attr]
+        assert main.slot is not None
+        num_history, generating = main.slot.num_confirmed, main.generating
         for sample in session.samples:
             if sample.slot is not None:
                 self._free(_give_up_slot(sample))
