@@ -16,11 +16,14 @@ Admission works on sessions (`session.py`); the input and turn it reads are thei
 sample's. A session with n > 1 gives up every slot it holds at once, its forked samples'
 and its reserved ones too, and gets them all back at once (`num_samples` slots): its
 samples share one sink, so they pause together, and a session never runs with only
-some of its samples. Recompute rather than ending such a session: each sample is one
-sequence like any other, so the same rule serves (issue 39: an unread n = 4 stream held
-all 4 slots for `--reader-timeout`, or forever with 0). A forked sample prefills its own
-history again (its slot may have kept it); a session preempted before its turn forked
-forks when its prompt ends, from the reserved slots it gets back. Executor thread only.
+some of its samples. Recompute rather than ending such a session: ending it would lose
+a reply its client may still read, and each sample is one sequence like any other, so
+what preempts a lone stream (history back to pending, counted as seen by its sampler)
+serves each sample as it is (issue 39: an unread n = 4 stream held all 4 slots for
+`--reader-timeout`, or forever with 0). A forked sample prefills its own history again
+(its slot may have kept it); a session preempted before its turn forked forks when its
+prompt ends, from the reserved slots it gets back. Nobody is preempted when all the
+candidates' slots together would not seat the waiting session. Executor thread only.
 """
 
 from __future__ import annotations
