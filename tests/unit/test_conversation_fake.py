@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import replace
 
 import pytest
@@ -28,8 +29,11 @@ from .test_engine_sessions_fake import RecordingStore
 LIMITS = Limits(n_vocab=64, n_ctx_per_slot=256)
 
 
-def render(messages: Sequence[ChatMessage]) -> tuple[int, ...]:
-    return (BOS, *(ord(c) - ord("a") for m in messages for c in m.content))
+def render(messages: Sequence[ChatMessage], _tools: object = None) -> Future[tuple[int, ...]]:
+    """As the engine's, a future of the rendering (done at once here)."""
+    rendered: Future[tuple[int, ...]] = Future()
+    rendered.set_result((BOS, *(ord(c) - ord("a") for m in messages for c in m.content)))
+    return rendered
 
 
 def user(text: str) -> ChatMessage:
