@@ -3,7 +3,10 @@ and the HTTP connection flags with the rules http/connections.py applies to them
 
 from __future__ import annotations
 
+import re
 import resource
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -34,6 +37,15 @@ def test_http_connection_flags() -> None:
                         (("--http-max-connections", "0"), "--http-max-connections")):
         with pytest.raises(ValueError, match=flag):
             _config(*flags)
+
+
+def test_help_documents_the_http_flags_with_defaults_and_variables() -> None:
+    out = " ".join(subprocess.run([sys.executable, "-m", "llmserve.service", "serve", "--help"], check=True,
+                                  capture_output=True, text=True).stdout.split())
+    for flag in ("-to", "--timeout", "--http-keepalive-timeout", "--http-max-connections"):
+        assert flag in out and (flag == "-to" or cli._env_name(flag) in out), flag
+    assert re.search(r"--timeout TIMEOUT [^-]*LLMSERVE_TIMEOUT\] \(default: 60\.0\)", out)
+    assert re.search(r"HTTP_KEEPALIVE_TIMEOUT\] \(default: 30\.0\)", out)
 
 
 def test_environment_sets_the_http_flags(monkeypatch: pytest.MonkeyPatch) -> None:
