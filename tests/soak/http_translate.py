@@ -7,7 +7,9 @@ or a stream's events) into the `CallRecord` the gRPC fuzzer records: the status 
 gRPC code (400 INVALID_ARGUMENT with `param` as the field, 429 RESOURCE_EXHAUSTED with
 Retry-After, ...), each choice's text and logprobs as chunks and its finish as a turn
 end, and in `HttpFacts` what has no place there (each token's text, the token counts
-the reply shows, usage, breaches of OpenAI's format). tests/unit/test_http_translate.py
+the reply shows, usage, breaches of OpenAI's format). Every request asks for logprobs, so
+that each token's text is known (shown as the plan's logprobs only when it asks for them).
+tests/unit/test_http_translate.py
 feeds broken replies through it to the oracle.
 """
 
@@ -49,6 +51,8 @@ def request(plan: Plan) -> tuple[str, dict[str, Any]]:
     if c.output.HasField("top_logprobs"):
         k = c.output.top_logprobs
         body |= {"logprobs": True, "top_logprobs": k} if plan.chat else {"logprobs": k}
+    else:  # asked all the same: each token's text is what the oracle checks the reply by (not shown as logprobs)
+        body |= {"logprobs": True} if plan.chat else {"logprobs": 0}
     body |= _constraint(c.constraint)
     if plan.stream:
         body |= {"stream": True, "stream_options": {"include_usage": True}}
@@ -118,14 +122,11 @@ def to_record(plan: Plan, out: HttpOutcome, t_start: float = 0.0, t_end: float =
         facts.problems.append("the stream ended without data: [DONE]")
     if out.acted:
         rec.status = Status("CANCELLED", "the client dropped the stream")
-    asked = plan.config.output.HasField("top_logprobs")
     for i, ch in choices.items():
-        if asked:
+        if ch.logprobs:  # else none came: the oracle says so
             facts.pieces[i], facts.counts[i] = ch.pieces, ch.logprobs
     if usage is not None:
         facts.completion_tokens = usage.get("completion_tokens")
-        if plan.num_samples == 1 and not asked:
-            facts.counts[0] = usage.get("completion_tokens", 0)
         if usage.get("prompt_tokens_details", {}).get("cached_tokens", 0) > usage.get("prompt_tokens", 0):
             facts.problems.append(f"usage {usage}: more cached tokens than prompt tokens")
     for i, ch in sorted(choices.items()):
@@ -183,8 +184,9 @@ def _add(plan: Plan, ch: _Choice, c: dict[str, Any], text: str, logprobs: Any, f
             (e["token"], e["logprob"], {t["token"]: t["logprob"] for t in e["top_logprobs"]}, len(e["top_logprobs"]))
             for e in logprobs.get("content") or []]
         for token, logprob, top, num_top in entries:
-            chunk.logprobs.append(pb.TokenLogprob(logprob=logprob, top=[
-                pb.TopLogprob(text=t, logprob=v) for t, v in top.items()] + [pb.TopLogprob()] * (num_top - len(top))))
+            if plan.config.output.HasField("top_logprobs"):  # else asked for the oracle only (`request`)
+                chunk.logprobs.append(pb.TokenLogprob(logprob=logprob, top=[
+                    pb.TopLogprob(text=t, logprob=v) for t, v in top.items()] + [pb.TopLogprob()] * (num_top - len(top))))
             ch.pieces.append(token)
         ch.logprobs += len(entries)
     if text or chunk.logprobs:

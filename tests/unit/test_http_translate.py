@@ -47,10 +47,10 @@ def entries(tokens: list[str], top: int) -> list[dict[str, Any]]:
 
 
 def whole(p: Plan, tokens: list[list[str]], texts: list[str], finishes: list[str], cached: int = 0) -> HttpOutcome:
-    """A whole chat reply: choice i's tokens (logprobs when the plan asks), text and finish."""
-    top = p.config.output.top_logprobs if p.config.output.HasField("top_logprobs") else None
+    """A whole chat reply: choice i's tokens (logprobs: every HTTP plan asks for them), text and finish."""
+    top = p.config.output.top_logprobs if p.config.output.HasField("top_logprobs") else 0
     choices = [{"index": i, "message": {"role": "assistant", "content": text},
-                "logprobs": {"content": entries(toks, top)} if top is not None else None, "finish_reason": finish}
+                "logprobs": {"content": entries(toks, top)}, "finish_reason": finish}
                for i, (toks, text, finish) in enumerate(zip(tokens, texts, finishes, strict=True))]
     usage = {"prompt_tokens": 5, "completion_tokens": sum(map(len, tokens)), "prompt_tokens_details": {"cached_tokens": cached}}
     return HttpOutcome(200, HEADERS, {"choices": choices, "usage": usage})
@@ -58,11 +58,11 @@ def whole(p: Plan, tokens: list[list[str]], texts: list[str], finishes: list[str
 
 def sse(p: Plan, tokens: list[str], text_of: list[str], finish: str) -> HttpOutcome:
     """One choice streamed: the role, a delta per token (its shown text), the finish, usage, [DONE]."""
-    top = p.config.output.top_logprobs if p.config.output.HasField("top_logprobs") else None
+    top = p.config.output.top_logprobs if p.config.output.HasField("top_logprobs") else 0
     events: list[Any] = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}]
     for token, shown in zip(tokens, text_of, strict=True):
         events.append({"choices": [{"index": 0, "delta": {"content": shown}, "finish_reason": None,
-                                    "logprobs": {"content": entries([token], top)} if top is not None else None}]})
+                                    "logprobs": {"content": entries([token], top)}}]})
     events.append({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
     events.append({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": len(tokens)}})
     return HttpOutcome(200, HEADERS, events=events, done=True)
