@@ -151,3 +151,101 @@ def test_refs_in_parameters_and_answers_follow_them_into_the_reply_schema() -> N
     from llmserve.service.model.grammar_sources import to_gbnf  # what the grammar worker runs
 
     assert "root ::=" in to_gbnf("json_schema", json.dumps(schema))
+
+
+def _object(properties: dict[str, object], defs: dict[str, object] | None = None) -> dict[str, object]:
+    schema: dict[str, object] = {"type": "object", "properties": properties, "required": list(properties),
+                                 "additionalProperties": False}
+    return {**schema, "$defs": defs} if defs else schema
+
+
+A = _object({"a": {"const": "A"}})
+B = _object({"b": {"const": "B"}})
+
+
+@pytest.mark.parametrize(("tools", "response"), [
+    # x's def `y__z` and x__y's def `z` were both hoisted as `x__y__z`
+    ((Tool("x", parameters=json.dumps(_object({"v": {"$ref": "#/$defs/y__z"}}, {"y__z": A}))),
+      Tool("x__y", parameters=json.dumps(_object({"v": {"$ref": "#/$defs/z"}}, {"z": B})))), None),
+    # a tool named `response` and the answer's schema were both hoisted under `response__`
+    ((Tool("response", parameters=json.dumps(_object({"v": {"$ref": "#/$defs/D"}}, {"D": A}))),),
+     _object({"v": {"$ref": "#/$defs/D"}}, {"D": B})),
+])
+def test_one_documents_refs_never_reach_anothers_definitions(tools: tuple[Tool, ...],
+                                                            response: dict[str, object] | None) -> None:
+    schema = reply_schema(tools, ToolChoice("auto"), parallel=True, response=response)
+    assert schema is not None
+    for tool in tools:
+        own = json.loads(tool.parameters)["$defs"]
+        good, bad = ({"v": {"a": "A"}}, {"v": {"b": "B"}}) if own == {k: A for k in own} else (
+            {"v": {"b": "B"}}, {"v": {"a": "A"}})
+        jsonschema.validate({"tool_calls": [{"name": tool.name, "arguments": good}]}, schema)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"tool_calls": [{"name": tool.name, "arguments": bad}]}, schema)
+    if response is not None:
+        jsonschema.validate({"response": {"v": {"b": "B"}}}, schema)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"response": {"v": {"a": "A"}}}, schema)
+    from llmserve.service.model.grammar_sources import to_gbnf  # what the grammar worker runs
+
+    assert "root ::=" in to_gbnf("json_schema", json.dumps(schema))
+
+
+DEEP: dict[str, object] = {"type": "object"}
+for _ in range(300):
+    DEEP = {"type": "object", "properties": {"d": DEEP}}
+
+
+@pytest.mark.parametrize(("parameters", "said"), [
+    (_object({"n": {"type": "integer", "minimum": 5, "maximum": 4}}), "no value satisfies"),
+    (_object({"n": {"type": "number", "exclusiveMinimum": 4, "maximum": 4}}), "no value satisfies"),
+    (_object({"n": {"type": "integer", "minimum": 4.2, "maximum": 4.8}}), "no value satisfies"),
+    (_object({"s": {"type": "string", "minLength": 3, "maxLength": 2}}), "no value satisfies"),
+    (_object({"e": {"enum": []}}), "no value satisfies"),
+    (_object({"e": {"enum": list(range(5000))}}), "limited to 256"),
+    (_object({"e": {"anyOf": [{"const": i} for i in range(300)]}}), "limited to 256"),
+    (_object({"a": {"type": "array", "items": {"type": "integer"}, "minItems": 1e8}}), "limited to 1000"),
+    (DEEP, "nests deeper than 64"),
+    (_object({"p": {"type": "string", "pattern": "^([a-z]{0,3}){0,20}$"}}), "can match nothing"),
+    (_object({"p": {"type": "string", "pattern": "^(a*)+$"}}), "can match nothing"),
+])
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_tools_parameters_keep_every_schemas_bounds(parameters: dict[str, object], said: str, strict: bool) -> None:
+    tools = (WEATHER, Tool("bad", parameters=json.dumps(parameters), strict=strict))
+    with pytest.raises(InvalidRequest) as refused:
+        check_tools(tools, ToolChoice("auto"))
+    assert refused.value.field == "tools[1].parameters" and said in str(refused.value), refused.value
+
+
+def test_strict_refuses_what_the_converter_drops_and_the_rest_is_served() -> None:
+    person = _object({"age": {"type": "integer", "minimum": 0, "maximum": 120}})
+    check_tools((Tool("p", parameters=json.dumps(person)),), ToolChoice("auto"))  # served as the converter reads it
+    with pytest.raises(InvalidRequest) as refused:
+        check_tools((Tool("p", parameters=json.dumps(person), strict=True),), ToolChoice("auto"))
+    assert refused.value.field == "tools[0].parameters" and "`minimum` at /properties/age/minimum" in str(refused.value)
+    satisfiable = [_object({"n": {"type": "integer", "minimum": 4, "maximum": 4}}),
+                   _object({"n": {"minimum": 5, "maximum": 4}}),  # no type: a string satisfies it
+                   _object({"p": {"type": "string", "pattern": "^([a-z]{1,3}){0,20}$"}}),
+                   _object({"e": {"const": {"enum": [], "minimum": 5, "maximum": 4}}})]  # a value, not a schema
+    check_tools(tuple(Tool(f"t{i}", parameters=json.dumps(s)) for i, s in enumerate(satisfiable)), ToolChoice("auto"))
+
+
+def test_all_tools_together_are_bounded_before_any_is_parsed() -> None:
+    big = json.dumps(_object({"e": {"enum": ["x" * 60] * 200}}))  # 13 KB each, within one tool's bound
+    tools = tuple(Tool(f"t{i}", parameters=big) for i in range(40))
+    with pytest.raises(InvalidRequest) as refused:
+        check_tools(tools, ToolChoice("function", "t0"))
+    assert refused.value.field == "tools" and "in all" in str(refused.value)
+
+
+def test_a_refusal_of_the_compiled_reply_names_the_one_tool_it_holds() -> None:
+    assert plan_tools(TOOLS, ToolChoice("function", "get_time"), parallel=False).field == "tools[1].parameters"
+    assert plan_tools(TOOLS[:1], ToolChoice("auto"), parallel=False).field == "tools[0].parameters"
+    assert plan_tools(TOOLS, ToolChoice("auto"), parallel=False).field == "tools"
+    assert plan_tools(TOOLS[:1], ToolChoice("auto"), False, {"type": "object"}).field == "tools"
+
+
+def test_a_list_of_types_is_read_as_admitting_more() -> None:
+    """`minimum` above `maximum` beside `["integer", "null"]`: null satisfies it."""
+    schema = _object({"n": {"type": ["integer", "null"], "minimum": 5, "maximum": 4, "maxLength": 1}})
+    check_tools((Tool("n", parameters=json.dumps(schema)),), ToolChoice("auto"))

@@ -134,14 +134,16 @@ class Constraint(_message.Message):
     def __init__(self, grammar: _Optional[str] = ..., json_schema: _Optional[str] = ..., regex: _Optional[str] = ..., choice: _Optional[_Union[StringList, _Mapping]] = ..., json_object: _Optional[bool] = ..., strict: _Optional[bool] = ...) -> None: ...
 
 class Tool(_message.Message):
-    __slots__ = ("name", "description", "parameters")
+    __slots__ = ("name", "description", "parameters", "strict")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
     name: str
     description: str
     parameters: str
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters: _Optional[str] = ...) -> None: ...
+    strict: bool
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters: _Optional[str] = ..., strict: _Optional[bool] = ...) -> None: ...
 
 class ToolChoice(_message.Message):
     __slots__ = ("mode", "function_name")

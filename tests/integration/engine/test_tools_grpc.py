@@ -29,10 +29,11 @@ SCHEMAS = {t.name: json.loads(t.parameters) for t in (WEATHER, TIME)}
 Mode = pb.ToolChoice.Mode
 
 
-def _config(mode: int, function: str = "", parallel: bool = False, **extra: object) -> pb.SessionConfig:
-    return pb.SessionConfig(sampling=pb.SamplingParams(temperature=0.0), stopping=pb.StoppingCriteria(max_tokens=320),
-                            tools=[WEATHER, TIME], tool_choice=pb.ToolChoice(mode=mode, function_name=function),
-                            parallel_tool_calls=parallel, **extra)
+def _config(mode: int, function: str = "", parallel: bool = False, max_tokens: int = 320,
+            **extra: object) -> pb.SessionConfig:
+    return pb.SessionConfig(sampling=pb.SamplingParams(temperature=0.0), stopping=pb.StoppingCriteria(
+                            max_tokens=max_tokens), tools=[WEATHER, TIME], parallel_tool_calls=parallel,
+                            tool_choice=pb.ToolChoice(mode=mode, function_name=function), **extra)
 
 
 def _user(text: str) -> pb.Input:
@@ -75,17 +76,34 @@ def test_a_required_call_streams_and_its_arguments_validate(chat_server, mode: i
 
 
 def test_auto_answers_or_calls_and_parallel_calls_are_unique(chat_server) -> None:  # type: ignore[no-untyped-def]
+    """`auto` may take either branch, each checked in full; beside it the same prompt is
+    pinned: MODE_NONE must answer in text (no call can form), MODE_FUNCTION must call."""
+    hello = _user("Say hello.")
     with grpc.insecure_channel(chat_server.address) as channel:
         stub = pb_grpc.LLMServiceStub(channel)
-        auto = stub.GenerateText(pb.GenerateTextRequest(config=_config(Mode.MODE_AUTO), input=_user("Say hello.")),
-                                 timeout=300).samples[0]
+
+        def sample(config: pb.SessionConfig) -> pb.GenerateTextResponse.Sample:
+            return stub.GenerateText(pb.GenerateTextRequest(config=config, input=hello), timeout=300).samples[0]
+
+        auto = sample(_config(Mode.MODE_AUTO))
+        none = sample(_config(Mode.MODE_NONE, max_tokens=40))  # a text answer need not end soon
+        named = sample(_config(Mode.MODE_FUNCTION, "get_weather"))
         several = stub.GenerateText(pb.GenerateTextRequest(config=_config(Mode.MODE_REQUIRED, parallel=True),
                                                            input=_user("Weather in Oslo and time in UTC?")),
                                     timeout=300).samples[0]
-    if auto.turn_end.tool_calls:  # the model chose a call: no text beside it
+    if auto.turn_end.tool_calls:  # the model chose a call: no text beside it, arguments that validate
         assert auto.text == "" and auto.turn_end.finish_reason == pb.FinishReason.FINISH_REASON_TOOL_CALLS
+        assert len(auto.turn_end.tool_calls) == 1
+        for call in auto.turn_end.tool_calls:
+            jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
     else:
+        assert auto.turn_end.finish_reason == pb.FinishReason.FINISH_REASON_STOP, auto.turn_end
         assert auto.text and not auto.text.lstrip().startswith('{"response"'), auto.text  # the answer, unwrapped
+    assert none.text and not none.turn_end.tool_calls, none
+    assert none.turn_end.finish_reason in (pb.FinishReason.FINISH_REASON_STOP, pb.FinishReason.FINISH_REASON_LENGTH)
+    assert named.text == "" and [c.name for c in named.turn_end.tool_calls] == ["get_weather"], named
+    assert named.turn_end.finish_reason == pb.FinishReason.FINISH_REASON_TOOL_CALLS
+    jsonschema.validate(json.loads(named.turn_end.tool_calls[0].arguments), SCHEMAS["get_weather"])
     assert 1 <= len(several.turn_end.tool_calls) <= MAX_PARALLEL_CALLS
     assert len({c.id for c in several.turn_end.tool_calls}) == len(several.turn_end.tool_calls)
     for call in several.turn_end.tool_calls:

@@ -54,14 +54,56 @@ def test_a_named_function_is_the_one_called(client: OpenAI, model: str) -> None:
     _check_calls(choice.message.tool_calls)
 
 
-def test_auto_gives_a_call_or_an_answer(client: OpenAI, model: str) -> None:
-    for messages in (QUESTION, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]):
+HELLO = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+
+
+def _check_answer(choice: Any, finishes: tuple[str, ...] = ("stop",)) -> None:
+    assert not choice.message.tool_calls and choice.finish_reason in finishes, choice
+    assert isinstance(choice.message.content, str) and choice.message.content, choice
+    assert not choice.message.content.lstrip().startswith('{"response"'), choice  # the answer, unwrapped
+
+
+def test_auto_gives_a_call_or_an_answer_and_each_choice_beside_it_is_pinned(client: OpenAI, model: str) -> None:
+    """`auto` may take either branch, and each is checked in full (a call's arguments
+    validate, an answer is plain text); beside it the same prompts pin the branch: a named
+    function must give that call, `none` must give text."""
+    for messages in (QUESTION, HELLO):
         choice = _create(client, model, messages, tool_choice="auto").choices[0]
         if choice.message.tool_calls:
-            assert choice.finish_reason == "tool_calls" and choice.message.content is None
+            assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+            assert len(choice.message.tool_calls) == 1  # parallel_tool_calls is off by default
             _check_calls(choice.message.tool_calls)
         else:
-            assert isinstance(choice.message.content, str) and choice.finish_reason == "stop", choice
+            _check_answer(choice)
+    named = _create(client, model, HELLO, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert named.choices[0].finish_reason == "tool_calls" and named.choices[0].message.content is None, named
+    assert [c.function.name for c in named.choices[0].message.tool_calls] == ["get_weather"]
+    _check_calls(named.choices[0].message.tool_calls)
+    plain = client.chat.completions.create(model=model, messages=QUESTION, tools=TOOLS, tool_choice="none",
+                                           temperature=0, max_tokens=40)  # no grammar: a text answer need not end
+    _check_answer(plain.choices[0], ("stop", "length"))
+
+
+BOOKING = {"type": "object", "additionalProperties": False, "required": ["code", "guests", "seat", "nights"],
+           "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2,4}$"},
+                          "guests": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 12},
+                                     "minItems": 1, "maxItems": 3},
+                          "seat": {"anyOf": [{"type": "null"}, {"enum": ["aisle", "window"]}]},
+                          "nights": {"type": "integer"}}}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_strict_tools_arguments_validate_against_every_keyword(client: OpenAI, model: str, seed: int) -> None:
+    """`strict` is what makes "a call's arguments validate" a promise (a keyword the converter
+    would drop is refused: test_tool_constraints.py): here every keyword the converter does
+    enforce, sampled, so that a wrong enforcement would show."""
+    tools = [{"type": "function", "function": {"name": "book", "parameters": BOOKING, "strict": True}}]
+    reply = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Book two nights for Ann and Bo, flight ABC-123."}],
+        tools=tools, tool_choice="required", temperature=0.9, seed=seed, max_tokens=200)  # type: ignore[arg-type]
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", choice  # every part of the schema is bounded: it ends
+    jsonschema.validate(json.loads(choice.message.tool_calls[0].function.arguments), BOOKING)
 
 
 def test_parallel_calls_parse_with_unique_ids(client: OpenAI, model: str) -> None:

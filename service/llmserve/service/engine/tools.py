@@ -9,9 +9,12 @@ response:
     {"tool_calls": [{"name": ..., "arguments": {...}}, ...]}     (parallel calls)
     {"response": "It is sunny."}                                 (tool_choice auto)
 
-So a call's arguments always parse and validate against its function's schema.
-engine/tool_reply.py reads a reply, as it streams, into text and `ToolCall`s with unique
-ids. Both surfaces (gRPC, OpenAI HTTP) use these; nothing here knows either.
+Tools are constraints like any other: each tool's parameters are held to what every JSON
+schema is (domain/schema_checks.py: the compiler's bounds; with the tool's `strict`, what
+the converter would not enforce is refused), so a call's arguments always parse, and with
+`strict` always validate, against its function's schema. engine/tool_reply.py reads a
+reply, as it streams, into text and `ToolCall`s with unique ids. Both surfaces (gRPC,
+OpenAI HTTP) use these; nothing here knows either.
 """
 
 from __future__ import annotations
@@ -25,22 +28,26 @@ from typing import Any
 
 from ..domain.errors import InvalidRequest
 from ..domain.events import ToolCall
+from ..domain.schema_checks import check_object_schema
 from .chat import ChatMessage
 
 MAX_TOOLS = 128
 MAX_PARALLEL_CALLS = 8  # calls in one reply: a small model repeats calls until the grammar stops it
-MAX_TOOL_SCHEMA_BYTES = 64 * 1024
+MAX_TOOL_SCHEMA_BYTES = 64 * 1024  # one tool's parameters: as much as one response_format schema
+MAX_TOOLS_BYTES = 256 * 1024  # all tools' names, descriptions and parameters: the preamble and reply schema
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 CHOICES = ("none", "auto", "required", "function")
 
 
 @dataclass(frozen=True)
 class Tool:
-    """A function the model may call: `parameters` is its JSON schema, as JSON text."""
+    """A function the model may call: `parameters` is its JSON schema, as JSON text;
+    `strict`: refuse a keyword of it the grammar converter would not enforce."""
 
     name: str
     description: str = ""
     parameters: str = '{"type": "object", "properties": {}}'
+    strict: bool = False
 
 
 @dataclass(frozen=True)
@@ -60,9 +67,15 @@ class Reply:
 
 
 def check_tools(tools: Sequence[Tool], choice: ToolChoice, field: str = "tools") -> None:
-    """InvalidRequest, naming the field, unless the tools and the choice can be served."""
+    """InvalidRequest, naming the field, unless the tools and the choice can be served:
+    names unique and well formed, each tool's parameters a JSON schema object within the
+    bounds every schema keeps (and with `strict`, one the converter enforces in full)."""
     if len(tools) > MAX_TOOLS:
         raise InvalidRequest(f"at most {MAX_TOOLS} tools", field=field)
+    total = sum(len(t.name) + len(t.description.encode()) + len(t.parameters.encode()) for t in tools)
+    if total > MAX_TOOLS_BYTES:  # before any is parsed: the preamble and the reply schema hold them all
+        raise InvalidRequest(f"the tools' names, descriptions and parameters are limited to {MAX_TOOLS_BYTES} "
+                             f"bytes in all (these have {total})", field=field)
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         where = f"{field}[{i}]"
@@ -74,12 +87,7 @@ def check_tools(tools: Sequence[Tool], choice: ToolChoice, field: str = "tools")
         if len(tool.parameters.encode()) > MAX_TOOL_SCHEMA_BYTES:
             raise InvalidRequest(f"a tool's parameters are limited to {MAX_TOOL_SCHEMA_BYTES} bytes",
                                  field=f"{where}.parameters")
-        try:
-            schema = json.loads(tool.parameters)
-        except ValueError as exc:
-            raise InvalidRequest(f"the parameters are not JSON: {exc}", field=f"{where}.parameters") from None
-        if not isinstance(schema, dict):
-            raise InvalidRequest("the parameters must be a JSON schema object", field=f"{where}.parameters")
+        check_object_schema(tool.parameters, f"{where}.parameters", tool.strict)
     if choice.mode not in CHOICES:
         raise InvalidRequest(f"tool_choice must be one of {', '.join(CHOICES[:3])} or a function", field="tool_choice")
     if choice.mode == "function" and choice.name not in seen:
@@ -89,48 +97,31 @@ def check_tools(tools: Sequence[Tool], choice: ToolChoice, field: str = "tools")
 
 
 def _call_schema(tool: Tool, defs: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": _hoisted(json.loads(tool.parameters),
-                                                                            f"{tool.name}__", defs)},
-        "required": ["name", "arguments"],
-    }
+    arguments = _hoisted(json.loads(tool.parameters), f"tool-{tool.name}", defs)
+    return {"type": "object", "properties": {"name": {"const": tool.name}, "arguments": arguments},
+            "required": ["name", "arguments"]}
 
 
-def _hoisted(parameters: dict[str, Any], prefix: str, defs: dict[str, Any]) -> dict[str, Any]:
-    """A schema (a tool's parameters, the answer's) inside the reply schema. Its local
-    `$ref`s point into its own document (pydantic's `#/$defs/Item`, or `#` itself): its
-    `$defs` move into the reply's under `prefix`, and the refs follow them. Without refs
-    it stays inline."""
-    if '"$ref"' not in json.dumps(parameters):
-        return parameters
-    parameters = dict(parameters)
-    for key in ("$defs", "definitions"):
-        for name, schema in (parameters.pop(key, None) or {}).items():
-            defs[prefix + name] = _rebased(schema, prefix)
-    defs[prefix] = _rebased(parameters, prefix)  # the parameters themselves, for `#` refs
-    return {"$ref": f"#/$defs/{prefix}"}
+def _hoisted(document: dict[str, Any], key: str, defs: dict[str, Any]) -> dict[str, Any]:
+    """A schema document (a tool's parameters, the answer's) inside the reply schema. Its
+    local `$ref`s point into itself (pydantic's `#/$defs/Item`, or `#`): the whole document
+    moves, its own `$defs` with it, to the reply's `$defs[key]`, and every local ref is
+    rebased onto it (`#/$defs/Item` -> `#/$defs/<key>/$defs/Item`). Keys are `tool-<name>`
+    (names are unique, and `/` and `~` are not in them) and `response`, so no document's
+    ref can reach another's definitions. Without refs it stays inline."""
+    if '"$ref"' not in json.dumps(document):
+        return document
+    defs[key] = _rebased(document, f"#/$defs/{key}")
+    return {"$ref": f"#/$defs/{key}"}
 
 
-def _rebased(node: Any, prefix: str) -> Any:
+def _rebased(node: Any, base: str) -> Any:
     if isinstance(node, list):
-        return [_rebased(item, prefix) for item in node]
+        return [_rebased(item, base) for item in node]
     if not isinstance(node, dict):
         return node
-    out = {}
-    for key, value in node.items():
-        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
-            pointer = value[1:]
-            for root in ("/$defs/", "/definitions/"):
-                if pointer.startswith(root):
-                    value = f"#/$defs/{prefix}{pointer[len(root):]}"
-                    break
-            else:
-                value = f"#/$defs/{prefix}{pointer}"
-            out[key] = value
-        else:
-            out[key] = _rebased(value, prefix)
-    return out
+    return {key: base + value[1:] if key == "$ref" and isinstance(value, str) and value.startswith("#")
+            else _rebased(value, base) for key, value in node.items()}
 
 
 def reply_schema(tools: Sequence[Tool], choice: ToolChoice, parallel: bool = False,
@@ -151,7 +142,7 @@ def reply_schema(tools: Sequence[Tool], choice: ToolChoice, parallel: bool = Fal
     else:
         call = {"type": "object", "properties": {"tool_call": one}, "required": ["tool_call"]}
     if choice.mode == "auto":
-        answer_schema = _hoisted(response, "response__", defs) if response else {"type": "string"}
+        answer_schema = _hoisted(response, "response", defs) if response else {"type": "string"}
         answer = {"type": "object", "properties": {"response": answer_schema}, "required": ["response"]}
         call = {"anyOf": [call, answer]}
     return {**call, "$defs": defs} if defs else call
@@ -173,11 +164,14 @@ def new_call_id() -> str:
 
 @dataclass(frozen=True)
 class ToolPlan:
-    """A session's tools; `schema` is the reply's JSON schema, None when no call is possible."""
+    """A session's tools; `schema` is the reply's JSON schema, None when no call is possible.
+    `field`: what a refusal of the compiled reply names (the one callable tool's parameters
+    when nothing else is in the reply schema, else the tools)."""
 
     tools: tuple[Tool, ...]
     choice: ToolChoice
     schema: dict[str, Any] | None
+    field: str = "tools"
 
     @property
     def active(self) -> bool:
@@ -189,7 +183,10 @@ def plan_tools(tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
     """The checked tools (InvalidRequest naming the field) and the reply's schema.
     `answer_schema`: what a text answer's `response` must follow (response_format)."""
     check_tools(tools, choice, field)
-    return ToolPlan(tuple(tools), choice, reply_schema(tools, choice, parallel, answer_schema))
+    callable_at = [i for i, t in enumerate(tools) if choice.mode != "function" or t.name == choice.name]
+    alone = len(callable_at) == 1 and (answer_schema is None or choice.mode != "auto")
+    return ToolPlan(tuple(tools), choice, reply_schema(tools, choice, parallel, answer_schema),
+                    f"{field}[{callable_at[0]}].parameters" if alone else field)
 
 
 def reply_constraint(plan: ToolPlan) -> tuple[str, str]:

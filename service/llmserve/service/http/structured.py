@@ -14,7 +14,7 @@ from typing import Any
 
 from ..domain import request_rules
 from ..domain.errors import GrammarError
-from ..domain.schema_strict import check_strict
+from ..domain.schema_checks import check_constraint, check_schema
 from ..engine.engine import Engine
 from .errors import bad_request
 
@@ -60,21 +60,25 @@ def parse_format(body: dict[str, Any]) -> Format:
         if not isinstance(value, str):
             raise bad_request(f"{name} must be a string", name)
         constraint = Constraint(name, value, name)
-    request_rules.check_constraint(constraint.kind, constraint.text, constraint.param)
+    check_constraint(constraint.kind, constraint.text, constraint.param)
     return Format(constraint)
 
 
 def _format_type(value: object) -> str:
+    """The type; keys beside it are refused unless that type takes them (text and
+    json_object take none, json_schema only json_schema): none is silently ignored."""
     if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
         raise bad_request("response_format.type must be text, json_object or json_schema", "response_format.type")
-    return str(value["type"])
+    kind = str(value["type"])
+    extra = sorted(set(value) - {"type", "json_schema"} if kind == "json_schema" else set(value) - {"type"})
+    if extra:
+        raise bad_request(f"response_format.{extra[0]} is not taken by type {kind} (or by this server)",
+                          f"response_format.{extra[0]}")
+    return kind
 
 
 def _response_format(value: dict[str, Any]) -> Format:
     kind = value["type"]
-    extra = sorted(set(value) - {"type", "json_schema"} if kind == "json_schema" else set(value) - {"type"})
-    if extra:
-        raise bad_request(f"response_format.{extra[0]} is not supported by this server", f"response_format.{extra[0]}")
     if kind == "json_object":
         return Format(Constraint("json_object", "", "response_format"), {"type": "object"})
     spec = value.get("json_schema")
@@ -92,9 +96,7 @@ def _response_format(value: dict[str, Any]) -> Format:
     if not isinstance(schema, dict):
         raise bad_request(f"{where}.schema must be a JSON schema object", f"{where}.schema")
     constraint = Constraint("json_schema", json.dumps(schema), f"{where}.schema")
-    request_rules.check_constraint(constraint.kind, constraint.text, constraint.param)
-    if spec.get("strict") is True:  # refuse what the converter would drop, never loosen the schema
-        check_strict(schema, constraint.param)
+    check_schema(constraint.text, constraint.param, strict=spec.get("strict") is True)
     return Format(constraint, schema)
 
 

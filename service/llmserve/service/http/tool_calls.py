@@ -34,8 +34,8 @@ def parse_tools(body: dict[str, Any], asked: Format) -> ToolPlan | None:
         raise bad_request("parallel_tool_calls must be a boolean", "parallel_tool_calls")
     try:
         plan = plan_tools(tools, choice, parallel, asked.answer_schema)
-    except InvalidRequest as exc:  # its tools[i].name is the body's tools[i].function.name
-        raise bad_request(str(exc), re.sub(r"^(tools\[\d+\])\.", r"\1.function.", exc.field or "tools")) from None
+    except InvalidRequest as exc:
+        raise bad_request(str(exc), _param(exc.field or "tools")) from None
     if plan.active and asked.constraint is not None and asked.constraint.kind not in ("json_schema",
                                                                                             "json_object"):
         field = asked.constraint.param
@@ -46,7 +46,12 @@ def parse_tools(body: dict[str, Any], asked: Format) -> ToolPlan | None:
 
 def plan_constraint(plan: ToolPlan) -> Constraint:
     kind, text = reply_constraint(plan)
-    return Constraint(kind, text, "tools")
+    return Constraint(kind, text, _param(plan.field))
+
+
+def _param(field: str) -> str:
+    """The engine's `tools[i].name` is the body's `tools[i].function.name`."""
+    return re.sub(r"^(tools\[\d+\])\.", r"\1.function.", field)
 
 
 def openai_calls(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
@@ -85,15 +90,25 @@ def _tool(value: object, where: str) -> Tool:
     for key in function:
         if key not in ("name", "description", "parameters", "strict"):
             raise bad_request(f"{where}.function.{key} is not supported by this server", f"{where}.function.{key}")
-    name, description = function.get("name"), function.get("description") or ""
+    name = function.get("name")
     if not isinstance(name, str):
         raise bad_request(f"{where}.function.name is required (a string)", f"{where}.function.name")
-    if not isinstance(description, str):
-        raise bad_request(f"{where}.function.description must be a string", f"{where}.function.description")
-    parameters = function.get("parameters") or {"type": "object", "properties": {}}
-    if not isinstance(parameters, dict):
-        raise bad_request(f"{where}.function.parameters must be a JSON schema object", f"{where}.function.parameters")
-    return Tool(name, description, json.dumps(parameters))
+    description = _optional(function, "description", str, "", f"{where}.function", "a string")
+    parameters = _optional(function, "parameters", dict, {"type": "object", "properties": {}}, f"{where}.function",
+                           "a JSON schema object")
+    strict = _optional(function, "strict", bool, False, f"{where}.function", "a boolean")
+    return Tool(name, description, json.dumps(parameters), strict)
+
+
+def _optional(value: dict[str, Any], key: str, kind: type, default: Any, where: str, what: str) -> Any:
+    """`value[key]` of type `kind`; `default` when absent or null. A value of another type is
+    refused naming it, never replaced (`parameters: false` is not "no parameters")."""
+    got = value.get(key)
+    if got is None:
+        return default
+    if not isinstance(got, kind) or (kind is not bool and isinstance(got, bool)):
+        raise bad_request(f"{where}.{key} must be {what}", f"{where}.{key}")
+    return got
 
 
 def _choice(value: object) -> ToolChoice:

@@ -142,7 +142,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         if constraint is None:
             return params, None, tools
         kind, text = constraint
-        field = "config.tools" if tools is not None and tools.active else f"config.constraint.{kind}"
+        field = f"config.{tools.field}" if tools is not None and tools.active else f"config.constraint.{kind}"
         compiling = asyncio.wrap_future(engine.compile_constraint(kind, text))  # Overloaded: RESOURCE_EXHAUSTED
         compiling.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, if this call is gone
         try:

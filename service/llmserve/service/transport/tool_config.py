@@ -53,10 +53,12 @@ def _answer_schema(constraint: tuple[str, str] | None) -> dict[str, object] | No
 
 def tool_plan(config: pb.SessionConfig,
               constraint: tuple[str, str] | None) -> tuple[ToolPlan | None, tuple[str, str] | None]:
-    """The session's plan (None without tools) and the constraint to compile."""
+    """The session's plan (None without tools) and the constraint to compile. With an active
+    plan, a refusal of that constraint names `config.` + the plan's field."""
     if not config.tools and not config.HasField("tool_choice") and not config.parallel_tool_calls:
         return None, constraint
-    tools = [Tool(t.name, t.description, t.parameters or '{"type": "object", "properties": {}}') for t in config.tools]
+    tools = [Tool(t.name, t.description, t.parameters or '{"type": "object", "properties": {}}', t.strict)
+             for t in config.tools]
     choice = _choice(config)
     answer = _answer_schema(constraint) if tools and choice.mode != "none" else None
     try:

@@ -7,7 +7,6 @@ the vocabulary, sizes against the slot context and the ubatch.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +17,7 @@ from ..domain.model_meta import Limits
 from ..domain.request_rules import MAX_REQUEST_ID_LENGTH as MAX_REQUEST_ID_LENGTH
 from ..domain.request_rules import MAX_SAMPLES as MAX_SAMPLES
 from ..domain.requests import SessionParams
-from ..domain.schema_strict import check_strict
+from ..domain.schema_checks import check_constraint
 
 MAX_EMBED_INPUTS_PER_MESSAGE = 1024
 
@@ -58,9 +57,7 @@ def constraint_of(msg: pb.Constraint) -> tuple[str, str] | None:
         text = ""
     else:
         text = getattr(msg, kind)
-    rules.check_constraint(kind, text, f"config.constraint.{kind}")
-    if msg.strict and kind == "json_schema":  # refuse what the converter would drop (OpenAI's strict)
-        check_strict(json.loads(text), "config.constraint.json_schema")
+    check_constraint(kind, text, f"config.constraint.{kind}", msg.strict)  # strict: refuse what the converter drops
     return kind, text
 
 
