@@ -193,3 +193,17 @@ def test_the_dashboard_has_the_http_panels() -> None:
     cells = [(x, y) for p in panels for x in range(p["gridPos"]["x"], p["gridPos"]["x"] + p["gridPos"]["w"])
              for y in range(p["gridPos"]["y"], p["gridPos"]["y"] + p["gridPos"]["h"])]
     assert len(cells) == len(set(cells)), "panels overlap"
+
+
+@pytest.mark.parametrize("which", ["compose", "k8s"])
+def test_envoy_closes_an_idle_http_connection_before_the_server_does(which: str) -> None:
+    """Else Envoy may reuse a connection the server is closing (--http-keepalive-timeout):
+    the request sent on it fails."""
+    from llmserve.service.config import HttpConnectionSettings
+
+    server_s = HttpConnectionSettings().http_keepalive_timeout
+    for name, cluster in _clusters(_configs()[which]).items():
+        if name.startswith("llmserve_http"):
+            options = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+            idle = options["common_http_protocol_options"]["idle_timeout"]
+            assert idle.endswith("s") and float(idle[:-1]) < server_s, (name, idle)
