@@ -103,9 +103,7 @@ def _response_format(value: dict[str, Any]) -> Format:
 async def compile_constraint(engine: Engine, constraint: Constraint) -> tuple[str, object]:
     """The constraint as GBNF and compiled (off the loop and the executor). GrammarError →
     400 naming the field; Overloaded propagates (429)."""
-    compiling = asyncio.wrap_future(engine.compile_constraint(constraint.kind, constraint.text))
-    compiling.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, if this request is gone
-    try:
-        return await asyncio.shield(compiling)  # shared with identical texts: never cancelled
+    try:  # a request that leaves cancels its wait (and the compile, if nobody else waits for it)
+        return await asyncio.wrap_future(engine.compile_constraint(constraint.kind, constraint.text))
     except GrammarError as exc:
         raise bad_request(str(exc), constraint.param) from None

@@ -39,6 +39,7 @@ from .tool_config import tool_plan
 log = structlog.get_logger("llmserve.servicer")
 
 MAX_REQUEST_ID_LENGTH = validation.MAX_REQUEST_ID_LENGTH
+LARGE_CONFIG_BYTES = 64 * 1024  # a larger first message's tools and constraint are checked on the offload pool
 
 
 def request_id(context: grpc.aio.ServicerContext, configured: str = "") -> str:
@@ -138,15 +139,17 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         and its tools."""
         max_samples = min(validation.MAX_SAMPLES, engine.config.n_parallel)
         params = validation.session_params(first.config, engine.limits, rid, max_samples)  # cheap checks first
-        tools, constraint = tool_plan(first.config, validation.constraint_of(first.config.constraint))
+        size = first.config.ByteSize()
+        if size <= LARGE_CONFIG_BYTES:
+            tools, constraint = _tools_and_constraint(first.config)
+        else:  # megabytes of tools or schema are checked off the loop that serves every call
+            tools, constraint = await asyncio.wrap_future(engine.offload(_tools_and_constraint, first.config, size=size))
         if constraint is None:
             return params, None, tools
         kind, text = constraint
         field = f"config.{tools.field}" if tools is not None and tools.active else f"config.constraint.{kind}"
-        compiling = asyncio.wrap_future(engine.compile_constraint(kind, text))  # Overloaded: RESOURCE_EXHAUSTED
-        compiling.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, if this call is gone
-        try:
-            gbnf, compiled = await asyncio.shield(compiling)  # shared with identical texts: never cancelled
+        try:  # Overloaded: RESOURCE_EXHAUSTED; a call that ends cancels its wait
+            gbnf, compiled = await asyncio.wrap_future(engine.compile_constraint(kind, text))
         except GrammarError as exc:
             raise InvalidArgument(str(exc), field=field) from None
         return replace(params, sampling=replace(params.sampling, grammar=gbnf)), compiled, tools
@@ -254,3 +257,8 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     @rpc_errors
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:  # type: ignore[no-untyped-def]
         return responses.model_info(self._engine(), self.max_queue)
+
+
+def _tools_and_constraint(config: pb.SessionConfig) -> tuple[ToolPlan | None, tuple[str, str] | None]:
+    """The session's tools (checked) and the constraint to compile: JSON work that grows with the config."""
+    return tool_plan(config, validation.constraint_of(config.constraint))
