@@ -4,21 +4,24 @@
 
 starts its own server (4 slots, --max-queue 4, embeddings, metrics), throws the mix at
 it from 8 threads, then checks the server: alive and healthy, every call ended with a
-status expected for its kind (each call has a deadline: nothing can hang), every slot
-idle with llama.cpp's KV holding exactly the slots' cached prefixes, no open sessions,
-RSS and thread counts flat. `make test` runs a short mode (tests/soak/test_soak.py).
+status expected for its kind (each call has a deadline: nothing can hang), every call the
+client cancelled or dropped ended CANCELLED on the server (its log and metrics), the valid
+calls served (tests/soak/chaos_checks.py), every slot idle with llama.cpp's KV holding
+exactly the slots' cached prefixes, no open sessions, RSS and thread counts flat.
+`make test` runs a short mode (tests/soak/test_soak.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
+import threading
 import time
-import urllib.request
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -26,10 +29,13 @@ from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
 from tests.helpers import SessionStream
+from tests.soak.chaos_checks import CancelledCall, ChaosRun, Outcome, cancel_counts, server_findings
+from tests.soak.server_state import kv_leaks, metric, num_threads, rss_kb, wait_until_idle
 
 SERVER_ARGS = ["-np", "4", "-c", "4096", "-t", "2", "--max-queue", "4", "--embeddings"]
 CALL_TIMEOUT = 120.0  # a 400-token turn behind a full server on a slow 2-core machine
 OK = "OK"
+LINGER_S = 1.0  # how long a call the client ended may still hold its place on the server
 
 # kind -> statuses a correct server may answer with
 EXPECTED: dict[str, set[str]] = {
@@ -52,12 +58,6 @@ WEIGHTS = {
 PROMPTS = ["Tell me about the sea.", "List some fruits:", "def add(a, b):", "Once upon a time", "Why is the sky blue?"]
 
 
-@dataclass(frozen=True)
-class Outcome:
-    kind: str
-    status: str
-
-
 def _code(err: grpc.RpcError) -> str:
     return err.code().name  # type: ignore[no-any-return]
 
@@ -67,17 +67,44 @@ class Chaos:
         self.address = address
         self.channel = grpc.insecure_channel(address)
         self.stub = pb_grpc.LLMServiceStub(self.channel)
+        self.cancelled: list[CancelledCall] = []
+        self.refused_with_room: list[str] = []
+        with Client(address, timeout=30) as client:
+            info = client.model_info()
+        self.capacity = info.n_parallel + info.max_queue  # calls admitted at once; more may be refused
+        self._in_flight = 0  # calls of this client not yet answered (a burst is its ten turns)
+        self._lock = threading.Lock()  # the workers' threads record their cancels and count calls
+        run = uuid.uuid4().hex[:8]
+        self._ids = (f"chaos-{run}-{i}" for i in itertools.count())
 
     def run_one(self, kind: str, rng: random.Random) -> list[Outcome]:
         action: Callable[[random.Random], str | list[str]] = getattr(self, "_" + kind)
+        calls = kind != "burst"  # a burst's turns count themselves
+        with self._lock:
+            self._in_flight += calls
+            at_start = self._in_flight
+        result: str | list[str] = "CLIENT-ERROR interrupted"
         try:
             result = action(rng)
         except grpc.RpcError as err:
             result = _code(err)
+            with self._lock:  # a refusal is the server's right only when it was full (then or since)
+                if result == "RESOURCE_EXHAUSTED" and max(at_start, self._in_flight) <= self.capacity:
+                    self.refused_with_room.append(kind)
         except Exception as exc:  # noqa: BLE001 - recorded as unexpected
             result = f"CLIENT-ERROR {type(exc).__name__}: {exc}"
+        finally:
+            self._leave(calls, result if isinstance(result, str) else OK)
         statuses = result if isinstance(result, list) else [result]
         return [Outcome(kind, s) for s in statuses]
+
+    def _leave(self, calls: int, status: str) -> None:
+        """The call stops counting in flight: at once, or LINGER_S later when the client ended it
+        (a cancel, a disconnect, its deadline): the server learns of that a moment after."""
+        def leave() -> None:
+            with self._lock:
+                self._in_flight -= calls
+        threading.Timer(LINGER_S, leave).start() if status in ("CANCELLED", "DEADLINE_EXCEEDED") else leave()
 
     def _generate(self, request: pb.GenerateRequest, timeout: float = CALL_TIMEOUT) -> str:
         list(self.stub.Generate(iter([request]), timeout=timeout))
@@ -110,13 +137,24 @@ class Chaos:
         list(s.call)
         return OK
 
-    def _cancel_call(self, rng: random.Random) -> str:
-        s = SessionStream(self.channel, timeout=CALL_TIMEOUT, max_tokens=400, ignore_eos=True)
+    def _cancelled_mid_turn(self, kind: str, channel: grpc.Channel, rng: random.Random,
+                            cancel: Callable[[SessionStream], None]) -> str:
+        """A 400-token turn that the client ends after 0-3 responses; the server's side of it is
+        checked after the run (chaos_checks.cancel_findings), by its request id."""
+        with self._lock:
+            rid = next(self._ids)
+        s = SessionStream(channel, timeout=CALL_TIMEOUT, max_tokens=400, ignore_eos=True, request_id=rid)
         s.send(rng.choice(PROMPTS))
-        for _ in range(rng.randint(0, 3)):
+        read = rng.randint(0, 3)
+        for _ in range(read):
             s.next_response()
-        s.call.cancel()
+        cancel(s)
+        with self._lock:
+            self.cancelled.append(CancelledCall(kind, rid, read))
         return "CANCELLED"
+
+    def _cancel_call(self, rng: random.Random) -> str:
+        return self._cancelled_mid_turn("cancel_call", self.channel, rng, lambda s: s.call.cancel())
 
     def _deadline(self, rng: random.Random) -> str:
         timeout = rng.choice([0.001, 0.01, 0.05, 0.2, 0.5, 1.0, 2.0])
@@ -125,12 +163,8 @@ class Chaos:
 
     def _disconnect(self, rng: random.Random) -> str:
         channel = grpc.insecure_channel(self.address)
-        s = SessionStream(channel, timeout=CALL_TIMEOUT, max_tokens=400, ignore_eos=True)
-        s.send(rng.choice(PROMPTS))
-        for _ in range(rng.randint(0, 3)):
-            s.next_response()
-        channel.close()  # the connection goes away mid-stream
-        return "CANCELLED"
+        # the connection goes away mid-stream
+        return self._cancelled_mid_turn("disconnect", channel, rng, lambda s: channel.close())
 
     def _stop_reading(self, rng: random.Random) -> str:
         channel = grpc.insecure_channel(self.address, options=[("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)])
@@ -183,7 +217,7 @@ class Chaos:
             return list(pool.map(lambda _: self.run_one("turn", random.Random(rng.random()))[0].status, range(10)))
 
 
-def run_chaos(address: str, calls: int, seed: int, workers: int = 8) -> Counter[Outcome]:
+def run_chaos(address: str, calls: int, seed: int, workers: int = 8) -> ChaosRun:
     rng = random.Random(seed)
     kinds = rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()), k=calls)
     seeds = [rng.random() for _ in kinds]
@@ -192,54 +226,11 @@ def run_chaos(address: str, calls: int, seed: int, workers: int = 8) -> Counter[
         results = pool.map(lambda ks: chaos.run_one(ks[0], random.Random(ks[1])), zip(kinds, seeds))
         outcomes: Counter[Outcome] = Counter(o for batch in results for o in batch)
     chaos.channel.close()
-    return outcomes
+    return ChaosRun(outcomes, chaos.cancelled, chaos.refused_with_room)
 
 
 def unexpected(outcomes: Counter[Outcome]) -> dict[Outcome, int]:
     return {o: n for o, n in outcomes.items() if o.status not in EXPECTED[o.kind]}
-
-
-def wait_until_idle(address: str, timeout: float = 30.0) -> pb.ModelInfo:
-    deadline = time.monotonic() + timeout
-    with Client(address, timeout=10) as client:
-        while True:
-            info = client.model_info()
-            if not any(s.busy for s in info.slots) and info.num_sessions_waiting == 0:
-                return info
-            assert time.monotonic() < deadline, "slots still busy after the run"
-            time.sleep(0.1)
-
-
-def kv_leaks(info: pb.ModelInfo) -> list[str]:
-    """Slots whose llama.cpp KV does not hold exactly their cached prefix: every position up
-    to the last, and from the first one the next token's sliding window reads (`n_swa`)."""
-    problems = []
-    for s in info.slots:
-        n = s.num_cached_tokens
-        first_needed = max(0, n - info.n_swa + 1) if info.n_swa else 0
-        if s.kv_pos_max != n - 1 or (n and not 0 <= s.kv_pos_min <= first_needed):
-            problems.append(f"slot {s.seq_id}: {s.num_cached_tokens} cached tokens, KV positions {s.kv_pos_min}..{s.kv_pos_max}")
-    return problems
-
-
-def rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
-def num_threads(pid: int) -> int:
-    return len(list(Path(f"/proc/{pid}/task").iterdir()))
-
-
-def metric(port: int, sample: str) -> float:
-    """A sample's value; a name /metrics does not have (renamed, removed) raises."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(sample + " "):
-                return float(line.split()[-1])
-    raise LookupError(f"no metric sample {sample!r} in /metrics")
 
 
 def report(outcomes: Counter[Outcome], calls: int, seed: int, extra: list[str]) -> str:
@@ -267,18 +258,24 @@ def main() -> None:
     server = start_server(SERVER_ARGS, log, metrics=True)
     try:
         half = args.calls // 2
+        before = cancel_counts(server.metrics_port)
         first = run_chaos(server.address, half, args.seed)
         wait_until_idle(server.address)
         rss_mid, threads_mid = rss_kb(server.process.pid), num_threads(server.process.pid)
         second = run_chaos(server.address, args.calls - half, args.seed + 1)
         info = wait_until_idle(server.address)
         rss_end, threads_end = rss_kb(server.process.pid), num_threads(server.process.pid)
-        outcomes = first + second
+        run = ChaosRun(first.outcomes + second.outcomes, first.cancelled + second.cancelled,
+                       first.refused_with_room + second.refused_with_room)
+        outcomes = run.outcomes
         bad = unexpected(outcomes)
+        findings = server_findings(run, log, server.metrics_port, before)
         leaks = kv_leaks(info)
         open_sessions = metric(server.metrics_port, "llmserve_sessions")
         extra = [
             f"unexpected statuses: {bad or 'none'}",
+            f"the server's side ({len(run.cancelled)} calls cancelled or dropped by the client; the valid calls "
+            f"served): {findings or 'clean'}",
             f"KV check after the run (llama_memory_seq_pos_min/max per slot vs cached prefix): {leaks or 'clean'}",
             f"open sessions after the run: {open_sessions:.0f}",
             f"server RSS after the first half {rss_mid / 1024:.1f} MiB, after the second {rss_end / 1024:.1f} MiB "
@@ -294,6 +291,8 @@ def main() -> None:
     if args.out:
         body = args.out.read_text().split("<!-- soak -->")[0] if args.out.exists() else ""
         args.out.write_text(body + "<!-- soak -->\n" + text)
+    if bad or findings or leaks:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
