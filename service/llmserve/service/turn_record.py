@@ -4,6 +4,8 @@ the wing bound) and traced (when on)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import structlog
 
 from .domain.events import FinishReason, TurnEndEvent
@@ -35,3 +37,14 @@ def record_turn(metrics: Metrics, event: TurnEndEvent, params: SessionParams) ->
         tokens_per_s=round(tokens_per_second(event), 1),
         surface=params.surface,
     )
+
+
+def turn_recorder(metrics: Metrics, params: SessionParams) -> Callable[[object], None]:
+    """For `LoopSink.orphans_to`: a session closed with a turn open (the client cancelled the
+    call or went away) gets that turn's end from the executor, CANCELLED, after its reader
+    left; it is recorded like any other."""
+    def record(event: object) -> None:
+        if isinstance(event, TurnEndEvent):  # a loop callback: the request's log context is not bound here
+            with structlog.contextvars.bound_contextvars(request_id=params.request_id):
+                record_turn(metrics, event, params)
+    return record

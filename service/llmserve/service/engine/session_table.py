@@ -63,12 +63,12 @@ class SessionTable:
                 session.later.append((command.tokens, command.end_of_turn, command.replace))
             else:
                 self._accept_input(session, command.tokens, command.end_of_turn, command.replace)
-        elif isinstance(command, Cancel):
+        elif isinstance(command, (Cancel, Close)):  # a closed stream's open turn ends CANCELLED first
             for sample in (*session.samples[1:], session.main):
                 if sample.turn is not None:
                     self._finish(sample, TurnFinish(FinishReason.CANCELLED, sample.next_token))
-        elif isinstance(command, Close):
-            self._release(session)
+            if isinstance(command, Close):
+                self._release(session)
 
     def _open(self, command: Open) -> None:
         params = command.params

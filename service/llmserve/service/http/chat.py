@@ -21,7 +21,7 @@ from aiohttp import web
 from ..domain.events import FinishReason, SessionFailed, TokenEvent, TurnEndEvent
 from ..domain.requests import SessionParams
 from ..engine.engine import Engine, LoopSink
-from ..turn_record import record_turn
+from ..turn_record import record_turn, turn_recorder
 from . import shapes, tool_calls
 from .errors import bad_request, from_exception, from_status_name, server_error
 from .request import ChatRequest
@@ -56,6 +56,7 @@ async def turn_events(engine: Engine, request: ChatRequest, params: SessionParam
             if isinstance(event, TurnEndEvent) and event.final:
                 return
     finally:
+        sink.orphans_to(turn_recorder(engine.metrics, params))  # a turn the close cancels is counted
         handle.close()
 
 

@@ -24,7 +24,7 @@ from ..domain.errors import InvalidRequest
 from ..domain.events import FinishReason, PromptLogprobsEvent, SessionFailed, TokenEvent, TurnEndEvent
 from ..domain.requests import SessionParams
 from ..engine.engine import Engine, LoopSink, SessionHandle
-from ..turn_record import record_turn
+from ..turn_record import record_turn, turn_recorder
 from . import shapes
 from .completion_request import CompletionRequest
 from .errors import bad_request, from_exception, from_status_name, server_error
@@ -101,6 +101,8 @@ async def prompt_events(engine: Engine, request: CompletionRequest, params: Sess
                     num_open -= 1
             yield i, event
     finally:
+        record = turn_recorder(engine.metrics, params)
+        shared.orphans_to(lambda tagged: record(tagged[1]))  # (prompt, event): a turn the close cancels is counted
         for i, handle in enumerate(handles):
             if i not in closed:
                 handle.close()

@@ -20,7 +20,7 @@ from ..domain.requests import SessionParams
 from ..domain.snapshots import SavedSession
 from ..engine.engine import ChatMessage, Engine, LoopSink, SessionHandle, ToolPlan
 from ..metrics import Metrics
-from ..turn_record import record_turn
+from ..turn_record import record_turn, turn_recorder
 from .errors import DeadlineExceeded, Unavailable, check_decoded, error_from_status_name
 from .inputs import input_tokens
 from .responses import logprob_proto, turn_end_proto
@@ -87,6 +87,7 @@ class GenerateCall:
                         raise Unavailable("the server is shutting down")
         finally:
             reader.cancel()
+            self.sink.orphans_to(turn_recorder(self.metrics, params))  # a turn the close cancels is counted
             session.close()
 
     async def _read(
