@@ -2,7 +2,8 @@
 share stays responsive (docs/reliability.md, "The shared event loop").
 
 Before (725c320): 4 embeddings requests of 2,048 inputs made `/health` take 6.1 s and the
-gRPC stream's longest gap 6.1 s (inputs tokenized and results serialized on the loop);
+gRPC stream's longest gap 6.1 s (inputs tokenized and results serialized on the loop; the
+short inputs here, which keep the executor's share small, read 0.42 s and 0.46-0.83 s there);
 128 tools of 8 MB with a named tiny one got no answer in 300 s (`/health` 7.4 s); 5 requests
 with 128 large distinct tools held a small `choice` request for 60.2 s (one FIFO compile
 worker). Each flood here measures the stream's longest gap and `/health`'s slowest answer
@@ -26,7 +27,9 @@ from tests.conftest import CHAT_SERVER_ARGS, RunningServer, free_port, start_ser
 from tests.helpers import DecodingStream
 from tools.embedding_model import convert
 
-MAX_GAP_S = 1.0  # the bound on both: one decode step here takes 15-90 ms, /health ~1 ms
+MAX_GAP_S = 1.0  # the stream's bound: a decode step here takes 15-90 ms, an embedding step of short inputs ~0.1-0.3 s
+MAX_HEALTH_S = 0.5  # /health's: ~1 ms alone, 12-280 ms beside these floods (the GIL, shared with the pool's threads)
+MAX_SMALL_S = 3.0  # a small constraint's request beside large compiles: 0.34 s measured (9.4 s on 725c320)
 MAX_BODY = 32 << 20
 
 
@@ -87,7 +90,7 @@ def flood(server: RunningServer, calls: list[Callable[[], tuple[int, dict[str, o
             answers = [f.result(timeout=600) for f in [pool.submit(call) for call in calls]]
             ended = time.monotonic()
         health_s = probe.stop()
-        time.sleep(0.5)  # the stream's next chunks: a gap that ends after the flood counts too
+        time.sleep(1.0)  # the stream's next chunks: a gap that ends after the flood counts too
         stream.stop()
     gap = stream.max_gap(started, ended)
     print(f"{len(calls)} calls in {ended - started:.1f} s: stream's longest gap {gap * 1000:.0f} ms, "
@@ -96,13 +99,15 @@ def flood(server: RunningServer, calls: list[Callable[[], tuple[int, dict[str, o
 
 
 def test_embeddings_of_2048_inputs_keep_the_loop_responsive(server: RunningServer) -> None:
-    inputs = [f"Sentence number {i} is about the weather in a town by the sea." for i in range(2048)]
+    # Short inputs: the loop's share (tokenizing 8,192 texts, 64 MB of JSON out) is the issue's case;
+    # the executor's (an embedding step, which the stream waits for in turn) stays small
+    inputs = [f"{i}" for i in range(2048)]
     call = lambda: post(server, "/v1/embeddings", {"input": inputs})  # noqa: E731
     answers, gap, health_s = flood(server, [call] * 4)
     for status, reply in answers:
         assert status == 200, reply
         assert len(reply["data"]) == 2048  # type: ignore[arg-type]
-    assert gap < MAX_GAP_S and health_s < MAX_GAP_S
+    assert gap < MAX_GAP_S and health_s < MAX_HEALTH_S
 
 
 def _tool(name: str, num_bytes: int) -> dict[str, object]:
@@ -113,20 +118,20 @@ def _tool(name: str, num_bytes: int) -> dict[str, object]:
 
 
 def test_many_huge_tools_with_a_tiny_one_named_keep_the_loop_responsive(server: RunningServer) -> None:
-    tools = [_tool(f"big_{i}", 64 * 1024) for i in range(127)]
+    tools = [_tool(f"big_{i}", 60 * 1024) for i in range(127)]  # each within a schema's 64 KiB
     tools.append({"type": "function", "function": {"name": "tiny", "parameters": {"type": "object"}}})
     body = {"messages": [{"role": "user", "content": "Call tiny."}], "tools": tools, "max_tokens": 16,
             "tool_choice": {"type": "function", "function": {"name": "tiny"}}}
-    assert len(json.dumps(body)) > 8 << 20
+    assert len(json.dumps(body)) > 7 << 20
     answers, gap, health_s = flood(server, [lambda: post(server, "/v1/chat/completions", body)] * 2)
     for status, reply in answers:
         assert status in (200, 400), reply  # served, or refused as too long for a slot: never a stall
-    assert gap < MAX_GAP_S and health_s < MAX_GAP_S
+    assert gap < MAX_GAP_S and health_s < MAX_HEALTH_S
 
 
 def test_a_small_constraint_is_not_held_up_by_large_compiles(server: RunningServer) -> None:
     def large(k: int) -> tuple[int, dict[str, object]]:
-        tools = [_tool(f"t{k}_{i}", 2048) for i in range(64)]  # distinct texts: nothing is shared or kept
+        tools = [_tool(f"t{k}_{i}", 11 * 1024) for i in range(128)]  # 1.4 MB, distinct: nothing is shared or kept
         return post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
                                                      "tools": tools, "tool_choice": "required", "max_tokens": 8})
 
@@ -137,10 +142,13 @@ def test_a_small_constraint_is_not_held_up_by_large_compiles(server: RunningServ
                                                        "choice": ["yes", "no"], "max_tokens": 4})
         return answer[0], {**answer[1], "took_s": time.monotonic() - started}
 
+    warm = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                 "choice": ["a", "b"], "max_tokens": 2})
+    assert warm[0] == 200  # each compile lane starts its grammar worker with its first text (1-4 s)
     answers, gap, health_s = flood(server, [lambda k=k: large(k) for k in range(5)] + [small])
     status, reply = answers[-1]
     print(f"the small constraint's request took {reply['took_s']:.2f} s")
     assert status == 200 and reply["choices"][0]["message"]["content"] in ("yes", "no"), reply  # type: ignore[index]
-    assert float(reply["took_s"]) < 10.0  # type: ignore[arg-type]
+    assert float(reply["took_s"]) < MAX_SMALL_S  # type: ignore[arg-type]
     assert all(s in (200, 400, 429) for s, _ in answers[:-1])
-    assert gap < MAX_GAP_S and health_s < MAX_GAP_S
+    assert gap < MAX_GAP_S and health_s < MAX_HEALTH_S

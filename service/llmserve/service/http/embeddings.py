@@ -147,4 +147,4 @@ def _tokens(engine: Engine, embedder: EmbeddingModelInfo, item: str | list[int],
 def _encoded(vector: np.ndarray, encoding: str) -> list[float] | str:
     if encoding == "base64":
         return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
-    return [float(x) for x in np.asarray(vector, dtype=np.float32)]
+    return np.asarray(vector, dtype=np.float32).tolist()  # in C: the GIL's other holders wait less
