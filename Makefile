@@ -123,8 +123,8 @@ COMBO_CONFIGS := "" "--spec-type ngram-simple" "-kvu"
 COMBO_SURFACE ?= mixed
 
 soak: model
-	$(PY) -m tests.soak.chaos --calls 2000 --out docs/reliability.md
-	@failed=0; for args in $(COMBO_CONFIGS); do \
+	@failed=0; $(PY) -m tests.soak.chaos --calls 2000 --out docs/reliability.md || failed=1; \
+	for args in $(COMBO_CONFIGS); do \
 		$(PY) -m tests.soak.combos --calls 600 --server-args="$$args" --out docs/reliability.md || failed=1; \
 	done; \
 	$(PY) -m tests.soak.combos --calls 600 --surface $(COMBO_SURFACE) --out docs/reliability.md || failed=1; \
