@@ -5,6 +5,7 @@ Sent with http.client, byte for byte: no SDK would send most of these."""
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import json
 from collections.abc import Iterator
@@ -147,4 +148,14 @@ def test_a_completions_prompt_too_long_names_prompt(server: RunningServer) -> No
     for prompt, param in ((long_prompt, "prompt"), (["Hi", long_prompt], "prompt[1]")):
         reply = post(server, "/v1/completions", json.dumps({"prompt": prompt, "max_tokens": 1}).encode())
         assert refused(*reply[:2])["param"] == param
+    assert_serving(server)
+
+
+@pytest.mark.parametrize("path", ROUTES)
+def test_a_body_whose_content_encoding_does_not_decode_is_a_400(server: RunningServer, path: str) -> None:
+    raw = b"\x1f\x8b" + b"not gzip at all"
+    error = refused(*post(server, path, raw, {"Content-Encoding": b"gzip"})[:2])
+    assert error["param"] == "Content-Encoding"
+    bomb = gzip.compress(b'{"input": "' + b"a" * (64 << 20) + b'"}')  # 64 MiB inflated: past --max-message-bytes
+    assert post(server, path, bomb, {"Content-Encoding": b"gzip"})[0] == 413
     assert_serving(server)

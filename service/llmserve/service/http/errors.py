@@ -7,6 +7,7 @@
 | missing or wrong `Authorization: Bearer` (`--api-key`) | 401 | authentication_error |
 | unknown `model` | 404 | invalid_request_error, code model_not_found |
 | body over `--max-message-bytes` | 413 | invalid_request_error |
+| a body whose `Content-Encoding` does not decode (aiohttp's `HttpProcessingError`) | 400 | invalid_request_error |
 | `Overloaded`, sessions over slots + `--max-queue` (with Retry-After) | 429 | rate_limit_error |
 | the model is loading, the server drains | 503 | service_unavailable |
 | a session the executor ended with DEADLINE_EXCEEDED | 408 | timeout |
@@ -20,6 +21,9 @@ engine names fields as the gRPC request does (`config.sampling.temperature`,
 from __future__ import annotations
 
 import math
+
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from ..domain.errors import InvalidRequest
 from ..engine.engine import Overloaded
@@ -86,6 +90,10 @@ def from_exception(exc: BaseException) -> ApiError | None:
         error = bad_request(str(exc), param_of(exc.field))
         error.retry_after_s = exc.retry_after_s
         return error
+    if isinstance(exc, (HttpProcessingError, RequestPayloadError)):  # a body aiohttp cannot read
+        reason = " ".join(str(exc).split())
+        param = "Content-Encoding" if "content-encoding" in reason.lower() else None
+        return ApiError(400, f"the body cannot be read: {reason}", param=param)
     if isinstance(exc, Overloaded):
         return ApiError(429, str(exc), "rate_limit_error", retry_after_s=exc.retry_after_s)
     return None
