@@ -27,7 +27,7 @@ HEALTH_INTERVAL_S = 0.5
 # (a NOT_SERVING answer ejects at once, measured 1.4-4.8 s after SIGTERM with a 5 s
 # interval; unhealthy_threshold counts failed connections). The shipped config checks
 # every 5 s and the deployments wait 8 s: one interval, the check's 2 s timeout, 1 s more.
-DRAIN_DELAY_S = 3.0  # the 3-replica cluster checks every 0.5 s: 6 intervals, room for a busy machine
+DRAIN_DELAY_S = 5.0  # the 3-replica cluster checks every 0.5 s: 10 intervals, room for a busy machine and the calls after it
 REPLICA_ARGS = ["-np", "2", "-c", "4096", "-t", "1", "--max-queue", "1", "--embeddings", "--shutdown-grace", "20",
                 "--drain-delay", str(DRAIN_DELAY_S)]
 # Drains under load run as issue 26 measured them: 2 replicas of 4 slots, the shipped
