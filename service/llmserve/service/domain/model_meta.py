@@ -4,14 +4,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MAX_SAMPLES = 8  # samples of one turn (`n`), at most: and never more than the slots
+
 
 @dataclass(frozen=True)
 class Limits:
-    """What a request may ask of this server: the transport validates against these."""
+    """What a request may ask of this server: every surface validates against these."""
 
     n_vocab: int
     n_ctx_per_slot: int
     context_shift: bool = False
+    n_parallel: int = MAX_SAMPLES
+    input_tokens_limit: int | None = None  # --max-input-tokens (None: the slot's context)
+
+    @property
+    def max_samples(self) -> int:
+        """A turn's samples, at most: each needs a slot of its own."""
+        return min(MAX_SAMPLES, self.n_parallel)
+
+    @property
+    def max_input_tokens(self) -> int:
+        """All the input one session may be sent: --max-input-tokens, within the slot's context."""
+        return min(self.input_tokens_limit or self.n_ctx_per_slot, self.n_ctx_per_slot)
 
     @property
     def max_tokens(self) -> int:

@@ -28,7 +28,6 @@ MAX_TOP_LOGPROBS = 20  # alternatives per token (OpenAI's limit)
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 MAX_REQUEST_ID_LENGTH = 128
-MAX_SAMPLES = 8
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama_sampler_init_dist: a random seed
 MAX_LOGIT_BIASES = 1024
 MAX_DRY_BREAKERS = 16
@@ -183,14 +182,13 @@ class FieldNames:
 
 def session_params(request_id: str, limits: Limits, names: FieldNames, sampling: Mapping[str, Any],
                    stopping: Mapping[str, Any], output: Mapping[str, Any], num_samples: int | None = None,
-                   session_id: str = "", priority: int = 0, grammar: str = "",
-                   max_samples: int = MAX_SAMPLES) -> SessionParams:
+                   session_id: str = "", priority: int = 0, grammar: str = "") -> SessionParams:
     """A Generate session's parameters from the set fields of each group (see
-    `sampling_params`, `stopping_params`, `output_params`); `grammar`: the compiled GBNF."""
+    `sampling_params`, `stopping_params`, `output_params`); `grammar`: the compiled GBNF; `n` at most `limits.max_samples`."""
     name = names.session
     if len(request_id) > MAX_REQUEST_ID_LENGTH:
         raise InvalidRequest(f"request_id is limited to {MAX_REQUEST_ID_LENGTH} characters", field=name("request_id"))
-    n = check_int(num_samples, name("n"), 1, max_samples) if num_samples is not None else 1
+    n = check_int(num_samples, name("n"), 1, limits.max_samples) if num_samples is not None else 1
     if len(session_id) > MAX_REQUEST_ID_LENGTH:
         raise InvalidRequest(f"session_id is limited to {MAX_REQUEST_ID_LENGTH} characters", field=name("session_id"))
     if session_id and n > 1:

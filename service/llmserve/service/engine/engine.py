@@ -18,7 +18,7 @@ import structlog
 
 from .. import __version__
 from ..config import ServerConfig
-from ..domain.errors import PreconditionFailed
+from ..domain.errors import GrammarError, PreconditionFailed
 from ..domain.events import EventSink
 from ..domain.load import ReplicaLoad, replica_load
 from ..domain.model_meta import EmbeddingModelInfo, Limits
@@ -30,6 +30,9 @@ from ..model.grammar_compiler import GrammarCompiler
 from ..model.runner import LlamaRunner, RunnerConfig
 from ..model.sampler import SAMPLER_NAMES
 from ..model.tokenizer import Vocab
+from .call import Call as Call  # a surface call's sessions and events, for the wings
+from .call import Failure
+from .call import Usage as Usage  # a call's token counts, for the wings
 from .call_gate import CallGate
 from .chat import ChatMessage, Conversation
 from .constraints import ConstraintCache
@@ -85,7 +88,8 @@ class Engine:
         )
         self.meta = runner.meta
         shifts = config.context_shift.context_shift
-        self.limits = Limits(n_vocab=runner.n_vocab, n_ctx_per_slot=config.n_ctx_per_slot, context_shift=shifts)
+        self.limits = Limits(n_vocab=runner.n_vocab, n_ctx_per_slot=config.n_ctx_per_slot, context_shift=shifts,
+                             n_parallel=config.n_parallel, input_tokens_limit=config.max_input_tokens)
         self.chat_template = chat_template(config, runner.tokenizer, self.meta)
         if shifts and not runner.can_shift:
             raise RuntimeError("--context-shift: this model's memory cannot shift positions")
@@ -168,23 +172,30 @@ class Engine:
 
     # ------------------------------------------------------------- Generate
 
-    def open_session(
-        self, params: SessionParams, sink: EventSink, max_input_tokens: int, deadline: float | None = None,
-        restore: SavedSession | None = None, grammar: object | None = None, add_bos: bool = True,
-        tools: ToolPlan | None = None,
-    ) -> SessionHandle:
-        """Open a Generate session; its events go to `sink`. `max_input_tokens` bounds all the
-        input it is sent; `deadline` is time.monotonic(); `restore` resumes a saved session
-        (see `load_session`); `grammar` is what `compile_constraint` returned for
-        `params.sampling.grammar`; `add_bos`: the first text starts with BOS (if the model's does);
-        `tools`: the session's tools (`plan_tools`; an active plan's `reply_constraint` must be
-        the grammar)."""
+    def call(self, params: SessionParams, failure: Failure, deadline: float | None = None, *,
+             restore: SavedSession | None = None, grammar: object | None = None, add_bos: bool = True,
+             tools: ToolPlan | None = None, one_turn: bool = True) -> Call:
+        """A surface call: `Call.open` opens its sessions, all with `params`, on one sink.
+        `failure` spells a session the executor ends as the surface's error; `deadline` is
+        time.monotonic(); `restore` resumes a saved session (`load_session`: a call of one
+        session); `grammar` is what `compile_async` returned for `params.sampling.grammar`;
+        `add_bos`: the first text starts with BOS (if the model's does); `tools`: the
+        session's tools (`plan_tools`; an active plan's `reply_constraint` must be the
+        grammar); `one_turn`: see `Call`. Call on the event loop."""
+        def opener(session_params: SessionParams, sink: EventSink) -> SessionHandle:
+            return self._open_session(session_params, sink, deadline, restore, grammar, add_bos, tools)
+
+        return Call(LoopSink(asyncio.get_running_loop()), params, self.metrics, failure, opener, one_turn)
+
+    def _open_session(self, params: SessionParams, sink: EventSink, deadline: float | None,
+                      restore: SavedSession | None, grammar: object | None, add_bos: bool,
+                      tools: ToolPlan | None) -> SessionHandle:
         if params.session_id and self._store is not None:
             self._store.begin(params.session_id)  # a reopen waits until this session is saved
         conversation = Conversation(restore.chat if restore is not None else None)
         key = self._executor.open_session(params, sink, deadline, restore, grammar, conversation)
         render = self._render_offloaded if self.chat_template is not None else None
-        return SessionHandle(self._executor, key, conversation, self.limits, render, max_input_tokens,
+        return SessionHandle(self._executor, key, conversation, self.limits, render, self.limits.max_input_tokens,
                              params.stopping.max_tokens, add_bos and self.meta.add_bos, restore, tools)
 
     @property
@@ -203,14 +214,17 @@ class Engine:
             raise PreconditionFailed("named sessions need the server to run with --session-dir", field="config.session_id")
         return self._store.load(session_id)
 
-    def compile_constraint(self, kind: str, text: str) -> Future[tuple[str, object]]:
+    async def compile_async(self, kind: str, text: str, field: str) -> tuple[str, object]:
         """A constraint ("grammar", "json_schema", "regex", "choice": a JSON list of strings,
-        "json_object") as GBNF, and compiled (an opaque object for `open_session`), when
-        ready: proven in the grammar worker within its CPU-time and memory budget, then parsed, on a thread of its own; kept by content, so a repeated
-        text compiles once. The future fails with GrammarError (the text's fault) or
-        Overloaded (the machine's); this call raises Overloaded when too many compiles
-        wait. The future is the caller's: cancel it when the caller leaves."""
-        return self._constraints.get(kind, text)
+        "json_object") as GBNF, and compiled (an opaque object for `call`): proven in the
+        grammar worker within its CPU-time and memory budget, then parsed, on a thread of its
+        own; kept by content, so a repeated text compiles once. GrammarError naming `field`
+        (the text's fault); Overloaded (the machine's: too many compiles wait). A caller that
+        leaves cancels its wait, and the compile if nobody else waits for it."""
+        try:
+            return await asyncio.wrap_future(self._constraints.get(kind, text))
+        except GrammarError as exc:
+            raise GrammarError(str(exc), field=field) from None
 
     def offload(self, fn: Callable[..., T], *args: Any, may_refuse: bool = True, size: int = 0) -> Future[T]:
         """Run heavy work (tokenizing or rendering megabytes) on a low-priority thread so
@@ -258,15 +272,20 @@ class Engine:
     def tokenize(self, text: str, add_special: bool, parse_special: bool, embedding_model: bool = False) -> list[int]:
         return self._tokenizer(embedding_model).tokenize(text, add_special, parse_special)
 
-    async def tokenized(self, text: str, add_special: bool, parse_special: bool,
-                        embedding_model: bool = False) -> list[int]:
-        """`tokenize` for a surface on the event loop: a text over LARGE_TEXT_CHARS on the
-        offload pool (llama_tokenize releases the GIL; a session's input waits its turn, never refused)."""
-        if len(text) <= LARGE_TEXT_CHARS:
-            return self.tokenize(text, add_special, parse_special, embedding_model)
-        future = self._heavy.submit(self.tokenize, text, add_special, parse_special, embedding_model,
-                                    may_refuse=False, size=len(text))
-        return await asyncio.wrap_future(future)
+    async def tokenize_async(self, text: str, add_special: bool, parse_special: bool,
+                             embedding_model: bool = False) -> tuple[int, ...]:
+        """`tokenize` for a surface on the event loop (a session's input: waits its turn, never refused)."""
+        return tuple(await self.off_loop(len(text), self.tokenize, text, add_special, parse_special, embedding_model,
+                                         may_refuse=False))
+
+    async def off_loop(self, size: int, fn: Callable[..., T], *args: Any, may_refuse: bool = True) -> T:
+        """`fn(*args)` for a surface on the event loop, the one rule for large work: a text
+        of `size` characters over LARGE_TEXT_CHARS runs on the offload pool (llama_tokenize
+        releases the GIL; Overloaded when too many wait, unless not `may_refuse`), a small
+        one at once."""
+        if size <= LARGE_TEXT_CHARS:
+            return fn(*args)
+        return await asyncio.wrap_future(self._heavy.submit(fn, *args, may_refuse=may_refuse, size=size))
 
     def pieces(self, ids: Sequence[int], embedding_model: bool = False) -> list[bytes]:
         tokenizer = self._tokenizer(embedding_model)

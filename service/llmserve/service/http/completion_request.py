@@ -43,13 +43,13 @@ class CompletionRequest:
     stopping: dict[str, Any] = field(default_factory=dict)
     deadline: float | None = None  # time.monotonic() by which the turns end (x-request-timeout)
 
-    def session_params(self, request_id: str, limits: Limits, max_samples: int) -> SessionParams:
+    def session_params(self, request_id: str, limits: Limits) -> SessionParams:
         output: dict[str, Any] = {}
         if self.logprobs is not None:
             output["top_logprobs"] = self.logprobs
             output["prompt_logprobs"] = self.echo  # the echoed prompt's tokens are scored too
         return request_rules.session_params(request_id, limits, NAMES, self.sampling, self.stopping, output,
-                                            num_samples=self.n, max_samples=max_samples)
+                                            num_samples=self.n)
 
 
 def parse_completion(value: object) -> CompletionRequest:

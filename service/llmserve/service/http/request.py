@@ -50,9 +50,9 @@ class ChatRequest:
     tools: ToolPlan | None = None  # active: the reply is parsed for tool calls
     deadline: float | None = None  # time.monotonic() by which the turn ends (x-request-timeout)
 
-    def session_params(self, request_id: str, limits: Limits, max_samples: int) -> SessionParams:
+    def session_params(self, request_id: str, limits: Limits) -> SessionParams:
         return request_rules.session_params(request_id, limits, NAMES, self.sampling, self.stopping, self.output,
-                                            num_samples=self.n, max_samples=max_samples)
+                                            num_samples=self.n)
 
 
 def parse_chat(body: object) -> ChatRequest:

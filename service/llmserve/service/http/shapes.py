@@ -2,15 +2,20 @@
 
 Finish reasons: STOP and STOP_SEQUENCE → "stop"; LENGTH and CONTEXT_FULL → "length" (cut
 by a limit: max_tokens, or the slot's context); DEADLINE → "length" too (cut by the
-request's time limit); CANCELLED → "stop" (over HTTP a turn is cancelled only when its
-client has gone, so nobody reads it). ERROR never gets here: it becomes an error.
+request's time limit: where gRPC ends the call DEADLINE_EXCEEDED); CANCELLED → "stop"
+(over HTTP a turn is cancelled only when its client has gone, so nobody reads it). ERROR
+never gets here: it becomes an error (`call_events`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
-from ..domain.events import FinishReason, TokenEvent, TurnEndEvent
+from ..domain.events import FinishReason, PromptLogprobsEvent, TokenEvent, TurnEndEvent
+from ..engine.engine import Call, Usage
+from .errors import bad_request
+
+Event = TokenEvent | PromptLogprobsEvent | TurnEndEvent
 
 FINISH_REASONS = {
     FinishReason.STOP: "stop",
@@ -40,16 +45,30 @@ def token_logprobs(event: TokenEvent, piece_of: PieceOf) -> list[dict[str, objec
     return content
 
 
-def usage(ends: dict[int, TurnEndEvent]) -> dict[str, object]:
-    """All samples' completion tokens; the prompt (shared by the samples) once."""
-    first = ends[min(ends)]
-    completion = sum(end.completion_tokens for end in ends.values())
+def usage(counted: Usage) -> dict[str, object]:
     return {
-        "prompt_tokens": first.prompt_tokens,
-        "completion_tokens": completion,
-        "total_tokens": first.prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
+        "prompt_tokens": counted.prompt_tokens,
+        "completion_tokens": counted.completion_tokens,
+        "total_tokens": counted.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": counted.cached_tokens},
     }
+
+
+def finish(end: TurnEndEvent) -> str:
+    return FINISH_REASONS.get(end.finish_reason, "stop")
+
+
+async def call_events(call: Call, start: Callable[[Call], Awaitable[None]]) -> AsyncIterator[tuple[int, Event]]:
+    """An HTTP request's call: `start` opens its sessions and sends their input, then each
+    session event (`Call.events`), an errored turn as a 400. Use it in `aclosing`: leaving
+    closes the call's sessions."""
+    with call:
+        await start(call)
+        async for tag, event in call.events():
+            assert tag is not None and isinstance(event, (TokenEvent, PromptLogprobsEvent, TurnEndEvent))
+            if isinstance(event, TurnEndEvent) and event.finish_reason == FinishReason.ERROR:
+                raise bad_request(event.message or "the turn failed")
+            yield tag, event
 
 
 class Envelope:

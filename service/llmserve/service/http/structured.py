@@ -1,21 +1,18 @@
 """Structured output on `/v1/chat/completions`: `response_format` and the body extensions
 `grammar` (GBNF), `regex` and `choice` (llama-server's / vLLM's names) → one constraint,
-compiled by the engine (`Engine.compile_constraint`, as the gRPC surface does).
+compiled by the engine (`Engine.compile_async`, as the gRPC surface does).
 
 At most one constraint: a second is a 400 naming it. `{"type": "text"}` is none.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from ..domain import request_rules
-from ..domain.errors import GrammarError
 from ..domain.schema_checks import check_constraint, check_schema
-from ..engine.engine import Engine
 from .errors import bad_request
 
 EXTENSIONS = ("grammar", "regex", "choice")
@@ -23,7 +20,7 @@ EXTENSIONS = ("grammar", "regex", "choice")
 
 @dataclass(frozen=True)
 class Constraint:
-    """A constraint's kind (as `compile_constraint` takes it), its text, and the request
+    """A constraint's kind (as `Engine.compile_async` takes it), its text, and the request
     field it came from (named in a 400)."""
 
     kind: str
@@ -98,12 +95,3 @@ def _response_format(value: dict[str, Any]) -> Format:
     constraint = Constraint("json_schema", json.dumps(schema), f"{where}.schema")
     check_schema(constraint.text, constraint.param, strict=spec.get("strict") is True)
     return Format(constraint, schema)
-
-
-async def compile_constraint(engine: Engine, constraint: Constraint) -> tuple[str, object]:
-    """The constraint as GBNF and compiled (off the loop and the executor). GrammarError →
-    400 naming the field; Overloaded propagates (429)."""
-    try:  # a request that leaves cancels its wait (and the compile, if nobody else waits for it)
-        return await asyncio.wrap_future(engine.compile_constraint(constraint.kind, constraint.text))
-    except GrammarError as exc:
-        raise bad_request(str(exc), constraint.param) from None

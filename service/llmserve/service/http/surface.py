@@ -191,26 +191,22 @@ class HttpSurface:
         engine = self._engine_or_503()
         chat = replace(await parsed_body(request, engine, parse_chat), deadline=request_deadline(request))
         model = _known_model(chat.model, self._model_names(engine))
-        max_samples = min(request_rules.MAX_SAMPLES, engine.config.n_parallel)
-        params = replace(chat.session_params(request["request_id"], engine.limits, max_samples), surface=SURFACE)
+        params = replace(chat.session_params(request["request_id"], engine.limits), surface=SURFACE)
         with engine.calls.admitted():  # open sessions of both surfaces: the slots plus --max-queue
-            max_input = min(self.config.max_input_tokens or engine.limits.n_ctx_per_slot, engine.limits.n_ctx_per_slot)
-            responder = ChatResponder(engine, chat, params, model, max_input)
+            responder = ChatResponder(engine, chat, params, model)
             return await (responder.stream(request) if chat.stream else responder.whole())
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         engine = self._engine_or_503()
         completion = replace(await parsed_body(request, engine, parse_completion), deadline=request_deadline(request))
         model = _known_model(completion.model, self._model_names(engine))
-        max_samples = min(request_rules.MAX_SAMPLES, engine.config.n_parallel)
-        params = replace(completion.session_params(request["request_id"], engine.limits, max_samples), surface=SURFACE)
+        params = replace(completion.session_params(request["request_id"], engine.limits), surface=SURFACE)
         num_prompts = len(completion.prompts)  # each prompt is a session of its own
         if num_prompts > engine.calls.capacity:
             raise ApiError(400, f"{num_prompts} prompts; one request may send up to {engine.calls.capacity}: the "
                                 "slots plus --max-queue", param="prompt")
         with engine.calls.admitted(num_prompts):
-            max_input = min(self.config.max_input_tokens or engine.limits.n_ctx_per_slot, engine.limits.n_ctx_per_slot)
-            responder = CompletionResponder(engine, completion, params, model, max_input)
+            responder = CompletionResponder(engine, completion, params, model)
             return await (responder.stream(request) if completion.stream else responder.whole())
 
     async def _embeddings(self, request: web.Request) -> web.Response:

@@ -2,7 +2,8 @@
 
 The reader validates and tokenizes each message and hands input, turn ends and cancels
 to the `SessionHandle` (which keeps the session's input rules and its conversation). The
-writer tells the handle each event and turns it into a response. The call ends OK once
+writer turns each of the engine's call events (`Call.events`: observed, recorded) into a
+response. The call ends OK once
 the client has half-closed and no turn is open; it ends with the executor's status when
 the session fails, and with UNAVAILABLE when the server drains between turns.
 """
@@ -15,12 +16,10 @@ from collections.abc import AsyncIterator
 import structlog
 from llmserve.v1 import llmserve_pb2 as pb
 
-from ..domain.events import FinishReason, PromptLogprobsEvent, SessionFailed, TokenEvent, ToolCall, TurnEndEvent
+from ..domain.events import FinishReason, PromptLogprobsEvent, TokenEvent, ToolCall, TurnEndEvent
 from ..domain.requests import SessionParams
 from ..domain.snapshots import SavedSession
-from ..engine.engine import ChatMessage, Engine, LoopSink, SessionHandle, ToolPlan
-from ..metrics import Metrics
-from ..turn_record import record_turn, turn_recorder
+from ..engine.engine import ChatMessage, Engine, SessionHandle, ToolPlan
 from .errors import DeadlineExceeded, Unavailable, check_decoded, error_from_status_name
 from .inputs import input_tokens
 from .responses import logprob_proto, turn_end_proto
@@ -42,53 +41,50 @@ class _ReaderFailed:
 
 
 class GenerateCall:
-    def __init__(self, engine: Engine, metrics: Metrics, max_input_tokens: int, restore: SavedSession | None = None,
-                 grammar: object | None = None, tools: ToolPlan | None = None) -> None:
-        self.engine = engine
-        self.tools = tools
-        self.restore = restore
-        self.grammar = grammar  # the compiled constraint (Engine.compile_constraint)
-        self.metrics = metrics
-        self.max_input_tokens = max_input_tokens
-        self.sink = LoopSink(asyncio.get_running_loop())
+    """`sink` takes the servicer's `Drain`."""
 
-    async def run(
-        self, first: pb.GenerateRequest, params: SessionParams, requests: AsyncIterator[pb.GenerateRequest],
-        deadline: float | None,
-    ) -> AsyncIterator[pb.GenerateResponse]:
+    def __init__(self, engine: Engine, first: pb.GenerateRequest, params: SessionParams, deadline: float | None,
+                 restore: SavedSession | None = None, grammar: object | None = None,
+                 tools: ToolPlan | None = None) -> None:
+        """`grammar`: the compiled constraint (Engine.compile_async); `tools`: the session's plan."""
+        self.engine = engine
+        self.first = first
+        self.request_id = params.request_id
         add_bos = first.config.add_bos if first.config.HasField("add_bos") else True
-        session = self.engine.open_session(params, self.sink, self.max_input_tokens, deadline, self.restore,
-                                           self.grammar, add_bos, self.tools)
-        reader = asyncio.create_task(self._read(first, requests, session))
+        self.call = engine.call(params, error_from_status_name, deadline, restore=restore, grammar=grammar,
+                                add_bos=add_bos, tools=tools, one_turn=False)
+        self.sink = self.call.sink
+
+    async def run(self, requests: AsyncIterator[pb.GenerateRequest]) -> AsyncIterator[pb.GenerateResponse]:
+        with self.call:
+            session = self.call.open()
+            reader = asyncio.create_task(self._read(self.first, requests, session))
+            try:
+                async for response in self._responses(session):
+                    yield response
+            finally:
+                reader.cancel()  # before the session closes
+
+    async def _responses(self, session: SessionHandle) -> AsyncIterator[pb.GenerateResponse]:
         client_done = draining = False
-        try:
-            while True:
-                event = await self.sink.get()
-                if isinstance(event, (TokenEvent, PromptLogprobsEvent, TurnEndEvent)):
-                    event = await session.observe(event)  # with tools: the answer's text and the calls
-                    assert isinstance(event, (TokenEvent, PromptLogprobsEvent, TurnEndEvent))
-                    if isinstance(event, TurnEndEvent):
-                        record_turn(self.metrics, event, params)
-                    yield _response(params.request_id, event)
-                    if isinstance(event, TurnEndEvent) and event.finish_reason == FinishReason.DEADLINE:
-                        raise DeadlineExceeded("the call's deadline expired")
-                elif isinstance(event, _ClientDone):
-                    client_done = True
-                elif isinstance(event, Drain):
-                    draining = True
-                elif isinstance(event, SessionFailed):
-                    raise error_from_status_name(event.status, event.message)
-                elif isinstance(event, _ReaderFailed):
-                    raise event.error
-                if session.num_turns_open == 0:
-                    if client_done:
-                        return
-                    if draining:
-                        raise Unavailable("the server is shutting down")
-        finally:
-            reader.cancel()
-            self.sink.orphans_to(turn_recorder(self.metrics, params))  # a turn the close cancels is counted
-            session.close()
+        async for tag, event in self.call.events():
+            if tag is not None:
+                assert isinstance(event, (TokenEvent, PromptLogprobsEvent, TurnEndEvent))
+                yield _response(self.request_id, event)
+                # gRPC ends a call past its deadline with a status; HTTP with a finish reason
+                if isinstance(event, TurnEndEvent) and event.finish_reason == FinishReason.DEADLINE:
+                    raise DeadlineExceeded("the call's deadline expired")
+            elif isinstance(event, _ClientDone):
+                client_done = True
+            elif isinstance(event, Drain):
+                draining = True
+            elif isinstance(event, _ReaderFailed):
+                raise event.error
+            if session.num_turns_open == 0:
+                if client_done:
+                    return
+                if draining:
+                    raise Unavailable("the server is shutting down")
 
     async def _read(
         self, first: pb.GenerateRequest, requests: AsyncIterator[pb.GenerateRequest], session: SessionHandle

@@ -18,7 +18,7 @@ async def input_tokens(
     if kind == "text":
         if not msg.text:
             raise InvalidArgument("text input must not be empty", field=f"{field}.text")
-        return tuple(await engine.tokenized(msg.text, add_special, True, embedding_model))
+        return await engine.tokenize_async(msg.text, add_special, True, embedding_model)
     if kind == "tokens":
         if not msg.tokens.ids:
             raise InvalidArgument("token input must not be empty", field=f"{field}.tokens.ids")

@@ -13,7 +13,6 @@ from ..domain.model_meta import EmbeddingModelInfo
 from ..domain.request_rules import MAX_TOP_LOGPROBS
 from ..engine.engine import Engine
 from ..turn_record import tokens_per_second
-from . import validation
 
 
 def logprob_proto(lp: TokenLogprob) -> pb.TokenLogprob:
@@ -105,7 +104,7 @@ def model_info(engine: Engine, max_queue: int) -> pb.ModelInfo:
             tools=engine.chat_template is not None,  # tools need chat messages
             chat=engine.chat_template is not None,
             chat_template_source=engine.chat_template.origin if engine.chat_template else "",
-            max_samples=min(validation.MAX_SAMPLES, config.n_parallel),
+            max_samples=engine.limits.max_samples,
         ),
         embedding_model=_embedding_model_info(engine.embedding_model),
     )

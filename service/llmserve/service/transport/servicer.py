@@ -18,7 +18,6 @@ import structlog
 from llmserve.v1 import llmserve_pb2 as pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from ..domain.errors import GrammarError
 from ..domain.requests import SessionParams
 from ..domain.snapshots import SavedSession
 from ..engine.engine import Engine, ToolPlan
@@ -39,7 +38,6 @@ from .tool_config import tool_plan
 log = structlog.get_logger("llmserve.servicer")
 
 MAX_REQUEST_ID_LENGTH = validation.MAX_REQUEST_ID_LENGTH
-LARGE_CONFIG_BYTES = 64 * 1024  # a larger first message's tools and constraint are checked on the offload pool
 
 
 def request_id(context: grpc.aio.ServicerContext, configured: str = "") -> str:
@@ -76,7 +74,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         self.engine: Engine | None = None  # set once the model has loaded
         self.metrics = metrics
         self.max_queue = max_queue
-        self.max_input_tokens = max_input_tokens
+        self.max_input_tokens = max_input_tokens  # unused: the engine's Limits.max_input_tokens rules (server.py passes it)
         self.draining = False
         self._num_calls = 0
         self._idle = asyncio.Event()
@@ -137,21 +135,14 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     ) -> tuple[SessionParams, object | None, ToolPlan | None]:
         """The session's parameters, its constraint compiled (off the loop and the executor)
         and its tools."""
-        max_samples = min(validation.MAX_SAMPLES, engine.config.n_parallel)
-        params = validation.session_params(first.config, engine.limits, rid, max_samples)  # cheap checks first
-        size = first.config.ByteSize()
-        if size <= LARGE_CONFIG_BYTES:
-            tools, constraint = _tools_and_constraint(first.config)
-        else:  # megabytes of tools or schema are checked off the loop that serves every call
-            tools, constraint = await asyncio.wrap_future(engine.offload(_tools_and_constraint, first.config, size=size))
+        params = validation.session_params(first.config, engine.limits, rid)  # cheap checks first
+        # megabytes of tools or schema are checked off the loop that serves every call
+        tools, constraint = await engine.off_loop(first.config.ByteSize(), _tools_and_constraint, first.config)
         if constraint is None:
             return params, None, tools
         kind, text = constraint
         field = f"config.{tools.field}" if tools is not None and tools.active else f"config.constraint.{kind}"
-        try:  # Overloaded: RESOURCE_EXHAUSTED; a call that ends cancels its wait
-            gbnf, compiled = await asyncio.wrap_future(engine.compile_constraint(kind, text))
-        except GrammarError as exc:
-            raise InvalidArgument(str(exc), field=field) from None
+        gbnf, compiled = await engine.compile_async(kind, text, field)  # Overloaded: RESOURCE_EXHAUSTED
         return replace(params, sampling=replace(params.sampling, grammar=gbnf)), compiled, tools
 
     @rpc_errors
@@ -200,14 +191,13 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         params, grammar, tools = await self._session_params(engine, first, rid)
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
-        max_input = min(self.max_input_tokens or engine.limits.n_ctx_per_slot, engine.limits.n_ctx_per_slot)
         restore = await self._claim_session(engine, params.session_id)
-        call = GenerateCall(engine, self.metrics, max_input, restore, grammar, tools)
+        call = GenerateCall(engine, first, params, deadline, restore, grammar, tools)
         self._calls.add(call)
         if self.draining:
             call.sink.put_local(Drain())
         try:
-            async for response in call.run(first, params, request_iterator, deadline):
+            async for response in call.run(request_iterator):
                 yield response
             if params.session_id and (fault := engine.session_store_fault):  # served; its save may fail too
                 context.set_trailing_metadata((("llmserve-session-store-fault", fault.encode("ascii", "replace").decode()),))

@@ -1,7 +1,7 @@
 """Tokenize and Detokenize: a small request is answered on the event loop; a large one
 (its whole answer: tokenizing, pieces, the response message) on the engine's offload
 pool, whose few threads run at a lower CPU priority than decoding and which refuses
-calls past its queue with RESOURCE_EXHAUSTED and a retry hint (`Engine.offload`).
+calls past its queue with RESOURCE_EXHAUSTED and a retry hint (`Engine.off_loop`).
 
 Measured before (issue 26): 8 concurrent 4 MB Tokenize calls on asyncio's default
 pool stretched a decoding stream's largest gap between tokens to 3.3 s on 2 cores.
@@ -9,14 +9,12 @@ pool stretched a decoding stream's largest gap between tokens to 3.3 s on 2 core
 
 from __future__ import annotations
 
-import asyncio
-
 from llmserve.v1 import llmserve_pb2 as pb
 
-from ..engine.engine import LARGE_TEXT_CHARS, Engine
+from ..engine.engine import Engine
 from . import validation
 
-LARGE_IDS = 4096  # more ids than this are checked and rendered off the event loop
+CHARS_PER_ID = 4  # an id's share of the large-work rule: more than 4,096 ids are checked and rendered off the loop
 
 
 def _tokenize(engine: Engine, request: pb.TokenizeRequest) -> pb.TokenizeResponse:
@@ -33,12 +31,8 @@ def _detokenize(engine: Engine, request: pb.DetokenizeRequest) -> pb.DetokenizeR
 
 
 async def tokenize(engine: Engine, request: pb.TokenizeRequest) -> pb.TokenizeResponse:
-    if len(request.text) <= LARGE_TEXT_CHARS:
-        return _tokenize(engine, request)
-    return await asyncio.wrap_future(engine.offload(_tokenize, engine, request, size=len(request.text)))
+    return await engine.off_loop(len(request.text), _tokenize, engine, request)
 
 
 async def detokenize(engine: Engine, request: pb.DetokenizeRequest) -> pb.DetokenizeResponse:
-    if len(request.ids) <= LARGE_IDS:
-        return _detokenize(engine, request)
-    return await asyncio.wrap_future(engine.offload(_detokenize, engine, request, size=len(request.ids)))
+    return await engine.off_loop(len(request.ids) * CHARS_PER_ID, _detokenize, engine, request)

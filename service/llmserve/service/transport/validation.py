@@ -15,7 +15,6 @@ from llmserve.v1 import llmserve_pb2 as pb
 from ..domain import request_rules as rules
 from ..domain.model_meta import Limits
 from ..domain.request_rules import MAX_REQUEST_ID_LENGTH as MAX_REQUEST_ID_LENGTH
-from ..domain.request_rules import MAX_SAMPLES as MAX_SAMPLES
 from ..domain.requests import SessionParams
 from ..domain.schema_checks import check_constraint
 
@@ -62,13 +61,13 @@ def constraint_of(msg: pb.Constraint) -> tuple[str, str] | None:
 
 
 def session_params(
-    msg: pb.SessionConfig, limits: Limits, request_id: str, max_samples: int = MAX_SAMPLES, grammar: str = ""
+    msg: pb.SessionConfig, limits: Limits, request_id: str, grammar: str = ""
 ) -> SessionParams:
     """`grammar`: the compiled GBNF of `msg.constraint` (see `constraint_of`)."""
     return rules.session_params(
         request_id, limits, NAMES, _set_fields(msg.sampling), _set_fields(msg.stopping), _set_fields(msg.output),
         num_samples=msg.n if msg.HasField("n") else None, session_id=msg.session_id, priority=msg.priority,
-        grammar=grammar, max_samples=max_samples,
+        grammar=grammar,
     )
 
 
