@@ -149,6 +149,17 @@ def test_streamed_calls_reassemble_to_the_whole_shape(client: OpenAI, model: str
     assert all(c["id"].startswith("call_") for c in calls.values())
 
 
+def test_logprobs_beside_tools_are_served_as_over_grpc(client: OpenAI, model: str) -> None:
+    """One rule for both surfaces (engine/tools.py `ToolPlan`): they are the reply's sampled tokens'."""
+    called = _create(client, model, tool_choice="required", logprobs=True).choices[0]
+    assert called.finish_reason == "tool_calls", called
+    _check_calls(called.message.tool_calls)
+    answer = _create(client, model, HELLO, tool_choice="auto", logprobs=True, top_logprobs=2).choices[0]
+    if answer.finish_reason != "tool_calls":
+        assert answer.logprobs is not None and answer.logprobs.content, answer
+        assert all(len(entry.top_logprobs) == 2 for entry in answer.logprobs.content)
+
+
 @pytest.mark.parametrize(("kwargs", "param"), [
     ({"tool_choice": {"type": "function", "function": {"name": "no_such_tool"}}}, "tool_choice"),
     ({"tool_choice": "sometimes"}, "tool_choice"),
@@ -157,7 +168,6 @@ def test_streamed_calls_reassemble_to_the_whole_shape(client: OpenAI, model: str
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}]}, "tools[0].function.parameters"),
     ({"tools": [], "tool_choice": "required"}, "tool_choice"),
     ({"extra_body": {"regex": "a+"}}, "regex"),
-    ({"logprobs": True}, "logprobs"),
     ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ({"messages": [*QUESTION, {"role": "tool", "content": "21"}]}, "messages[1].tool_call_id"),
     ({"messages": [*QUESTION, {"role": "assistant", "tool_calls": [

@@ -21,7 +21,7 @@ from ..config import ServerConfig
 from ..domain.errors import GrammarError, PreconditionFailed
 from ..domain.events import EventSink
 from ..domain.load import ReplicaLoad, replica_load
-from ..domain.model_meta import EmbeddingModelInfo, Limits
+from ..domain.model_meta import Limits
 from ..domain.requests import EmbedInput, SessionParams
 from ..domain.snapshots import ExecutorSnapshot, SavedSession
 from ..metrics import Metrics
@@ -36,6 +36,7 @@ from .call import Usage as Usage  # a call's token counts, for the wings
 from .call_gate import CallGate
 from .chat import ChatMessage, Conversation
 from .constraints import ConstraintCache
+from .embed_inputs import embed_input, embedding_model_info
 from .executor import Executor, ExecutorConfig
 from .loop_sink import LoopSink as LoopSink  # executor thread -> event loop, for the wings
 from .offload import OffloadPool
@@ -47,8 +48,7 @@ from .startup import chat_template, log_loaded
 from .tools import Tool as Tool  # tool calling, for the transport wings
 from .tools import ToolChoice as ToolChoice
 from .tools import ToolPlan as ToolPlan
-from .tools import plan_tools as plan_tools
-from .tools import reply_constraint as reply_constraint
+from .tools import session_tools as session_tools
 from .tools import with_preamble
 
 log = structlog.get_logger("llmserve.engine")
@@ -115,18 +115,7 @@ class Engine:
         self._executor = Executor(runner, executor_config, metrics, self._store)
         self.calls = CallGate(config.n_parallel, config.max_queue, metrics.sessions.set)  # both surfaces' admission
         embedder = runner.embedder  # None without embeddings
-        self.embedding_model: EmbeddingModelInfo | None = None
-        if embedder is not None:
-            self.embedding_model = EmbeddingModelInfo(
-                meta=embedder.meta,
-                pooling=embedder.pooling_name,
-                n_embd=embedder.n_embd,
-                n_ubatch=embedder.n_ubatch,
-                max_input_tokens=embedder.max_input_tokens,
-                adds_eos=embedder.tokenizer.adds_eos,
-                eos_token_id=embedder.tokenizer.eos,
-                separate=embedder.owns_model,
-            )
+        self.embedding_model = embedding_model_info(embedder) if embedder is not None else None
         self.pooling = self.embedding_model.pooling if self.embedding_model else "none"
         self.samplers = SAMPLER_NAMES
         def compiler() -> GrammarCompiler:
@@ -249,8 +238,15 @@ class Engine:
 
     # ---------------------------------------------------------------- Embed
 
+    def embed_input(self, index: int, tokens: tuple[int, ...], field: str, normalize: bool = True,
+                    truncate: bool = False, added_specials: bool = False) -> EmbedInput:
+        """Input `index` of an embedding call, by the size rule (engine/embed_inputs.py):
+        InvalidRequest naming `field` when it is too long, unless it may be `truncate`d."""
+        assert self.embedding_model is not None
+        return embed_input(self.embedding_model, index, tokens, field, normalize, truncate, added_specials)
+
     def embed(self, inputs: tuple[EmbedInput, ...], sink: EventSink) -> None:
-        """Queue tokenized inputs (each within `embedding_model.max_input_tokens`); results go to `sink`."""
+        """Queue inputs made by `embed_input`; results go to `sink`."""
         self._executor.embed(inputs, sink)
 
     def drop_embeds(self, sink: EventSink) -> None:

@@ -39,15 +39,23 @@ _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 CHOICES = ("none", "auto", "required", "function")
 
 
+NO_PARAMETERS = '{"type": "object", "properties": {}}'  # a function whose schema was not given
+
+
 @dataclass(frozen=True)
 class Tool:
-    """A function the model may call: `parameters` is its JSON schema, as JSON text;
-    `strict`: refuse a keyword of it the grammar converter would not enforce."""
+    """A function the model may call: `parameters` is its JSON schema, as JSON text ("":
+    none given, a function without parameters); `strict`: refuse a keyword of it the
+    grammar converter would not enforce."""
 
     name: str
     description: str = ""
-    parameters: str = '{"type": "object", "properties": {}}'
+    parameters: str = NO_PARAMETERS
     strict: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.parameters:
+            object.__setattr__(self, "parameters", NO_PARAMETERS)
 
 
 @dataclass(frozen=True)
@@ -166,7 +174,9 @@ def new_call_id() -> str:
 class ToolPlan:
     """A session's tools; `schema` is the reply's JSON schema, None when no call is possible.
     `field`: what a refusal of the compiled reply names (the one callable tool's parameters
-    when nothing else is in the reply schema, else the tools)."""
+    when nothing else is in the reply schema, else the tools). Logprobs beside tools are
+    served, on every surface: they are the sampled tokens' (the reply's JSON), as the
+    chunks' token ids are."""
 
     tools: tuple[Tool, ...]
     choice: ToolChoice
@@ -176,6 +186,9 @@ class ToolPlan:
     @property
     def active(self) -> bool:
         return self.schema is not None
+
+
+Constraint = tuple[str, str]  # (kind, text), as `Engine.compile_async` takes it
 
 
 def plan_tools(tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
@@ -189,8 +202,37 @@ def plan_tools(tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
                     f"{field}[{callable_at[0]}].parameters" if alone else field)
 
 
-def reply_constraint(plan: ToolPlan) -> tuple[str, str]:
-    """The constraint an active plan's replies are held to, as `compile_constraint` takes it."""
+def session_tools(tools: Sequence[Tool], choice: ToolChoice, parallel: bool, constraint: Constraint | None,
+                  constraint_field: str) -> tuple[ToolPlan, Constraint | None]:
+    """A session's plan (`plan_tools`) and the constraint it compiles: with an active plan
+    its reply's, else `constraint`. Beside a possible call, `constraint` (named
+    `constraint_field` in a refusal) must be JSON, what a text answer's `response` follows
+    (as OpenAI's response_format beside tools): json_schema or json_object. Another kind
+    cannot hold a reply that may call tools."""
+    can_call = bool(tools) and choice.mode != "none"
+    answer_schema = _answer_schema(constraint, constraint_field) if can_call and constraint is not None else None
+    plan = plan_tools(tools, choice, parallel, answer_schema)
+    return plan, (reply_constraint(plan) if plan.active else constraint)
+
+
+def _answer_schema(constraint: Constraint, field: str) -> dict[str, Any]:
+    kind, text = constraint
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind != "json_schema":
+        raise InvalidRequest(f"a {kind} constraint cannot hold a reply that may call tools: use a JSON schema "
+                             "(or JSON object) constraint, or tool choice none", field=field)
+    try:
+        schema = json.loads(text)
+    except ValueError as exc:
+        raise InvalidRequest(f"the schema is not JSON: {exc}", field=field) from None
+    if not isinstance(schema, dict):
+        raise InvalidRequest("the schema must be a JSON object", field=field)
+    return schema
+
+
+def reply_constraint(plan: ToolPlan) -> Constraint:
+    """The constraint an active plan's replies are held to."""
     return "json_schema", json.dumps(plan.schema)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..domain import request_rules
+from ..domain.errors import InvalidRequest
 from ..domain.events import EmbedResult, SessionFailed
 from ..domain.model_meta import EmbeddingModelInfo
 from ..domain.requests import EmbedInput
@@ -83,9 +84,7 @@ async def embed(engine: Engine, embedder: EmbeddingModelInfo, request: Embedding
                           f"got {request.dimensions}", "dimensions")
     n_vocab = engine.n_vocab(embedding_model=True)
     size = sum(len(item) for item in request.inputs)
-    tokenized = await asyncio.wrap_future(engine.offload(_all_tokens, engine, embedder, request.inputs, n_vocab,
-                                                         size=size))
-    inputs = [EmbedInput(i, tokens, True, False) for i, tokens in enumerate(tokenized)]
+    inputs = await asyncio.wrap_future(engine.offload(_all_tokens, engine, request.inputs, n_vocab, size=size))
     results = await _vectors(engine, inputs)
     reply = engine.offload(_reply_json, results, request.encoding_format, model, inputs, may_refuse=False,
                            size=len(inputs) * embedder.n_embd)
@@ -123,25 +122,21 @@ async def _vectors(engine: Engine, inputs: list[EmbedInput]) -> dict[int, EmbedR
     return results
 
 
-def _all_tokens(engine: Engine, embedder: EmbeddingModelInfo, items: list[str | list[int]],
-                n_vocab: int) -> list[tuple[int, ...]]:
-    """Each input's tokens (on the offload pool), or a 400 naming the first that is refused."""
-    return [_tokens(engine, embedder, item, i, len(items), n_vocab) for i, item in enumerate(items)]
+def _all_tokens(engine: Engine, items: list[str | list[int]], n_vocab: int) -> list[EmbedInput]:
+    """Each input, tokenized (on the offload pool), or a 400 naming the first that is refused."""
+    return [_tokens(engine, item, i, len(items), n_vocab) for i, item in enumerate(items)]
 
 
-def _tokens(engine: Engine, embedder: EmbeddingModelInfo, item: str | list[int], index: int,
-            num_inputs: int, n_vocab: int) -> tuple[int, ...]:
+def _tokens(engine: Engine, item: str | list[int], index: int, num_inputs: int, n_vocab: int) -> EmbedInput:
     where = "input" if num_inputs == 1 and isinstance(item, str) else f"input[{index}]"
     if isinstance(item, list):
         tokens = request_rules.token_ids(item, n_vocab, where)
     else:
         tokens = tuple(engine.tokenize(item, True, True, embedding_model=True))
-    max_tokens = embedder.max_input_tokens
-    if len(tokens) > max_tokens:
-        limit = "one ubatch, the model's trained context" if max_tokens == embedder.meta.n_ctx_train else "one ubatch"
-        raise bad_request(f"input {index} has {len(tokens)} tokens, more than the {max_tokens} an embedding input "
-                          f"may have ({limit}); split it", where)
-    return tokens
+    try:
+        return engine.embed_input(index, tokens, where)
+    except InvalidRequest as exc:  # too long: a 400 naming it as this body does
+        raise bad_request(str(exc), where) from None
 
 
 def _encoded(vector: np.ndarray, encoding: str) -> list[float] | str:

@@ -90,10 +90,6 @@ def parse_chat(body: object) -> ChatRequest:
         raise bad_request("model must be a string", "model")
     messages = parse_messages(body["messages"])
     asked = structured.parse_format(body)
-    constraint, tools = asked.constraint, tool_calls.parse_tools(body, asked)
-    if tools is not None and tools.active:
-        if logprobs:
-            raise bad_request("logprobs with tools is not served: the reply is a tool call's JSON", "logprobs")
-        constraint = tool_calls.plan_constraint(tools)
+    tools, constraint = tool_calls.parse_tools(body, asked)
     return ChatRequest(model, messages, stream, include_usage, logprobs,
                        fields.integer(body, "n") if "n" in body else None, sampling, stopping, output, constraint, tools)

@@ -30,11 +30,10 @@ class Constraint:
 
 @dataclass(frozen=True)
 class Format:
-    """What the body asked for: the constraint, and the schema of a JSON answer (a
-    tool-calling reply's `response` must follow it too)."""
+    """What the body asked for: the constraint (beside tools, a tool-calling reply's
+    `response` must follow a JSON one: the engine's `session_tools`)."""
 
     constraint: Constraint | None = None
-    answer_schema: dict[str, Any] | None = None
 
 
 def parse_format(body: dict[str, Any]) -> Format:
@@ -77,7 +76,7 @@ def _format_type(value: object) -> str:
 def _response_format(value: dict[str, Any]) -> Format:
     kind = value["type"]
     if kind == "json_object":
-        return Format(Constraint("json_object", "", "response_format"), {"type": "object"})
+        return Format(Constraint("json_object", "", "response_format"))
     spec = value.get("json_schema")
     where = "response_format.json_schema"
     if not isinstance(spec, dict):
@@ -94,4 +93,4 @@ def _response_format(value: dict[str, Any]) -> Format:
         raise bad_request(f"{where}.schema must be a JSON schema object", f"{where}.schema")
     constraint = Constraint("json_schema", json.dumps(schema), f"{where}.schema")
     check_schema(constraint.text, constraint.param, strict=spec.get("strict") is True)
-    return Format(constraint, schema)
+    return Format(constraint)

@@ -16,37 +16,33 @@ from typing import Any
 
 from ..domain.errors import InvalidRequest
 from ..domain.events import ToolCall, ToolCallDelta
-from ..engine.engine import Tool, ToolChoice, ToolPlan, plan_tools, reply_constraint
+from ..engine.engine import Tool, ToolChoice, ToolPlan, session_tools
 from .errors import bad_request
 from .structured import Constraint, Format
 
 FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
 
 
-def parse_tools(body: dict[str, Any], asked: Format) -> ToolPlan | None:
-    """None when the body has no tools (and no tool_choice)."""
+def parse_tools(body: dict[str, Any], asked: Format) -> tuple[ToolPlan | None, Constraint | None]:
+    """The session's tools (None when the body has no tools, and no tool_choice) and the
+    constraint it compiles: with a possible call the reply's, else the one asked."""
     if not any(name in body for name in FIELDS):
-        return None
+        return None, asked.constraint
     tools = tuple(_tool(t, f"tools[{i}]") for i, t in enumerate(_list(body.get("tools", []), "tools")))
     choice = _choice(body.get("tool_choice", "auto" if tools else "none"))
     parallel = body.get("parallel_tool_calls", False)
     if not isinstance(parallel, bool):
         raise bad_request("parallel_tool_calls must be a boolean", "parallel_tool_calls")
+    constraint = asked.constraint
     try:
-        plan = plan_tools(tools, choice, parallel, asked.answer_schema)
+        plan, compiled = session_tools(tools, choice, parallel, (constraint.kind, constraint.text) if constraint else None,
+                                       constraint.param if constraint else "response_format")
     except InvalidRequest as exc:
         raise bad_request(str(exc), _param(exc.field or "tools")) from None
-    if plan.active and asked.constraint is not None and asked.constraint.kind not in ("json_schema",
-                                                                                            "json_object"):
-        field = asked.constraint.param
-        raise bad_request(f"{field} cannot hold a reply that may call tools; send tool_choice none, "
-                          "or response_format", field)
-    return plan
-
-
-def plan_constraint(plan: ToolPlan) -> Constraint:
-    kind, text = reply_constraint(plan)
-    return Constraint(kind, text, _param(plan.field))
+    if plan.active:
+        assert compiled is not None
+        constraint = Constraint(*compiled, _param(plan.field))
+    return plan, constraint
 
 
 def _param(field: str) -> str:
@@ -94,10 +90,9 @@ def _tool(value: object, where: str) -> Tool:
     if not isinstance(name, str):
         raise bad_request(f"{where}.function.name is required (a string)", f"{where}.function.name")
     description = _optional(function, "description", str, "", f"{where}.function", "a string")
-    parameters = _optional(function, "parameters", dict, {"type": "object", "properties": {}}, f"{where}.function",
-                           "a JSON schema object")
+    parameters = _optional(function, "parameters", dict, None, f"{where}.function", "a JSON schema object")
     strict = _optional(function, "strict", bool, False, f"{where}.function", "a boolean")
-    return Tool(name, description, json.dumps(parameters), strict)
+    return Tool(name, description, json.dumps(parameters) if parameters is not None else "", strict)
 
 
 def _optional(value: dict[str, Any], key: str, kind: type, default: Any, where: str, what: str) -> Any:
