@@ -39,7 +39,7 @@ MAX_CHOICE_LENGTH = 1024
 
 
 def choice_text(options: Sequence[str]) -> str:
-    """A choice constraint's options as the text `Engine.compile_constraint` takes."""
+    """A choice constraint's options as the text `Engine.compile_async` takes."""
     return json.dumps(list(options))
 
 # Float sampling fields: (low, high, low excluded). Ranges follow llama-server's meaning.
@@ -213,7 +213,7 @@ def check_constraint(kind: str, text: str, field: str) -> None:
     """A constraint within the size limits: a "grammar", "json_schema" or "regex" text, a
     "choice" (a JSON list of strings: see `choice_text`), a "json_object" (no text); a schema
     within what the grammar compiler can build. The engine compiles it
-    (`Engine.compile_constraint`)."""
+    (`Engine.compile_async`)."""
     if kind == "json_object":
         return
     if kind == "choice":

@@ -22,7 +22,7 @@ class Open:
     sink: EventSink
     deadline: float | None  # time.monotonic() by which the session must end
     restore: SavedSession | None = None  # a saved session to resume
-    grammar: object | None = None  # params.sampling.grammar compiled (Engine.compile_constraint)
+    grammar: object | None = None  # params.sampling.grammar compiled (Engine.compile_async)
     conversation: Conversation | None = None  # a chat session's, read when a named session is saved
 
 

@@ -1,10 +1,11 @@
-"""The engine: the one object the transport talks to.
+"""The engine: the one object every surface talks to.
 
 Built from a ServerConfig, it loads the model (model wing), starts the batching
-executor, and offers everything a call needs: open a Generate session (a
-`SessionHandle`), run embeddings, tokenize, check a grammar, render chat, load a
-saved session, describe the model. It hides the executor, the runner and the
-session store; nothing here knows gRPC.
+executor, and offers everything a call needs, once for every surface: a call's sessions
+and their events (`call`: a `Call`, engine/call.py), embeddings (with their size rule),
+tokenizing (large texts off the loop: `off_loop`), compiling a constraint, rendering
+chat, loading a saved session, the limits a request keeps, the model. It hides the
+executor, the runner and the session store; nothing here knows gRPC or HTTP.
 """
 
 from __future__ import annotations
@@ -169,8 +170,8 @@ class Engine:
         time.monotonic(); `restore` resumes a saved session (`load_session`: a call of one
         session); `grammar` is what `compile_async` returned for `params.sampling.grammar`;
         `add_bos`: the first text starts with BOS (if the model's does); `tools`: the
-        session's tools (`plan_tools`; an active plan's `reply_constraint` must be the
-        grammar); `one_turn`: see `Call`. Call on the event loop."""
+        session's tools (`session_tools`: an active plan's constraint is the grammar);
+        `one_turn`: see `Call`. Call on the event loop."""
         def opener(session_params: SessionParams, sink: EventSink) -> SessionHandle:
             return self._open_session(session_params, sink, deadline, restore, grammar, add_bos, tools)
 
@@ -274,12 +275,13 @@ class Engine:
         return tuple(await self.off_loop(len(text), self.tokenize, text, add_special, parse_special, embedding_model,
                                          may_refuse=False))
 
-    async def off_loop(self, size: int, fn: Callable[..., T], *args: Any, may_refuse: bool = True) -> T:
-        """`fn(*args)` for a surface on the event loop, the one rule for large work: a text
-        of `size` characters over LARGE_TEXT_CHARS runs on the offload pool (llama_tokenize
-        releases the GIL; Overloaded when too many wait, unless not `may_refuse`), a small
-        one at once."""
-        if size <= LARGE_TEXT_CHARS:
+    async def off_loop(self, size: int, fn: Callable[..., T], *args: Any, may_refuse: bool = True,
+                       large: int = LARGE_TEXT_CHARS) -> T:
+        """`fn(*args)` for a surface on the event loop, the one rule for work that grows with
+        a request: over `large` (`size` in characters of text, by default) it runs on the
+        offload pool (llama_tokenize releases the GIL; Overloaded when too many wait, unless
+        not `may_refuse`), a small one at once."""
+        if size <= large:
             return fn(*args)
         return await asyncio.wrap_future(self._heavy.submit(fn, *args, may_refuse=may_refuse, size=size))
 

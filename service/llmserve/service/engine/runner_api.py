@@ -77,7 +77,7 @@ class Runner(Protocol):
     def new_sampler(
         self, params: SamplingParams, n_ctx: int, banned_tokens: tuple[int, ...] = (), grammar: object | None = None
     ) -> TokenSampler:
-        """`grammar`: the compiled form of `params.grammar` (opaque here; see Engine.compile_constraint)."""
+        """`grammar`: the compiled form of `params.grammar` (opaque here; see Engine.compile_async)."""
         ...
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool: ...

@@ -1,10 +1,10 @@
-"""One open Generate session, as its transport sees it: input in, events observed.
+"""One open session, as its surface sees it: input in, events observed.
 
 The handle lives on the event-loop thread. It keeps the session's input rules (token
 limits, the turn queue, text vs chat) and its `Conversation`, and queues commands to the
-executor thread. A transport only translates: it tokenizes what the client sent, hands it
-here, and tells the handle each event before it sends it on. Refusals are
-`InvalidRequest` / `PreconditionFailed` naming the request field.
+executor thread. A surface only translates: it tokenizes what the client sent and hands
+it here; its `Call` (engine/call.py) shows the handle each event before the surface sends
+it on. Refusals are `InvalidRequest` / `PreconditionFailed` naming the request field.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ class SessionHandle:
     # ----------------------------------------------------------------- events
 
     async def observe(self, event: object) -> object:
-        """The transport calls this with each event and sends on what it returns: sample 0's
+        """`Call.events` calls this with each event and hands on what it returns: sample 0's
         text is the chat's reply; a turn's end lets deferred chat messages run. With tools,
         token events carry the answer's text and the calls as they form, and a turn end
         the parsed calls (`_read_reply`)."""

@@ -2,7 +2,7 @@
 
 As llama-server's "generic" handler does it: the tools and the reply's JSON schema go
 into a system preamble, and the whole reply is constrained (by the same grammar path as
-any JSON schema, `Engine.compile_constraint`) to JSON that is either a tool call or a
+any JSON schema, `Engine.compile_async`) to JSON that is either a tool call or a
 response:
 
     {"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}

@@ -38,6 +38,7 @@ from .tool_config import tool_plan
 log = structlog.get_logger("llmserve.servicer")
 
 MAX_REQUEST_ID_LENGTH = validation.MAX_REQUEST_ID_LENGTH
+LARGE_CONFIG_BYTES = 64 * 1024  # a larger first message's tools and constraint are checked on the offload pool
 
 
 def request_id(context: grpc.aio.ServicerContext, configured: str = "") -> str:
@@ -137,7 +138,8 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         and its tools."""
         params = validation.session_params(first.config, engine.limits, rid)  # cheap checks first
         # megabytes of tools or schema are checked off the loop that serves every call
-        tools, constraint = await engine.off_loop(first.config.ByteSize(), _tools_and_constraint, first.config)
+        tools, constraint = await engine.off_loop(first.config.ByteSize(), _tools_and_constraint, first.config,
+                                                  large=LARGE_CONFIG_BYTES)
         if constraint is None:
             return params, None, tools
         kind, text = constraint
