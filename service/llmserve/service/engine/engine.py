@@ -28,7 +28,7 @@ from ..domain.snapshots import ExecutorSnapshot, SavedSession
 from ..metrics import Metrics
 from ..model.default_model import default_model_path
 from ..model.grammar_compiler import GrammarCompiler
-from ..model.runner import LlamaRunner, RunnerConfig
+from ..model.runner import LlamaRunner
 from ..model.sampler import SAMPLER_NAMES
 from ..model.tokenizer import Vocab
 from .call import Call as Call  # a surface call's sessions and events, for the wings
@@ -38,14 +38,14 @@ from .call_gate import CallGate
 from .chat import ChatMessage, Conversation
 from .constraints import ConstraintCache
 from .embed_inputs import embed_input, embedding_model_info
-from .executor import Executor, ExecutorConfig
+from .executor import Executor
 from .loop_sink import LoopSink as LoopSink  # executor thread -> event loop, for the wings
 from .offload import OffloadPool
 from .offload import Overloaded as Overloaded  # the facade's errors, for the transport
 from .session_file import StorageFault as StorageFault
 from .session_handle import SessionHandle
 from .session_store import SessionStore, model_fingerprint
-from .startup import chat_template, log_loaded
+from .startup import chat_template, executor_config, log_loaded, runner_config
 from .tools import Tool as Tool  # tool calling, for the transport wings
 from .tools import ToolChoice as ToolChoice
 from .tools import ToolPlan as ToolPlan
@@ -73,20 +73,7 @@ class Engine:
         self.config = config
         self.version = __version__
         self.metrics = metrics = metrics or Metrics()  # the executor's: the wings count their turns in it too
-        self._runner = runner = LlamaRunner(
-            RunnerConfig(
-                model_path=model_path,
-                n_ctx=config.n_ctx,
-                n_parallel=config.n_parallel,
-                n_batch=config.n_batch_effective,
-                n_ubatch=config.n_ubatch,
-                n_threads=config.n_threads,
-                embeddings=config.embeddings,
-                embedding_model_path=config.embedding_model_path,
-                verbose=config.verbose,
-                kv_cache=config.kv_cache,
-            )
-        )
+        self._runner = runner = LlamaRunner(runner_config(config, model_path))
         self.meta = runner.meta
         shifts = config.context_shift.context_shift
         self.limits = Limits(n_vocab=runner.n_vocab, n_ctx_per_slot=config.n_ctx_per_slot, context_shift=shifts,
@@ -101,19 +88,7 @@ class Engine:
                 config.session_dir, config.session_dir_max_bytes, fingerprint, metrics or Metrics(),
                 config.n_ctx_per_slot, runner.n_vocab,
             )
-        executor_config = ExecutorConfig(
-            n_parallel=config.n_parallel,
-            n_ctx_per_slot=config.n_ctx_per_slot,
-            n_batch=config.n_batch_effective,
-            n_ubatch=config.n_ubatch,
-            max_embed_seqs=runner.config.max_embed_seqs,
-            reader_timeout_s=config.reader_timeout_s or None,
-            prefill=config.prefill,
-            speculation=config.speculation,
-            kv_cache=config.kv_cache,
-            context_shift=config.context_shift,
-        )
-        self._executor = Executor(runner, executor_config, metrics, self._store)
+        self._executor = Executor(runner, executor_config(config, runner.config.max_embed_seqs), metrics, self._store)
         self.calls = CallGate(config.n_parallel, config.max_queue, metrics.sessions.set)  # both surfaces' admission
         embedder = runner.embedder  # None without embeddings
         self.embedding_model = embedding_model_info(embedder) if embedder is not None else None

@@ -1,21 +1,54 @@
-"""What the engine reports and derives once the model has loaded: the chat template
-and the start-up log lines."""
+"""What the engine derives from the configuration and the loaded model: the runner's and
+the executor's configurations, the chat template, and the start-up log lines."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
 
 from ..config import ServerConfig
 from ..domain.model_meta import ModelMeta
+from ..model.runner import RunnerConfig
 from .chat import ChatTemplate
+from .executor import ExecutorConfig
 
 if TYPE_CHECKING:  # the model wing's classes, for type hints only
     from ..model.embedder import Embedder
     from ..model.tokenizer import Vocab
 
 log = structlog.get_logger("llmserve.engine")
+
+
+def runner_config(config: ServerConfig, model_path: Path) -> RunnerConfig:
+    return RunnerConfig(
+        model_path=model_path,
+        n_ctx=config.n_ctx,
+        n_parallel=config.n_parallel,
+        n_batch=config.n_batch_effective,
+        n_ubatch=config.n_ubatch,
+        n_threads=config.n_threads,
+        embeddings=config.embeddings,
+        embedding_model_path=config.embedding_model_path,
+        verbose=config.verbose,
+        kv_cache=config.kv_cache,
+    )
+
+
+def executor_config(config: ServerConfig, max_embed_seqs: int) -> ExecutorConfig:
+    return ExecutorConfig(
+        n_parallel=config.n_parallel,
+        n_ctx_per_slot=config.n_ctx_per_slot,
+        n_batch=config.n_batch_effective,
+        n_ubatch=config.n_ubatch,
+        max_embed_seqs=max_embed_seqs,
+        reader_timeout_s=config.reader_timeout_s or None,
+        prefill=config.prefill,
+        speculation=config.speculation,
+        kv_cache=config.kv_cache,
+        context_shift=config.context_shift,
+    )
 
 
 def chat_template(config: ServerConfig, tokenizer: Vocab, meta: ModelMeta) -> ChatTemplate | None:

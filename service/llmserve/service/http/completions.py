@@ -112,9 +112,9 @@ class CompletionResponder:
              "finish_reason": shapes.finish(ends[c])}
             for c in range(self.num_choices)
         ]
-        return web.json_response({**self.head, "choices": choices, "usage": self._usage(ends)})
+        return web.json_response({**self.head, "choices": choices, "usage": self._tokens_used(ends)})
 
-    def _usage(self, ends: dict[int, TurnEndEvent]) -> dict[str, object]:
+    def _tokens_used(self, ends: dict[int, TurnEndEvent]) -> dict[str, object]:
         return shapes.usage(Usage.of(ends, self.n, completions=not self.request.prompt_only))
 
     async def stream(self, http_request: web.Request) -> web.StreamResponse:
@@ -155,7 +155,7 @@ class CompletionResponder:
 
         async def last() -> None:
             if self.request.include_usage:
-                await self._send(response, None, self._usage(ends))
+                await self._send(response, None, self._tokens_used(ends))
 
         return await serve_stream(response, events, last)
 
