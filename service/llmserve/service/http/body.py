@@ -16,7 +16,6 @@ that serves every client.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import Callable
@@ -42,9 +41,7 @@ async def parsed_body(request: web.Request, engine: Engine, parse: Callable[[obj
     if charset is not None and charset.lower() not in UTF8:
         raise ApiError(415, f"the body's charset is {charset!r}; JSON bodies are UTF-8", param="Content-Type")
     raw = await request.read()
-    if len(raw) <= LARGE_BODY_BYTES:
-        return parse(json_value(raw))
-    return await asyncio.wrap_future(engine.offload(_parse_raw, raw, parse, size=len(raw)))
+    return await engine.off_loop(len(raw), _parse_raw, raw, parse, large=LARGE_BODY_BYTES)
 
 
 def _parse_raw(raw: bytes, parse: Callable[[object], T]) -> T:
