@@ -49,19 +49,21 @@ def section(call: str, index: Index | None = None) -> str:
     everything = call_path(call, index, plain=False)
     loop, executor, total, core = counts(path)
     shared = len(set(path.loop.touched) & set(path.executor.touched))
-    off = "; ".join(f"{name}: {FEATURES[name][0]}" for name in CALLS[call])
+    off = [f"- {name}: {FEATURES[name][0]}" for name in CALLS[call]]
     lines = [
         f"**{total} named types** for {DESCRIPTIONS[call]} ({core} leaving out markers, protocols and "
         f"exceptions): {loop} on the event loop, {executor} on the executor thread, {shared} on both. "
         f"Read with every branch and feature: {counts(everything)[2]}.",
         "",
-        f"Left out as a plain call does not use them ({len(CALLS[call])}): {off}.",
+        "Left out, as a plain call does not use them (`tools/call_path/plain.py`):",
         "",
-        f"On the event loop ({loop}), from `{path.loop.root}`:",
+        *off,
+        "",
+        f"On the event loop ({loop}), from {path.loop.root}:",
         "",
         *_side_lines(path, path.loop),
         "",
-        f"On the executor thread ({executor}), from `{path.executor.root}` (its step loop, which handles "
+        f"On the executor thread ({executor}), from {path.executor.root} (its step loop, which handles "
         "the commands the call queues):",
         "",
         *_side_lines(path, path.executor),

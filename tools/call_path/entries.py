@@ -129,7 +129,7 @@ def _walk_once(types: Types, root: Root, loop_pruned: set[str], executor_pruned:
 
 def _name(root: Root) -> str:
     module, cls, func = root
-    return f"{module.path} {cls.name + '.' if cls else ''}{func.name}"
+    return f"`{module.path}` `{cls.name + '.' if cls else ''}{func.name}`"
 
 
 def _check_pruned(index: Index, pruned: set[str]) -> None:

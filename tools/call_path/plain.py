@@ -18,7 +18,7 @@ FEATURES: dict[str, tuple[str, frozenset[str]]] = {
         "_Nullable", "Constraint", "Format"})),
     "named sessions": ("no session_id: nothing is loaded or saved", frozenset({
         "SessionStore", "SavedSession", "Engine.load_session", "SessionTable._save"})),
-    "speculation": ("no draft tokens (the issue's plain call)", frozenset({
+    "speculation": ("no draft tokens (as issue 40 counts a plain call)", frozenset({
         "DraftVerifier", "SeqSpeculation", "NgramIndex", "DraftOdds"})),
     "n > 1": ("one sample: nothing is forked", frozenset({"Session.fork_samples", "Sample.fork", "SessionTable._fork"})),
     "logprobs": ("no logprobs, no prompt logprobs", frozenset({
@@ -28,7 +28,7 @@ FEATURES: dict[str, tuple[str, frozenset[str]]] = {
     "large input": ("under 16 KiB: tokenized and checked on the event loop, not the offload pool", frozenset({
         "OffloadPool", "_Job"})),
     "cancel": ("the client never cancels a turn", frozenset({"SessionHandle.cancel"})),
-    "failure": ("the call fails nowhere (with the `raise`/`except` rule of walk.py)", frozenset({
+    "failure": ("nothing fails (and no `raise`, `assert` or `except` body is read)", frozenset({
         "SessionFailed", "SessionTable.fail", "Executor._shutdown"})),
     "drain": ("the server is not shutting down", frozenset({"Drain"})),
     "streaming": ("answered whole, not as server-sent events", frozenset({"ChatResponder.stream"})),
