@@ -22,23 +22,30 @@ def generate_root(index: Index) -> Root:
 
 
 def chat_root(index: Index) -> Root:
-    """The aiohttp handler registered for POST /v1/chat/completions (`add_post(route, handler)`,
-    `add_route("POST", route, handler)` or `web.post(route, handler)`)."""
+    """The aiohttp handler registered for /v1/chat/completions: the expression after the route
+    in a call or a tuple (`add_post(route, h)`, `add_route("POST", route, h)`, `web.post(route, h)`,
+    `(route, h)`), or the route's value in a dict."""
     found = []
     for module in index.modules.values():
         for owner, func in _functions(module):
             for node in ast.walk(func):
-                if not isinstance(node, ast.Call):
-                    continue
-                args = node.args
-                at = [i for i, a in enumerate(args) if isinstance(a, ast.Constant) and a.value == CHAT_ROUTE]
-                if at and at[0] + 1 < len(args):
-                    handler = _handler(index, module, owner, args[at[0] + 1])
+                for expr in _after_route(node):
+                    handler = _handler(index, module, owner, expr)
                     if handler is not None:
                         found.append(handler)
     if len(found) != 1:
         raise LookupError(f"expected one handler for {CHAT_ROUTE}, found {len(found)}")
     return found[0]
+
+
+def _after_route(node: ast.AST) -> list[ast.expr]:
+    def is_route(e: ast.expr | None) -> bool:
+        return isinstance(e, ast.Constant) and e.value == CHAT_ROUTE
+
+    if isinstance(node, ast.Dict):
+        return [v for k, v in zip(node.keys, node.values) if is_route(k)]
+    items = node.args if isinstance(node, ast.Call) else node.elts if isinstance(node, (ast.Tuple, ast.List)) else []
+    return [items[i + 1] for i, e in enumerate(items[:-1]) if is_route(e)]
 
 
 def executor_root(index: Index) -> Root:
