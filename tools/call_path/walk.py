@@ -166,9 +166,10 @@ class _Visitor(ast.NodeVisitor):
         for t in tests:
             if (isinstance(t, ast.Call) and isinstance(t.func, ast.Name) and t.func.id == "isinstance"
                     and len(t.args) == 2 and isinstance(t.args[0], ast.Name)):
-                classes = self.types.instances(self.types.expr(t.args[1], self.scope))
-                if classes:
-                    env[t.args[0].id] = classes
+                named = t.args[1].elts if isinstance(t.args[1], ast.Tuple) else [t.args[1]]
+                kinds = [self.types.instances(self.types.expr(n, self.scope)) for n in named]
+                if all(kinds):  # all project classes (`isinstance(x, (str, C))` may match a str)
+                    env[t.args[0].id] = frozenset().union(*kinds)
         return env
 
     def visit_Call(self, node: ast.Call) -> None:
