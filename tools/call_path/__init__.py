@@ -1,7 +1,7 @@
 """The named types one call touches, read from the code (ast only, nothing imported).
 
     python -m tools.call_path generate        # one plain gRPC Generate call
-    python -m tools.call_path chat            # one plain non-streamed POST /v1/chat/completions
+    python -m tools.call_path chat            # one plain POST /v1/chat/completions
     python -m tools.call_path chat --all-branches --why ChatResponder
     python -m tools.call_path --write-doc     # regenerate docs/architecture.md's sections
     python -m tools.call_path --check         # exit 1 when they are stale
@@ -47,8 +47,9 @@ A *plain* call (the default; `--all-branches` reads everything, an upper bound):
   (on either side; the walk repeats until that set stops growing), so the executor's
   `Embed` branch is not read for a Generate call, nor the loop's `_ReaderFailed` one;
 - the features it does not use are left out by name, each with its reason, in plain.py
-  (chat messages for Generate, tools, constraints, named sessions, speculation, n > 1,
-  logprobs, embeddings, large inputs, cancel, failures, draining, streaming for chat).
+  (chat messages for Generate, tools, constraints, named sessions, speculation, logprobs,
+  embeddings, large inputs for Generate, cancel, failures, draining). n > 1 and chat's
+  streaming add no type of their own today: they are read, not left out.
   A name left out that no longer exists fails the tool: edit plain.py with the refactor.
 
 Blind spots (the count can miss a type): untyped parameters and locals whose value comes from
