@@ -1,7 +1,7 @@
 """The call core every surface uses (engine/call.py `Call`, engine/loop_sink.py): sessions
 tagged on one sink each count their own backlog, events come observed and recorded, a
-one-turn session closes at its last turn end, a failed session raises the surface's
-error, and leaving the call closes what is open and still records a cancelled turn."""
+one-turn session closes at its last turn end, a failed session raises `SessionEnded`,
+and leaving the call closes what is open and still records a cancelled turn."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import asyncio
 import pytest
 from llmserve.service.domain.events import FinishReason, SessionFailed, TokenEvent, TurnEndEvent
 from llmserve.service.domain.model_meta import Limits
-from llmserve.service.engine.call import Call, Usage
+from llmserve.service.engine.call import Call, SessionEnded, Usage
 from llmserve.service.engine.loop_sink import LoopSink
 from llmserve.service.metrics import Metrics
 
@@ -46,8 +46,7 @@ def _call(one_turn: bool = True) -> tuple[Call, list[StubHandle], Metrics]:
         return handles[-1]
 
     metrics = Metrics()
-    call = Call(LoopSink(asyncio.get_running_loop()), params(), metrics, lambda s, m: RuntimeError(f"{s}: {m}"),
-                opener, one_turn)  # type: ignore[arg-type]
+    call = Call(LoopSink(asyncio.get_running_loop()), params(), metrics, opener, one_turn)  # type: ignore[arg-type]
     return call, handles, metrics
 
 
@@ -90,16 +89,16 @@ def test_one_turn_sessions_close_at_their_last_turn_end_and_the_events_end() -> 
     asyncio.run(scenario())
 
 
-def test_a_failed_session_raises_the_surfaces_error_and_leaving_closes_the_rest() -> None:
+def test_a_failed_session_raises_session_ended_and_leaving_closes_the_rest() -> None:
     async def scenario() -> None:
-        call, handles, metrics = _call(one_turn=False)
-        with pytest.raises(RuntimeError, match="UNAVAILABLE: gone"):
+        call, handles, _ = _call(one_turn=False)
+        with pytest.raises(SessionEnded, match="gone") as ended:
             with call:
                 call.open()
                 handles[0].sink.put(SessionFailed("UNAVAILABLE", "gone"))  # type: ignore[attr-defined]
                 async for _ in call.events():
                     pass
-        assert handles[0].closed
+        assert ended.value.status == "UNAVAILABLE" and handles[0].closed
         handles[0].sink.put(end())  # type: ignore[attr-defined]  # the close's cancelled turn end, after the call left
         await _settle()
         assert handles[0].observed == []  # recorded as an orphan, not shown to a closed session

@@ -5,7 +5,7 @@ chat request or completions prompt), hands them input, and reads `events()`: eac
 session's token, prompt-logprobs and turn-end events, already shown to the session
 (`SessionHandle.observe`: the chat reply, tools' answer text and calls), every turn end
 recorded (metrics, the `turn_end` log line, tracing), a session the executor ends raised
-as the surface's error. However the call ends, its sessions close and a turn the close
+as `SessionEnded` (the surface spells it its own way). However the call ends, its sessions close and a turn the close
 cancels is still recorded. The surface only turns requests into input and these events
 into its wire format; `Usage` is the one count of a call's tokens.
 """
@@ -19,13 +19,19 @@ from ..domain.events import PromptLogprobsEvent, SessionFailed, TokenEvent, Turn
 from ..domain.requests import SessionParams
 from ..metrics import Metrics
 from ..turn_record import record_turn, turn_recorder
-from .loop_sink import LoopSink, TaggedSink
+from .loop_sink import LoopSink
 from .session_handle import SessionHandle
 
 Event = TokenEvent | PromptLogprobsEvent | TurnEndEvent
-# How the surface spells a session the executor ended: (status name, message) → its error.
-Failure = Callable[[str, str], Exception]
-Opener = Callable[[SessionParams, TaggedSink], SessionHandle]  # Engine's: one session on a sink
+Opener = Callable[[SessionParams, LoopSink], SessionHandle]  # Engine's: one session on a sink
+
+
+class SessionEnded(Exception):
+    """The executor ended one of the call's sessions (`SessionFailed`): `status` says why."""
+
+    def __init__(self, failure: SessionFailed) -> None:
+        super().__init__(failure.message)
+        self.status = failure.status  # a StatusCode name, as SessionFailed carries it
 
 
 class Call:
@@ -34,12 +40,11 @@ class Call:
     closes at its last sample's turn end, and `events()` ends once every session has;
     else (a gRPC stream) the surface ends the call by leaving `events()`."""
 
-    def __init__(self, sink: LoopSink, params: SessionParams, metrics: Metrics, failure: Failure,
-                 opener: Opener, one_turn: bool) -> None:
+    def __init__(self, sink: LoopSink, params: SessionParams, metrics: Metrics, opener: Opener,
+                 one_turn: bool) -> None:
         self.sink = sink
         self._params = params
         self._metrics = metrics
-        self._failure = failure
         self._opener = opener
         self._one_turn = one_turn
         self.sessions: list[SessionHandle] = []
@@ -55,15 +60,15 @@ class Call:
 
     async def events(self) -> AsyncIterator[tuple[int | None, object]]:
         """(session index, event) for each session's events, observed and recorded; (None,
-        what the surface put) for its own `sink.put_local` events. Raises the surface's
-        `failure` when the executor ends a session."""
+        what the surface put) for its own `sink.put_local` events. SessionEnded when the
+        executor ends a session."""
         while self._open or not self._one_turn:
             tag, event = await self.sink.get_tagged()
             if tag is None:
                 yield None, event
                 continue
             if isinstance(event, SessionFailed):
-                raise self._failure(event.status, event.message)
+                raise SessionEnded(event)
             if not isinstance(event, (TokenEvent, PromptLogprobsEvent, TurnEndEvent)):
                 continue
             assert isinstance(tag, int)

@@ -32,7 +32,7 @@ from ..model.runner import LlamaRunner
 from ..model.sampler import SAMPLER_NAMES
 from ..model.tokenizer import Vocab
 from .call import Call as Call  # a surface call's sessions and events, for the wings
-from .call import Failure
+from .call import SessionEnded as SessionEnded
 from .call import Usage as Usage  # a call's token counts, for the wings
 from .call_gate import CallGate
 from .chat import ChatMessage, Conversation
@@ -137,11 +137,11 @@ class Engine:
 
     # ------------------------------------------------------------- Generate
 
-    def call(self, params: SessionParams, failure: Failure, deadline: float | None = None, *,
+    def call(self, params: SessionParams, deadline: float | None = None, *,
              restore: SavedSession | None = None, grammar: object | None = None, add_bos: bool = True,
              tools: ToolPlan | None = None, one_turn: bool = True) -> Call:
-        """A surface call: `Call.open` opens its sessions, all with `params`, on one sink.
-        `failure` spells a session the executor ends as the surface's error; `deadline` is
+        """A surface call: `Call.open` opens its sessions, all with `params`, on one sink
+        (a session the executor ends is `SessionEnded`, from `Call.events`); `deadline` is
         time.monotonic(); `restore` resumes a saved session (`load_session`: a call of one
         session); `grammar` is what `compile_async` returned for `params.sampling.grammar`;
         `add_bos`: the first text starts with BOS (if the model's does); `tools`: the
@@ -150,7 +150,7 @@ class Engine:
         def opener(session_params: SessionParams, sink: EventSink) -> SessionHandle:
             return self._open_session(session_params, sink, deadline, restore, grammar, add_bos, tools)
 
-        return Call(LoopSink(asyncio.get_running_loop()), params, self.metrics, failure, opener, one_turn)
+        return Call(LoopSink(asyncio.get_running_loop()), params, self.metrics, opener, one_turn)
 
     def _open_session(self, params: SessionParams, sink: EventSink, deadline: float | None,
                       restore: SavedSession | None, grammar: object | None, add_bos: bool,

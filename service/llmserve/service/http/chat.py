@@ -20,7 +20,6 @@ from ..domain.events import TokenEvent, TurnEndEvent
 from ..domain.requests import SessionParams
 from ..engine.engine import Call, Engine, Usage
 from . import shapes, tool_calls
-from .errors import from_status_name
 from .request import ChatRequest
 from .sse import serve_stream, write_event
 
@@ -45,7 +44,7 @@ class ChatResponder:
         async def start(call: Call) -> None:
             await call.open().add_messages(self.request.messages, end_of_turn=True)
 
-        call = self.engine.call(self.params, from_status_name, self.request.deadline, grammar=self.grammar,
+        call = self.engine.call(self.params, self.request.deadline, grammar=self.grammar,
                                 tools=self.request.tools)
         return shapes.call_events(call, start)
 

@@ -24,7 +24,7 @@ from ..domain.requests import SessionParams
 from ..engine.engine import Call, Engine, Usage
 from . import shapes
 from .completion_request import CompletionRequest
-from .errors import from_exception, from_status_name
+from .errors import from_exception
 from .legacy_logprobs import LegacyLogprobs
 from .sse import serve_stream, write_event
 
@@ -85,7 +85,7 @@ class CompletionResponder:
         async def start(call: Call) -> None:
             await _send_prompts(self.engine, self.request, call)
 
-        return shapes.call_events(self.engine.call(self.params, from_status_name, self.request.deadline), start)
+        return shapes.call_events(self.engine.call(self.params, self.request.deadline), start)
 
     async def whole(self) -> web.Response:
         texts = [[self._echo(c // self.n)] for c in range(self.num_choices)]

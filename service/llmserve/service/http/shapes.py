@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from ..domain.events import FinishReason, PromptLogprobsEvent, TokenEvent, TurnEndEvent
-from ..engine.engine import Call, Usage
-from .errors import bad_request
+from ..engine.engine import Call, SessionEnded, Usage
+from .errors import bad_request, from_status_name
 
 Event = TokenEvent | PromptLogprobsEvent | TurnEndEvent
 
@@ -64,11 +64,14 @@ async def call_events(call: Call, start: Callable[[Call], Awaitable[None]]) -> A
     closes the call's sessions."""
     with call:
         await start(call)
-        async for tag, event in call.events():
-            assert tag is not None and isinstance(event, (TokenEvent, PromptLogprobsEvent, TurnEndEvent))
-            if isinstance(event, TurnEndEvent) and event.finish_reason == FinishReason.ERROR:
-                raise bad_request(event.message or "the turn failed")
-            yield tag, event
+        try:
+            async for tag, event in call.events():
+                assert tag is not None and isinstance(event, (TokenEvent, PromptLogprobsEvent, TurnEndEvent))
+                if isinstance(event, TurnEndEvent) and event.finish_reason == FinishReason.ERROR:
+                    raise bad_request(event.message or "the turn failed")
+                yield tag, event
+        except SessionEnded as exc:  # the executor's status
+            raise from_status_name(exc.status, str(exc)) from None
 
 
 class Envelope:

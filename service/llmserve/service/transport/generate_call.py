@@ -19,7 +19,7 @@ from llmserve.v1 import llmserve_pb2 as pb
 from ..domain.events import FinishReason, PromptLogprobsEvent, TokenEvent, ToolCall, TurnEndEvent
 from ..domain.requests import SessionParams
 from ..domain.snapshots import SavedSession
-from ..engine.engine import ChatMessage, Engine, SessionHandle, ToolPlan
+from ..engine.engine import ChatMessage, Engine, SessionEnded, SessionHandle, ToolPlan
 from .errors import DeadlineExceeded, Unavailable, check_decoded, error_from_status_name
 from .inputs import input_tokens
 from .responses import logprob_proto, turn_end_proto
@@ -51,8 +51,8 @@ class GenerateCall:
         self.first = first
         self.request_id = params.request_id
         add_bos = first.config.add_bos if first.config.HasField("add_bos") else True
-        self.call = engine.call(params, error_from_status_name, deadline, restore=restore, grammar=grammar,
-                                add_bos=add_bos, tools=tools, one_turn=False)
+        self.call = engine.call(params, deadline, restore=restore, grammar=grammar, add_bos=add_bos, tools=tools,
+                                one_turn=False)
         self.sink = self.call.sink
 
     async def run(self, requests: AsyncIterator[pb.GenerateRequest]) -> AsyncIterator[pb.GenerateResponse]:
@@ -62,6 +62,8 @@ class GenerateCall:
             try:
                 async for response in self._responses(session):
                     yield response
+            except SessionEnded as exc:  # the executor's status
+                raise error_from_status_name(exc.status, str(exc)) from None
             finally:
                 reader.cancel()  # before the session closes
 
