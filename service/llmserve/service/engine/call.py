@@ -5,9 +5,10 @@ chat request or completions prompt), hands them input, and reads `events()`: eac
 session's token, prompt-logprobs and turn-end events, already shown to the session
 (`SessionHandle.observe`: the chat reply, tools' answer text and calls), every turn end
 recorded (metrics, the `turn_end` log line, tracing), a session the executor ends raised
-as `SessionEnded` (the surface spells it its own way). However the call ends, its sessions close and a turn the close
-cancels is still recorded. The surface only turns requests into input and these events
-into its wire format; `Usage` is the one count of a call's tokens.
+as `SessionEnded` (each surface spells it its own way, in one place). However the call
+ends, its sessions close and a turn the close cancels is still recorded. The surface only
+turns requests into input and these events into its wire format; `Usage` is the one
+count of a call's tokens.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from ..turn_record import record_turn, turn_recorder
 from .loop_sink import LoopSink
 from .session_handle import SessionHandle
 
-Event = TokenEvent | PromptLogprobsEvent | TurnEndEvent
 Opener = Callable[[SessionParams, LoopSink], SessionHandle]  # Engine's: one session on a sink
 
 
