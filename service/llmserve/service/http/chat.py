@@ -23,7 +23,7 @@ from ..domain.requests import SessionParams
 from ..engine.engine import Engine, LoopSink
 from ..turn_record import record_turn, turn_recorder
 from . import shapes, tool_calls
-from .errors import bad_request, from_exception, from_status_name, server_error
+from .errors import bad_request, from_exception, from_failure, server_error
 from .request import ChatRequest
 from .sse import end_stream, write_event
 from .structured import compile_constraint
@@ -43,7 +43,7 @@ async def turn_events(engine: Engine, request: ChatRequest, params: SessionParam
         while True:
             event = await sink.get()
             if isinstance(event, SessionFailed):
-                raise from_status_name(event.status, event.message)
+                raise from_failure(event.kind, event.message)
             if not isinstance(event, (TokenEvent, TurnEndEvent)):
                 continue  # prompt logprobs: not asked by this wing
             event = await handle.observe(event)  # with tools: the answer's text and the calls as they form

@@ -20,14 +20,14 @@ import structlog
 from aiohttp import web
 
 from ..domain import request_rules
-from ..domain.errors import InvalidRequest
+from ..domain.errors import Field, InvalidRequest
 from ..domain.events import FinishReason, PromptLogprobsEvent, SessionFailed, TokenEvent, TurnEndEvent
 from ..domain.requests import SessionParams
 from ..engine.engine import Engine, LoopSink, SessionHandle
 from ..turn_record import record_turn, turn_recorder
 from . import shapes
 from .completion_request import CompletionRequest
-from .errors import bad_request, from_exception, from_status_name, server_error
+from .errors import bad_request, from_exception, from_failure, server_error
 from .legacy_logprobs import LegacyLogprobs
 from .sse import end_stream, write_event
 
@@ -80,14 +80,14 @@ async def prompt_events(engine: Engine, request: CompletionRequest, params: Sess
             except InvalidRequest as exc:  # the engine names a turn's input `input`: here it is this prompt
                 error = from_exception(exc)
                 assert error is not None
-                error.param = where if exc.field in ("input", "end_of_turn") else error.param
+                error.param = where if exc.field in (Field.INPUT, Field.END_OF_TURN) else error.param
                 raise error from None
         num_open = len(handles)
         while num_open:
             i, event = await shared.get()  # type: ignore[misc]
             sinks[i].num_taken += 1
             if isinstance(event, SessionFailed):
-                raise from_status_name(event.status, event.message)
+                raise from_failure(event.kind, event.message)
             if not isinstance(event, (TokenEvent, PromptLogprobsEvent, TurnEndEvent)):
                 continue
             await handles[i].observe(event)

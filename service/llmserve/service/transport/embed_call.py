@@ -21,7 +21,7 @@ from ..domain.events import EmbedResult, SessionFailed
 from ..domain.model_meta import EmbeddingModelInfo
 from ..domain.requests import EmbedInput
 from ..engine.engine import Engine, LoopSink
-from .errors import FailedPrecondition, InvalidArgument, check_decoded, error_from_status_name
+from .errors import FailedPrecondition, InvalidArgument, check_decoded, error_from_failure
 from .inputs import input_tokens
 from .tracing import note_embed
 from .validation import MAX_EMBED_INPUTS_PER_MESSAGE
@@ -66,7 +66,7 @@ class EmbedCall:
                 elif isinstance(event, _ReaderDone):
                     total = event.num_inputs
                 elif isinstance(event, SessionFailed):
-                    raise error_from_status_name(event.status, event.message)
+                    raise error_from_failure(event.kind, event.message)
                 elif isinstance(event, _ReaderFailed):
                     raise event.error
         finally:

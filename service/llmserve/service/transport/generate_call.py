@@ -21,7 +21,7 @@ from ..domain.snapshots import SavedSession
 from ..engine.engine import ChatMessage, Engine, LoopSink, SessionHandle, ToolPlan
 from ..metrics import Metrics
 from ..turn_record import record_turn, turn_recorder
-from .errors import DeadlineExceeded, Unavailable, check_decoded, error_from_status_name
+from .errors import DeadlineExceeded, Unavailable, check_decoded, error_from_failure
 from .inputs import input_tokens
 from .responses import logprob_proto, turn_end_proto
 
@@ -77,7 +77,7 @@ class GenerateCall:
                 elif isinstance(event, Drain):
                     draining = True
                 elif isinstance(event, SessionFailed):
-                    raise error_from_status_name(event.status, event.message)
+                    raise error_from_failure(event.kind, event.message)
                 elif isinstance(event, _ReaderFailed):
                     raise event.error
                 if session.num_turns_open == 0:
