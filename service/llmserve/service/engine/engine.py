@@ -175,7 +175,7 @@ class Engine:
     ) -> SessionHandle:
         """Open a Generate session; its events go to `sink`. `max_input_tokens` bounds all the
         input it is sent; `deadline` is time.monotonic(); `restore` resumes a saved session
-        (see `load_session`); `grammar` is what `compile_constraint` returned for
+        (see `named_sessions`); `grammar` is what `compile_constraint` returned for
         `params.sampling.grammar`; `add_bos`: the first text starts with BOS (if the model's does);
         `tools`: the session's tools (`plan_tools`; an active plan's `reply_constraint` must be
         the grammar)."""
