@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from llmserve.service.domain.errors import FailureKind
 from llmserve.service.domain.events import FinishReason, SessionFailed, TokenEvent, TurnEndEvent
 from llmserve.service.domain.model_meta import Limits
 from llmserve.service.engine.call import Call, SessionEnded, Usage
@@ -95,10 +96,10 @@ def test_a_failed_session_raises_session_ended_and_leaving_closes_the_rest() -> 
         with pytest.raises(SessionEnded, match="gone") as ended:
             with call:
                 call.open()
-                handles[0].sink.put(SessionFailed("UNAVAILABLE", "gone"))  # type: ignore[attr-defined]
+                handles[0].sink.put(SessionFailed(FailureKind.SHUTDOWN, "gone"))  # type: ignore[attr-defined]
                 async for _ in call.events():
                     pass
-        assert ended.value.status == "UNAVAILABLE" and handles[0].closed
+        assert ended.value.kind == FailureKind.SHUTDOWN and handles[0].closed
         handles[0].sink.put(end())  # type: ignore[attr-defined]  # the close's cancelled turn end, after the call left
         await _settle()
         assert handles[0].observed == []  # recorded as an orphan, not shown to a closed session

@@ -12,8 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
-from llmserve.service.domain.errors import InvalidRequest, PreconditionFailed
-from llmserve.service.engine.engine import Overloaded, StorageFault
+from llmserve.service.domain.errors import InvalidRequest, Overloaded, PreconditionFailed, StorageFault
 from llmserve.service.metrics import Metrics
 from llmserve.service.transport.errors import InvalidArgument, Unauthenticated, call_status, rpc_errors
 from llmserve.service.transport.rpc_metrics import RpcMetricsInterceptor

@@ -14,7 +14,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 
 import pytest
-from llmserve.service.domain.errors import InvalidRequest, PreconditionFailed
+from llmserve.service.domain.errors import Field, InvalidRequest, PreconditionFailed
 from llmserve.service.domain.events import TurnEndEvent
 from llmserve.service.domain.model_meta import Limits
 from llmserve.service.domain.requests import SamplingParams
@@ -96,7 +96,7 @@ def test_messages_sent_mid_reply_wait_for_it_and_follow_it() -> None:
         assert chat.handle.num_turns_open == 1 and chat.handle.num_turns_pending == 2
         with pytest.raises(PreconditionFailed) as refused:  # a third turn may not queue
             await chat.handle.add_messages([user("x")], True)
-        assert refused.value.field == "end_of_turn"
+        assert refused.value.field == Field.END_OF_TURN
         await chat.run_turns(2)
         assert [m for m, _ in chat.handle.conversation.saved() or ()] == ["user", "assistant", "user", "assistant"]
         assert chat.sink.text() == "lmnoqrst"  # the second rendering held the first reply
@@ -141,7 +141,7 @@ def test_a_session_keeps_to_text_or_to_messages() -> None:
             chat.handle.add_tokens((10,), True)
         with pytest.raises(InvalidRequest) as no_role:
             await chat.handle.add_messages([ChatMessage("", "x")], True)
-        assert no_role.value.field == "input.messages[0].role"
+        assert no_role.value.field == Field.MESSAGES.at(0, "role")
 
     asyncio.run(scenario())
 

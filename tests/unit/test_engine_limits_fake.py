@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 
 from llmserve.service.config import ContextShiftSettings
+from llmserve.service.domain.errors import FailureKind
 from llmserve.service.domain.events import FinishReason, SessionFailed, TurnEndEvent
 from llmserve.service.domain.requests import OutputParams
 
@@ -35,7 +36,7 @@ def test_deadline_ends_the_session() -> None:
     time.sleep(0.06)
     run_until(executor, lambda: sink.of(SessionFailed))
     assert sink.of(TurnEndEvent)[0].finish_reason == FinishReason.DEADLINE
-    assert sink.of(SessionFailed)[0].status == "DEADLINE_EXCEEDED"
+    assert sink.of(SessionFailed)[0].kind == FailureKind.DEADLINE
     assert not any(slot.busy for slot, _ in executor.table.slot_states())
 
 
@@ -46,7 +47,7 @@ def test_failed_decode_fails_only_the_sessions_in_it() -> None:
     executor.add_input(key, (BOS, 10), True)
     runner.fail_next_decode = True
     run_until(executor, lambda: sink.of(SessionFailed))
-    assert sink.of(SessionFailed)[0].status == "INTERNAL"
+    assert sink.of(SessionFailed)[0].kind == FailureKind.INTERNAL
     assert not any(slot.busy for slot, _ in executor.table.slot_states())
     other, _ = one_turn(executor, (BOS, 30), params(max_tokens=2))
     assert other.token_ids() == [31, 32]

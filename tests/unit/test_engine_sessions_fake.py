@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 
 import pytest
+from llmserve.service.domain.errors import FailureKind
 from llmserve.service.domain.events import FinishReason, SessionFailed, TurnEndEvent
 from llmserve.service.domain.snapshots import SavedSession
 from llmserve.service.engine.chat import Conversation
@@ -74,7 +75,7 @@ def test_a_session_the_executor_ends_is_saved_with_the_kept_chat(end: str) -> No
         time.sleep(0.16)
         run_until(executor, lambda: sink.of(SessionFailed))
     else:
-        executor.table.fail_all("UNAVAILABLE", "the server is shutting down")
+        executor.table.fail_all(FailureKind.SHUTDOWN, "the server is shutting down")
     assert [r.chat for r in store.saved] == [chat]  # type: ignore[attr-defined]
     executor.close(key)  # the stream's close comes after: nothing more happens
     executor.drain(block=False)

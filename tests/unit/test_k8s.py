@@ -159,7 +159,7 @@ def test_termination_grace_covers_prestop_shutdown_grace_and_stop_margin() -> No
     pod = _pod("llmserve")
     grace = float(effective_env()["LLMSERVE_SHUTDOWN_GRACE"])
     drain_delay = float(effective_env()["LLMSERVE_DRAIN_DELAY"])  # the lame duck comes first
-    stop_margin = module_constant(SERVER_PY, "STOP_MARGIN_S")  # the server is gone by delay + grace + margin
+    stop_margin = module_constant(SERVER_PY.parents[1] / "process.py", "STOP_MARGIN_S")  # gone by delay + grace + margin
     command = container("llmserve", "llmserve")["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep"
     pre_stop = float(command[1])

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = ROOT / "service" / "llmserve" / "service"
 CLIENT = ROOT / "client" / "llmserve" / "client"
-BASE = {"config", "domain", "metrics", "logs", "tracing", "turn_record", "__init__"}
+BASE = {"config", "domain", "metrics", "logs", "tracing", "turn_record", "faults", "open_calls", "__init__"}
 RANK = {"model": 0, "engine": 1, "transport": 2, "http": 2}
 TRANSPORT_WINGS = ("transport", "http")
 

@@ -10,10 +10,9 @@ from concurrent.futures import wait
 import grpc
 import pytest
 from google.rpc import error_details_pb2
-from llmserve.service.domain.errors import GrammarError
+from llmserve.service.domain.errors import GrammarError, Overloaded, StorageFault
 from llmserve.service.engine.constraints import ConstraintCache
-from llmserve.service.engine.offload import OffloadPool, Overloaded
-from llmserve.service.engine.session_file import StorageFault
+from llmserve.service.engine.offload import OffloadPool
 from llmserve.service.metrics import Metrics
 from llmserve.service.model.grammar_compiler import CompilerBusy
 from llmserve.service.transport.errors import from_domain

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from llmserve.service.domain.errors import FailureKind
 from llmserve.service.domain.events import FinishReason, SessionFailed, TokenEvent, TurnEndEvent
 from llmserve.service.domain.requests import SamplingParams, SessionParams, StoppingParams
 from llmserve.service.engine.executor import Executor, ExecutorConfig
@@ -204,7 +205,7 @@ def test_a_stream_that_reads_nothing_for_reader_timeout_ends_deadline_exceeded(n
     time.sleep(0.06)
     steps(executor, 1)
     failed = slow.of(SessionFailed)
-    assert failed and failed[0].status == "DEADLINE_EXCEEDED" and "--reader-timeout" in failed[0].message
+    assert failed and failed[0].kind == FailureKind.DEADLINE and "--reader-timeout" in failed[0].message
     assert key not in executor.table.sessions and not any(slot.busy for slot, _ in executor.table.slot_states())
 
 

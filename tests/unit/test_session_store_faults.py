@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
+from llmserve.service.domain.errors import StorageFault
 from llmserve.service.domain.snapshots import SavedSession
-from llmserve.service.engine.session_store import SessionStore, StorageFault
+from llmserve.service.engine.session_store import SessionStore
 from llmserve.service.metrics import Metrics
 from structlog.testing import capture_logs
 

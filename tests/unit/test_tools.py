@@ -8,7 +8,7 @@ import json
 
 import jsonschema
 import pytest
-from llmserve.service.domain.errors import InvalidRequest
+from llmserve.service.domain.errors import Field, InvalidRequest
 from llmserve.service.domain.events import ToolCall
 from llmserve.service.engine.chat import ChatMessage
 from llmserve.service.engine.tool_reply import parse_reply
@@ -115,7 +115,7 @@ def test_tool_messages_become_plain_messages() -> None:
     assert json.loads(plain[2].content)["tool_response"] == {"tool_call_id": "call_1", "content": "12 C, rain"}
     with pytest.raises(InvalidRequest) as refused:
         as_generic_messages([ChatMessage("assistant", "", (ToolCall("c", "f", "{not json"),))])
-    assert refused.value.field == "input.messages[0].tool_calls[0].arguments"
+    assert refused.value.field == Field.MESSAGES.at(0, "tool_calls[0].arguments")
 
 
 def test_a_plan_puts_its_preamble_after_the_system_text() -> None:

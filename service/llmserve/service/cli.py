@@ -210,12 +210,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _serve_entry() -> tuple[Callable[[str, bool], None], Callable[[ServerConfig], Any]]:
-    """The server's modules, or a one-line error on a client-only install. The HTTP wing
-    (--http-port) runs on the gRPC server's loop, handed in as a surface."""
+    """The server's modules, or a one-line error on a client-only install. The process
+    (process.py) runs the gRPC surface and, with --http-port, the HTTP one."""
     try:
-        from .http.surface import HttpSurface
         from .logs import configure_logging
-        from .transport.server import serve
+        from .process import serve
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in _SERVER_MODULES:
             raise
@@ -223,7 +222,7 @@ def _serve_entry() -> tuple[Callable[[str, bool], None], Callable[[ServerConfig]
             f"llmserve serve: the server needs the [server] extra (module {exc.name!r} is missing): "
             "pip install 'llmserve[server]'"
         ) from None
-    return configure_logging, lambda config: serve(config, [HttpSurface(config)] if config.http_port else [])
+    return configure_logging, serve
 
 
 def main(argv: list[str] | None = None) -> None:

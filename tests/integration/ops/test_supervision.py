@@ -1,4 +1,4 @@
-"""Supervision with injected faults (LLMSERVE_INJECT_FAULT, see engine/executor.py): a dead
+"""Supervision with injected faults (LLMSERVE_INJECT_FAULT, see faults.py): a dead
 or stuck executor ends the process with a non-zero code instead of a silent hang, and
 SIGTERM ends the process even when the executor is stuck."""
 

@@ -225,6 +225,7 @@ def test_the_server_stack_imports_no_sdk_until_tracing_starts() -> None:
     global tracer provider is OpenTelemetry's no-op proxy."""
     code = (
         "import sys\n"
+        "from llmserve.service import process\n"
         "from llmserve.service.transport import server, tracing\n"
         "from opentelemetry import trace\n"
         "assert not [m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter'))]\n"

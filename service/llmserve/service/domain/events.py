@@ -8,6 +8,8 @@ from typing import Protocol
 
 import numpy as np
 
+from .errors import FailureKind
+
 
 class EventSink(Protocol):
     """Where a request's events go (the transport bridges it into the event loop)."""
@@ -108,9 +110,10 @@ class TurnEndEvent:
 
 @dataclass(frozen=True)
 class SessionFailed:
-    """The session cannot go on; the transport ends the RPC with this status."""
+    """The session cannot go on; its surface ends the call (each maps `kind` once:
+    transport/errors.py, http/errors.py)."""
 
-    status: str  # a StatusCode name, e.g. "INVALID_ARGUMENT"
+    kind: FailureKind
     message: str
 
 

@@ -65,7 +65,7 @@ INT_FIELDS = ("top_k", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_
 
 
 def prefixed(prefix: str) -> FieldName:
-    """Field names as `prefix` + ours (the gRPC surface: "config.sampling.temperature")."""
+    """Field names as `prefix` + ours (a surface whose fields sit in groups)."""
     return lambda name: prefix + name
 
 

@@ -10,7 +10,7 @@ with its KV as a prefix cache; when the client reads again the session waits for
 slots like any other and, where a slot still caches a sample's history, that sample
 continues with no recompute, else prefills it again. Its sampler already saw that
 history, so nothing is fed to it twice. A stream that reads nothing for
-`reader_timeout_s` ends DEADLINE_EXCEEDED, naming the flag.
+`reader_timeout_s` fails (DEADLINE), naming the flag.
 
 Admission works on sessions (`session.py`); the input and turn it reads are their main
 sample's. A session with n > 1 gives up every slot it holds at once, its forked samples'
@@ -33,6 +33,7 @@ from collections import deque
 
 import structlog
 
+from ..domain.errors import FailureKind
 from ..metrics import Metrics
 from .allocator import Slot, SlotAllocator
 from .sample import Sample
@@ -152,7 +153,7 @@ class Admission:
 
     def expire_readers(self, reader_timeout_s: float | None, fail) -> None:  # type: ignore[no-untyped-def]
         """End streams whose client has read nothing for `reader_timeout_s` (None: never)
-        while events waited for it; `fail(session, status, message)` ends one."""
+        while events waited for it; `fail(session, kind, message)` ends one."""
         now = time.monotonic()
         for s in list(self.sessions.values()):
             if not s.paused:
@@ -160,7 +161,7 @@ class Admission:
             elif s.t_paused is None:
                 s.t_paused = now
             elif reader_timeout_s is not None and now - s.t_paused >= reader_timeout_s:
-                fail(s, "DEADLINE_EXCEEDED",
+                fail(s, FailureKind.DEADLINE,
                      f"the client read no response for {reader_timeout_s:g} s (--reader-timeout)")
 
     def idle_timeout(self, deadline_margin_s: float) -> float | None:

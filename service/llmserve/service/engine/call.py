@@ -27,11 +27,11 @@ Opener = Callable[[SessionParams, LoopSink], SessionHandle]  # Engine's: one ses
 
 
 class SessionEnded(Exception):
-    """The executor ended one of the call's sessions (`SessionFailed`): `status` says why."""
+    """The executor ended one of the call's sessions (`SessionFailed`): `kind` says why."""
 
     def __init__(self, failure: SessionFailed) -> None:
         super().__init__(failure.message)
-        self.status = failure.status  # a StatusCode name, as SessionFailed carries it
+        self.kind = failure.kind
 
 
 class Call:

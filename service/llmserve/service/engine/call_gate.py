@@ -2,7 +2,7 @@
 streams, OpenAI HTTP requests, each prompt of a /v1/completions) are capped at the slots
 plus `--max-queue`, counted once, whichever wing opened them.
 
-Beyond the cap a call is refused with `Overloaded` (gRPC RESOURCE_EXHAUSTED, HTTP 429),
+Beyond the cap a call is refused with `Overloaded` (each surface says it its own way),
 and a retry hint from how long sessions have lasted lately. Runs on the event-loop thread.
 """
 
@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from .offload import Overloaded
+from ..domain.errors import Overloaded
 
 MAX_RETRY_AFTER_S = 30.0
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ..domain.errors import InvalidRequest
+from ..domain.errors import Field, InvalidRequest
 from ..domain.events import ToolCall
 
 MAX_MESSAGES = 1024
@@ -70,9 +70,9 @@ class ChatTemplate:
                 add_generation_prompt=add_generation_prompt,
             )
         except TemplateError as exc:
-            raise InvalidRequest(f"the chat template refused the conversation: {exc}", field="input.messages") from None
+            raise InvalidRequest(f"the chat template refused the conversation: {exc}", field=Field.MESSAGES) from None
         except jinja2.TemplateError as exc:
-            raise InvalidRequest(f"the chat template failed: {exc}", field="input.messages") from None
+            raise InvalidRequest(f"the chat template failed: {exc}", field=Field.MESSAGES) from None
 
 
 class Conversation:
@@ -103,13 +103,13 @@ class Conversation:
     def check(self, messages: list[ChatMessage]) -> None:
         """InvalidRequest unless the messages may join: roles set, at most MAX_MESSAGES in all."""
         if not messages:
-            raise InvalidRequest("messages must not be empty", field="input.messages")
+            raise InvalidRequest("messages must not be empty", field=Field.MESSAGES)
         num_held = len(self._messages or ()) + sum(len(m) for m, _ in self._deferred)
         if num_held + len(messages) > MAX_MESSAGES:
-            raise InvalidRequest(f"a session holds at most {MAX_MESSAGES} messages", field="input.messages")
+            raise InvalidRequest(f"a session holds at most {MAX_MESSAGES} messages", field=Field.MESSAGES)
         for i, m in enumerate(messages):
             if not m.role:
-                raise InvalidRequest("every message needs a role", field=f"input.messages[{i}].role")
+                raise InvalidRequest("every message needs a role", field=Field.MESSAGES.at(i, "role"))
 
     def defer(self, messages: list[ChatMessage], end_of_turn: bool) -> None:
         self._deferred.append((messages, end_of_turn))

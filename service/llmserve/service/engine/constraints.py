@@ -11,7 +11,7 @@ Compiles run in two lanes, each an `OffloadPool` of one thread with a grammar wo
 its own: texts up to `SMALL_TEXT_CHARS` in one, larger ones in the other, so a flood of
 large schemas never holds up a small constraint (it waits only for other small ones). In
 each lane at most `max_waiting` distinct texts wait, more are `Overloaded` with a retry
-hint, never INVALID_ARGUMENT. Each caller gets a future of its own: a caller that leaves
+hint, never blamed on the request. Each caller gets a future of its own: a caller that leaves
 cancels it, and a compile nobody waits for any more is dropped if it has not started
 (one that runs finishes within the worker's CPU budget, and is kept).
 `llmserve_constraint_cache_total{result}` counts hit, shared, miss and refused.
@@ -23,10 +23,10 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError
 
-from ..domain.errors import GrammarError
+from ..domain.errors import GrammarError, Overloaded
 from ..metrics import Metrics
 from ..model.grammar_compiler import CompilerBusy, GrammarCompiler
-from .offload import OffloadPool, Overloaded
+from .offload import OffloadPool
 
 Key = tuple[str, str]
 Compiled = tuple[str, object]  # (GBNF, the parsed grammar samplers clone)

@@ -41,8 +41,7 @@ from .embed_inputs import embed_input, embedding_model_info
 from .executor import Executor
 from .loop_sink import LoopSink as LoopSink  # executor thread -> event loop, for the wings
 from .offload import OffloadPool
-from .offload import Overloaded as Overloaded  # the facade's errors, for the transport
-from .session_file import StorageFault as StorageFault
+from .session_claims import SessionClaims
 from .session_handle import SessionHandle
 from .session_store import SessionStore, model_fingerprint
 from .startup import chat_template, executor_config, log_loaded, runner_config
@@ -89,6 +88,7 @@ class Engine:
                 config.n_ctx_per_slot, runner.n_vocab,
             )
         self._executor = Executor(runner, executor_config(config, runner.config.max_embed_seqs), metrics, self._store)
+        self.named_sessions = SessionClaims(self._store)  # one stream per session id (claim, release)
         self.calls = CallGate(config.n_parallel, config.max_queue, metrics.sessions.set)  # both surfaces' admission
         embedder = runner.embedder  # None without embeddings
         self.embedding_model = embedding_model_info(embedder) if embedder is not None else None
@@ -107,7 +107,7 @@ class Engine:
         self._executor.start()  # the grammar worker starts with the first constraint
 
     def stop(self, timeout: float | None = None) -> bool:
-        """Stop the executor after its current step; open sessions end UNAVAILABLE.
+        """Stop the executor after its current step; open sessions fail (SHUTDOWN).
         False if it did not stop within `timeout`."""
         self._constraints.close()
         self._heavy.close()
@@ -142,7 +142,7 @@ class Engine:
              tools: ToolPlan | None = None, one_turn: bool = True) -> Call:
         """A surface call: `Call.open` opens its sessions, all with `params`, on one sink
         (a session the executor ends is `SessionEnded`, from `Call.events`); `deadline` is
-        time.monotonic(); `restore` resumes a saved session (`load_session`: a call of one
+        time.monotonic(); `restore` resumes a saved session (`named_sessions`: a call of one
         session); `grammar` is what `compile_async` returned for `params.sampling.grammar`;
         `add_bos`: the first text starts with BOS (if the model's does); `tools`: the
         session's tools (`session_tools`: an active plan's constraint is the grammar);
@@ -164,20 +164,9 @@ class Engine:
                              params.stopping.max_tokens, add_bos and self.meta.add_bos, restore, tools)
 
     @property
-    def has_session_store(self) -> bool:
-        return self._store is not None
-
-    @property
     def session_store_fault(self) -> str | None:
         """Why --session-dir fails, while it does (None: it works, or there is none)."""
         return self._store.fault if self._store is not None else None
-
-    def load_session(self, session_id: str) -> SavedSession | None:
-        """A named session's saved state, or None (blocking file IO: call off the event loop).
-        StorageFault when the directory fails (its lock or its file cannot be read)."""
-        if self._store is None:
-            raise PreconditionFailed("named sessions need the server to run with --session-dir", field="config.session_id")
-        return self._store.load(session_id)
 
     async def compile_async(self, kind: str, text: str, field: str) -> tuple[str, object]:
         """A constraint ("grammar", "json_schema", "regex", "choice": a JSON list of strings,

@@ -10,7 +10,6 @@ Events go to each request's sink, which never blocks this thread.
 from __future__ import annotations
 
 import itertools
-import os
 import queue
 import threading
 import time
@@ -21,9 +20,11 @@ import numpy as np
 import structlog
 
 from ..config import ContextShiftSettings, KVCacheSettings, PrefillSettings, SpeculationSettings
+from ..domain.errors import FailureKind
 from ..domain.events import EmbedResult, EventSink, SessionFailed
 from ..domain.requests import EmbedInput, SessionParams
 from ..domain.snapshots import ExecutorSnapshot, SavedSession, SlotSnapshot
+from ..faults import injected_fault
 from ..metrics import Metrics
 from .allocator import SlotAllocator
 from .chat import Conversation
@@ -94,7 +95,7 @@ class Executor:
         self.snapshot = ExecutorSnapshot()
         self._beat = time.monotonic()  # the loop's last iteration
         self._idle = True  # waiting for a command, with nothing to do
-        self._fault = tuple(os.environ.get("LLMSERVE_INJECT_FAULT", ":").split(":", 1))
+        self._fault = injected_fault()  # test only (faults.py)
         self._thread = threading.Thread(target=self._run, name="llmserve-executor", daemon=True)
 
     # ------------------------------------------------ thread-safe API (engine)
@@ -104,7 +105,7 @@ class Executor:
         self._thread.start()
 
     def stop(self, timeout: float | None = None) -> bool:
-        """Stop after the current step; open sessions end UNAVAILABLE. False: not ended in `timeout`."""
+        """Stop after the current step; open sessions fail (SHUTDOWN). False: not ended in `timeout`."""
         self._commands.put(STOP)
         self._thread.join(timeout)
         return not self._thread.is_alive()
@@ -154,7 +155,7 @@ class Executor:
                     worked = self.step()
                 except Exception:  # a bug: fail the sessions involved, keep serving
                     log.exception("executor_step_failed")
-                    self.table.fail_busy("INTERNAL", "internal error in the executor")
+                    self.table.fail_busy(FailureKind.INTERNAL, "internal error in the executor")
                     worked = True
                 self._publish()
                 if not worked:
@@ -196,7 +197,7 @@ class Executor:
             self.table.handle(command)
         except Exception:  # a bug: fail that session only
             log.exception("executor_command_failed", command=type(command).__name__)
-            self.table.fail_key(getattr(command, "key", -1), "INTERNAL", "internal error in the executor")
+            self.table.fail_key(getattr(command, "key", -1), FailureKind.INTERNAL, "internal error in the executor")
 
     def step(self) -> bool:
         """One iteration of the loop; False when there was nothing to do. Each line is a
@@ -254,7 +255,7 @@ class Executor:
         except Exception as exc:  # noqa: BLE001 - those inputs fail, the loop goes on
             log.error("embedding_step_failed", error=str(exc))
             for _, sink in items:
-                sink.put(SessionFailed("INTERNAL", str(exc)))
+                sink.put(SessionFailed(FailureKind.INTERNAL, str(exc)))
             return
         t_end = time.monotonic()
         for (item, sink), vector in zip(items, vectors):
@@ -270,10 +271,10 @@ class Executor:
 
     def _shutdown(self) -> None:
         self._idle = True
-        self.table.fail_all("UNAVAILABLE", "the server is shutting down")
+        self.table.fail_all(FailureKind.SHUTDOWN, "the server is shutting down")
         while self._embeds:
             _, sink = self._embeds.popleft()
-            sink.put(SessionFailed("UNAVAILABLE", "the server is shutting down"))
+            sink.put(SessionFailed(FailureKind.SHUTDOWN, "the server is shutting down"))
         self._publish()
 
     def _publish(self) -> None:

@@ -23,18 +23,11 @@ from typing import Any, TypeVar
 
 import structlog
 
+from ..domain.errors import Overloaded
+
 log = structlog.get_logger("llmserve.offload")
 
 T = TypeVar("T")
-
-
-class Overloaded(Exception):
-    """Valid work the server is too busy to take now (RESOURCE_EXHAUSTED with a retry
-    hint): never blamed on the request."""
-
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 def lower_thread_priority(nice: int) -> None:

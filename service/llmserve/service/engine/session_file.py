@@ -18,20 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from ..config import KVCacheSettings
-from ..domain.errors import PreconditionFailed
 from ..domain.snapshots import SavedSession
 
 MAGIC = b"LLMSERVE-SESSION-1\n"
 SUFFIX = ".session"
-
-
-class StorageFault(PreconditionFailed):
-    """The server's storage (`--session-dir`) fails: the environment's fault, not the
-    request's and not a bug. `path` names what failed (FAILED_PRECONDITION)."""
-
-    def __init__(self, message: str, path: str, retry_after_s: float | None = None) -> None:
-        super().__init__(message, None, retry_after_s)
-        self.path = path
 
 
 def model_fingerprint(model_path: Path, meta: Any, kv: KVCacheSettings) -> dict[str, object]:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 
-from ..domain.errors import InvalidRequest, PreconditionFailed
+from ..domain.errors import Field, InvalidRequest, PreconditionFailed
 from ..domain.events import FinishReason, TokenEvent, TurnEndEvent
 from ..domain.model_meta import Limits
 from ..domain.snapshots import SavedSession
@@ -67,7 +67,7 @@ class SessionHandle:
     def check_takes_tokens(self) -> None:
         """Text or token ids may come (InvalidRequest once the session uses chat messages)."""
         if self.conversation.started:
-            raise InvalidRequest("a session that uses chat messages must keep to messages", field="input")
+            raise InvalidRequest("a session that uses chat messages must keep to messages", field=Field.INPUT)
 
     def add_tokens(self, tokens: tuple[int, ...], end_of_turn: bool) -> None:
         """Input tokens (possibly none: a bare end_of_turn); the turn runs on `end_of_turn`."""
@@ -95,7 +95,7 @@ class SessionHandle:
                 "--chat-template-file, or send text or token ids"
             )
         if not self.conversation.started and (self._has_history or self._turn_tokens):
-            raise InvalidRequest("a session that started with text or tokens cannot switch to messages", field="input")
+            raise InvalidRequest("a session that started with text or tokens cannot switch to messages", field=Field.INPUT)
         messages = as_generic_messages(messages)
         self.conversation.check(messages)
         if end_of_turn and self.num_turns_pending >= MAX_TURNS_PENDING:
@@ -123,25 +123,25 @@ class SessionHandle:
             raise InvalidRequest(
                 f"the turn's input has {self._turn_tokens} tokens, more than the per-slot context "
                 f"of {self._limits.n_ctx_per_slot}",
-                field="input",
+                field=Field.INPUT,
             )
         if self._session_tokens > self._max_input_tokens:
             raise InvalidRequest(
                 f"the session's input reached {self._session_tokens} tokens, more than the limit "
                 f"of {self._max_input_tokens} (--max-input-tokens)",
-                field="input",
+                field=Field.INPUT,
             )
 
     def _turn_queue_full(self) -> PreconditionFailed:
         return PreconditionFailed(
             "a turn is already queued behind the running one: wait for its turn_end before the next end_of_turn",
-            field="end_of_turn",
+            field=Field.END_OF_TURN,
         )
 
     def _end_turn(self, tokens: tuple[int, ...], replace: bool = False) -> None:
         limits = self._limits
         if self._turn_tokens == 0 and not self._has_history:
-            raise InvalidRequest("the turn has no input: send text or token ids", field="input")
+            raise InvalidRequest("the turn has no input: send text or token ids", field=Field.INPUT)
         if self.num_turns_pending >= MAX_TURNS_PENDING:
             raise self._turn_queue_full()
         if not self._has_history and self._max_tokens and not limits.context_shift:
@@ -150,7 +150,7 @@ class SessionHandle:
                     f"the prompt ({self._turn_tokens} tokens) plus max_tokens ({self._max_tokens}) exceed the per-slot "
                     f"context of {limits.n_ctx_per_slot} (n_kv_req > n_ctx); shorten them or start the server "
                     "with --context-shift",
-                    field="config.stopping.max_tokens",
+                    field=Field.MAX_TOKENS,
                 )
         self.num_turns_open += 1
         self._has_history = True

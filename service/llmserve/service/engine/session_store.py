@@ -12,13 +12,13 @@ for it. So a stream that reopens an id at once gets the state the last one left.
 
 Servers may share the directory (replicas on one volume): `load` takes an flock on
 `locks/<id>.lock` and holds it until the stream's save settles, so another server that
-opens the id meanwhile gets FAILED_PRECONDITION with a retry hint instead of a stale
+opens the id meanwhile gets `PreconditionFailed` with a retry hint instead of a stale
 state, and two servers never write one session at once.
 
 The directory is the environment's and may fail (not a directory, read-only, full, gone).
 A named session needs it to hold its lock and read its state: when either fails the call
-gets `StorageFault` (FAILED_PRECONDITION naming the directory and the error), never
-INTERNAL, and never a turn served without a history that may exist. A save that fails
+gets `StorageFault` (naming the directory and the error: the environment's fault), never
+a bug's failure, and never a turn served without a history that may exist. A save that fails
 after its turn was served leaves the previous file as it was (`write_atomically`), so the
 next stream goes on from that. The log says `session_dir_unusable` once when the
 directory starts failing and `session_dir_recovered` once when a save works again, not
@@ -37,10 +37,11 @@ from pathlib import Path
 
 import structlog
 
-from ..domain.errors import PreconditionFailed
+from ..domain.errors import Field, PreconditionFailed, StorageFault
 from ..domain.snapshots import SavedSession
+from ..faults import injected_target
 from ..metrics import Metrics
-from .session_file import SUFFIX, StorageFault, decode, encode, model_fingerprint, write_atomically
+from .session_file import SUFFIX, decode, encode, model_fingerprint, write_atomically
 
 __all__ = ["SessionStore", "StorageFault", "model_fingerprint"]
 
@@ -68,8 +69,7 @@ class SessionStore:
         self._num_saving: dict[str, int] = {}  # session id -> saves to come
         self._claims: dict[str, tuple[int, int]] = {}  # session id -> (lock file fd, claims)
         self.fault: str | None = None  # why the directory fails, while it does
-        kind, _, value = os.environ.get("LLMSERVE_INJECT_FAULT", "").partition(":")
-        self._fail_saves_of = value if kind == "save_halfway" else None  # test only, see _save
+        self._fail_saves_of = injected_target("save_halfway")  # test only, see _save
         self._saved_once = False  # (of that id)
         metrics.session_dir_ok.set(1)
         for result in ("dir_fault", "save_failed"):
@@ -126,7 +126,7 @@ class SessionStore:
                 os.close(fd)
                 raise PreconditionFailed(
                     f"session {session_id!r} is open on another server that shares --session-dir; retry",
-                    field="config.session_id", retry_after_s=1.0,
+                    field=Field.SESSION_ID, retry_after_s=1.0,
                 ) from None
             except OSError as exc:  # no such directory, read-only, no locks on this volume (ENOLCK)
                 error = exc
@@ -192,7 +192,7 @@ class SessionStore:
             if not self._saves.wait_for(lambda: session_id not in self._num_saving, wait_s):
                 raise PreconditionFailed(
                     f"session {session_id!r} is still being saved by the stream that used it; retry",
-                    field="config.session_id",
+                    field=Field.SESSION_ID,
                     retry_after_s=1.0,
                 )
         path = self.path_for(session_id)

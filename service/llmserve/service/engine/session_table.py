@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import structlog
 
-from ..domain.errors import GrammarError
+from ..domain.errors import FailureKind, GrammarError
 from ..domain.events import FinishReason, SessionFailed
 from ..domain.requests import SamplingParams
 from ..domain.snapshots import SavedSession
@@ -78,7 +78,7 @@ class SessionTable:
         try:
             session.main.sampler = self._sampler(params.sampling, params.stopping.ignore_eos, command.grammar)
         except GrammarError as exc:  # the transport checks first; this is the backstop
-            command.sink.put(SessionFailed("INVALID_ARGUMENT", str(exc)))
+            command.sink.put(SessionFailed(FailureKind.INVALID, str(exc)))
             if params.session_id and self.store is not None:
                 self.store.settle(params.session_id)
             return
@@ -107,7 +107,7 @@ class SessionTable:
             message = f"history plus input exceed the slot context of {self.n_ctx_per_slot} tokens"
             self._finish(main, TurnFinish(FinishReason.CONTEXT_FULL, None, message=message))
         elif not main.pending and main.num_context_tokens == 0:
-            self.fail(session, "INVALID_ARGUMENT", "the turn has no input")
+            self.fail(session, FailureKind.INVALID, "the turn has no input")
 
     # ----------------------------------------------------------- each step
 
@@ -140,7 +140,7 @@ class SessionTable:
                     self.kv.clear(e.sample.slot)
             for key in dict.fromkeys(e.sample.session_key for e in output.entries):
                 if key in self.sessions:
-                    self.fail(self.sessions[key], "INTERNAL", output.error)
+                    self.fail(self.sessions[key], FailureKind.INTERNAL, output.error)
             return
         for e in output.entries:
             if e.is_decode:
@@ -238,25 +238,25 @@ class SessionTable:
                 pass
         session.release(self.kv, self.allocator)
 
-    def fail(self, session: Session, status: str, message: str) -> None:
-        session.sink.put(SessionFailed(status, message))
+    def fail(self, session: Session, kind: FailureKind, message: str) -> None:
+        session.sink.put(SessionFailed(kind, message))
         self._release(session)
 
-    def fail_busy(self, status: str, message: str) -> None:
+    def fail_busy(self, kind: FailureKind, message: str) -> None:
         """After a fault: end every session holding a slot, and drop its sequence."""
         for s in list(self.sessions.values()):
             if s.main.slot is not None:
                 self.kv.clear(s.main.slot)
-                self.fail(s, status, message)
+                self.fail(s, kind, message)
 
-    def fail_key(self, key: int, status: str, message: str) -> None:
+    def fail_key(self, key: int, kind: FailureKind, message: str) -> None:
         session = self.sessions.get(key)
         if session is not None:
-            self.fail(session, status, message)
+            self.fail(session, kind, message)
 
-    def fail_all(self, status: str, message: str) -> None:
+    def fail_all(self, kind: FailureKind, message: str) -> None:
         for s in list(self.sessions.values()):
-            self.fail(s, status, message)
+            self.fail(s, kind, message)
 
     def slot_states(self) -> Iterator[tuple[Slot, bool]]:
         """Every slot, and whether the sample on it is paused (its client stopped reading)."""
@@ -287,7 +287,7 @@ class SessionTable:
                     if sample.turn is not None:
                         expired = TurnFinish(FinishReason.DEADLINE, sample.next_token, message="the call's deadline expired")
                         self._finish(sample, expired)
-                self.fail(s, "DEADLINE_EXCEEDED", "the call's deadline expired")
+                self.fail(s, FailureKind.DEADLINE, "the call's deadline expired")
 
 
 def _tokens_left(sample: Sample) -> int:

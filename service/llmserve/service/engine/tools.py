@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..domain.errors import InvalidRequest
+from ..domain.errors import Field, InvalidRequest
 from ..domain.events import ToolCall
 from ..domain.schema_checks import check_object_schema
 from .chat import ChatMessage
@@ -246,7 +246,7 @@ def with_preamble(messages: Sequence[ChatMessage], plan: ToolPlan) -> list[ChatM
     return [ChatMessage("system", text), *messages]
 
 
-def as_generic_messages(messages: Sequence[ChatMessage], field: str = "input.messages") -> list[ChatMessage]:
+def as_generic_messages(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
     """A conversation with tool calls and tool results, as plain messages a template
     without tools can render: an assistant's calls become its JSON reply, a tool's result
     a user message carrying `tool_response`. InvalidRequest when a call's arguments are
@@ -260,7 +260,7 @@ def as_generic_messages(messages: Sequence[ChatMessage], field: str = "input.mes
                     calls.append({"name": c.name, "arguments": json.loads(c.arguments)})
                 except ValueError as exc:
                     raise InvalidRequest(f"the arguments are not JSON: {exc}",
-                                         field=f"{field}[{i}].tool_calls[{j}].arguments") from None
+                                         field=Field.MESSAGES.at(i, f"tool_calls[{j}].arguments")) from None
             body = {"tool_calls": calls} if len(calls) > 1 else {"tool_call": calls[0]}
             plain.append(ChatMessage(m.role, json.dumps(body, ensure_ascii=False)))
         elif m.role == "tool":

@@ -5,5 +5,5 @@ A second transport beside `transport/` (gRPC), on the same event loop and the sa
 `Engine`: it translates JSON to the engine's domain values and events back to OpenAI's
 shapes, nothing more. It reaches the engine only through `engine/engine.py`, never
 imports grpc or `transport/`, and `transport/` never imports it (tests/unit/test_layers.py).
-`transport/server.py` runs it as a `Surface` that cli.py hands in.
+The process (`process.py`) runs it as a `Surface`, a peer of gRPC's.
 """

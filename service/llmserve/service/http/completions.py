@@ -18,7 +18,7 @@ from contextlib import aclosing
 from aiohttp import web
 
 from ..domain import request_rules
-from ..domain.errors import InvalidRequest
+from ..domain.errors import Field, InvalidRequest
 from ..domain.events import PromptLogprobsEvent, TokenEvent, TurnEndEvent
 from ..domain.requests import SessionParams
 from ..engine.engine import Call, Engine, Usage
@@ -45,7 +45,7 @@ async def _send_prompts(engine: Engine, request: CompletionRequest, call: Call) 
         except InvalidRequest as exc:  # the engine names a turn's input `input`: here it is this prompt
             error = from_exception(exc)
             assert error is not None
-            error.param = where if exc.field in ("input", "end_of_turn") else error.param
+            error.param = where if exc.field in (Field.INPUT, Field.END_OF_TURN) else error.param
             raise error from None
 
 

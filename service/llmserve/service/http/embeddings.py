@@ -26,7 +26,7 @@ from ..domain.model_meta import EmbeddingModelInfo
 from ..domain.requests import EmbedInput
 from ..engine.engine import Engine, LoopSink
 from . import fields
-from .errors import ApiError, bad_request, from_status_name
+from .errors import ApiError, bad_request, from_failure
 
 FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
 ENCODINGS = ("float", "base64")
@@ -114,7 +114,7 @@ async def _vectors(engine: Engine, inputs: list[EmbedInput]) -> dict[int, EmbedR
                 num_sent += len(batch)
             event = await sink.get()
             if isinstance(event, SessionFailed):
-                raise from_status_name(event.status, event.message)
+                raise from_failure(event.kind, event.message)
             if isinstance(event, EmbedResult):
                 results[event.index] = event
     finally:

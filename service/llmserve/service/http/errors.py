@@ -10,12 +10,12 @@
 | a body whose `Content-Encoding` does not decode (aiohttp's `HttpProcessingError`) | 400 | invalid_request_error |
 | `Overloaded`, sessions over slots + `--max-queue` (with Retry-After) | 429 | rate_limit_error |
 | the model is loading, the server drains | 503 | service_unavailable |
-| a session the executor ended with DEADLINE_EXCEEDED | 408 | timeout |
+| a session the executor ended: invalid / deadline / shutting down | 400 / 408 / 503 | (`_OF_FAILURE`) |
 | anything else: a bug, logged with its traceback | 500 | server_error |
 
-`param` is the request's own field name (`temperature`, `messages[2].content`): the
-engine names fields as the gRPC request does (`config.sampling.temperature`,
-`input.messages[2]`), and `param_of` translates.
+`param` is the request's own field name (`temperature`, `messages[2].content`): the shared
+rules take this wing's names, and the fields the engine names itself (`Field`) are
+spelled here once (`FIELD_NAMES`).
 """
 
 from __future__ import annotations
@@ -25,19 +25,23 @@ import math
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from ..domain.errors import InvalidRequest
-from ..engine.engine import Overloaded
+from ..domain.errors import FailureKind, Field, InvalidRequest, Overloaded, spelled
 
-# A SessionFailed's status (a gRPC status name, as the executor reports it) → HTTP.
-_STATUS_OF_NAME = {
-    "INVALID_ARGUMENT": (400, "invalid_request_error"),
-    "FAILED_PRECONDITION": (400, "invalid_request_error"),
-    "OUT_OF_RANGE": (400, "invalid_request_error"),
-    "RESOURCE_EXHAUSTED": (429, "rate_limit_error"),
-    "UNAVAILABLE": (503, "service_unavailable"),
-    "DEADLINE_EXCEEDED": (408, "timeout"),
+# The engine's words, as this API says them: a session's failure, and the fields it names
+# (a turn's input is the body's messages; /v1/completions names its prompt instead).
+_OF_FAILURE = {
+    FailureKind.INVALID: (400, "invalid_request_error"),
+    FailureKind.DEADLINE: (408, "timeout"),
+    FailureKind.SHUTDOWN: (503, "service_unavailable"),
+    FailureKind.INTERNAL: (500, "server_error"),
 }
-_PREFIXES = ("config.sampling.", "config.stopping.", "config.output.", "config.")
+FIELD_NAMES = {
+    Field.INPUT: "messages",
+    Field.END_OF_TURN: "messages",
+    Field.MESSAGES: "messages",
+    Field.MAX_TOKENS: "max_tokens",
+    Field.SESSION_ID: "session_id",
+}
 
 
 class ApiError(Exception):
@@ -68,26 +72,12 @@ def unavailable(message: str, retry_after_s: float | None = None) -> ApiError:
     return ApiError(503, message, "service_unavailable", retry_after_s=retry_after_s)
 
 
-def param_of(field: str | None) -> str | None:
-    """The engine's (gRPC-named) field as this request names it."""
-    if field is None:
-        return None
-    if field.startswith("input.messages"):
-        return "messages" + field[len("input.messages"):]
-    if field in ("input", "end_of_turn"):
-        return "messages"
-    for prefix in _PREFIXES:
-        if field.startswith(prefix):
-            return field[len(prefix):]
-    return field
-
-
 def from_exception(exc: BaseException) -> ApiError | None:
     """The engine's refusals as API errors; None for anything else (a bug: 500)."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, InvalidRequest):  # PreconditionFailed and GrammarError too
-        error = bad_request(str(exc), param_of(exc.field))
+        error = bad_request(str(exc), spelled(exc.field, FIELD_NAMES))
         error.retry_after_s = exc.retry_after_s
         return error
     if isinstance(exc, (HttpProcessingError, RequestPayloadError)):  # a body aiohttp cannot read
@@ -99,10 +89,10 @@ def from_exception(exc: BaseException) -> ApiError | None:
     return None
 
 
-def from_status_name(status: str, message: str) -> ApiError:
+def from_failure(failure: FailureKind, message: str) -> ApiError:
     """A session the executor ended (`SessionFailed`)."""
-    code, kind = _STATUS_OF_NAME.get(status, (500, "server_error"))
-    return ApiError(code, message, kind, retry_after_s=1.0 if code in (429, 503) else None)
+    code, kind = _OF_FAILURE[failure]
+    return ApiError(code, message, kind, retry_after_s=1.0 if code == 503 else None)
 
 
 def server_error() -> ApiError:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from ..domain.events import FinishReason, PromptLogprobsEvent, TokenEvent, TurnEndEvent
 from ..engine.engine import Call, SessionEnded, Usage
-from .errors import bad_request, from_status_name
+from .errors import bad_request, from_failure
 
 Event = TokenEvent | PromptLogprobsEvent | TurnEndEvent
 
@@ -71,7 +71,7 @@ async def call_events(call: Call, start: Callable[[Call], Awaitable[None]]) -> A
                     raise bad_request(event.message or "the turn failed")
                 yield tag, event
         except SessionEnded as exc:  # the executor's status
-            raise from_status_name(exc.status, str(exc)) from None
+            raise from_failure(exc.kind, str(exc)) from None
 
 
 class Envelope:

@@ -1,7 +1,8 @@
 """The OpenAI HTTP surface: an aiohttp server on the gRPC server's event loop.
 
-`transport/server.py` runs it as a `Surface` (cli.py builds it): it listens when gRPC
-does, answers 503 while the model loads and once the server drains, and stops with it.
+The process (process.py) runs it as a `Surface`, beside gRPC's: it listens when gRPC
+does, answers 503 while the model loads and once the server drains (the `OpenCalls` both
+surfaces count their calls in), and stops with it.
 Routes: `GET /health` (200 only when ready, as gRPC health's readiness), `GET /v1/models`,
 `POST /v1/chat/completions`, `POST /v1/completions` (completions.py), `POST /v1/embeddings`
 (embeddings.py). Every error is OpenAI's error object (errors.py); every
@@ -33,6 +34,7 @@ from ..domain import request_rules
 from ..engine.engine import Engine
 from ..load_report import TRAILER, LoadReporter
 from ..metrics import Metrics
+from ..open_calls import OpenCalls
 from .body import parsed_body
 from .chat import ChatResponder
 from .completion_request import parse_completion
@@ -54,22 +56,23 @@ SURFACE = "http"  # SessionParams.surface: the metrics' `surface` label
 
 
 class HttpSurface:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, metrics: Metrics, calls: OpenCalls, load: LoadReporter) -> None:
         assert config.http_port is not None
         self.config = config
-        self.draining = False
+        self.metrics = metrics
+        self.calls = calls
+        self.load = load
         self._engine: Callable[[], Engine | None] = lambda: None
         self._ready: Callable[[], bool] = lambda: False
         self._runner: web.AppRunner | None = None
-        self._num_requests = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
 
     # ------------------------------------------------------------ lifecycle (Surface)
 
-    async def start(self, engine: Callable[[], Engine | None], ready: Callable[[], bool], metrics: Metrics,
-                    load: LoadReporter) -> None:
+    async def start(self, engine: Callable[[], Engine | None], ready: Callable[[], bool]) -> None:
+        """Listen (OSError, one line, if it cannot); `engine()` None while the model loads,
+        `ready()` readiness, asked at each `GET /health`."""
         self._engine, self._ready = engine, ready
+        metrics, load = self.metrics, self.load
         telemetry = Telemetry(metrics, traced=self.config.otlp_traces_endpoint is not None)
         self._guard = guard = ConnectionGuard(ConnectionLimits.of(self.config.http), metrics)  # connections.py
         app = web.Application(middlewares=[telemetry.middleware, self._errors, self._auth, guard.middleware],
@@ -96,17 +99,11 @@ class HttpSurface:
                           "choose another address with --host/--http-port") from None
         log.info("http_listening", host=host, http_port=port, api="openai", tls=self.config.tls_cert is not None)
 
-    def begin_drain(self) -> None:
-        self.draining = True
+    async def set_health(self, alive: bool | None = None, ready: bool | None = None) -> None:
+        """Nothing to keep: `GET /health` asks `ready()` each time."""
 
-    async def wait_idle(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
-
-    async def stop(self) -> None:
+    async def stop(self, now: bool = False) -> None:
+        """Requests still open get aiohttp's shutdown timeout (2 s) either way."""
         if self._runner is not None:
             self._guard.stop()
             await self._runner.cleanup()
@@ -118,13 +115,12 @@ class HttpSurface:
         given = request.headers.get("x-request-id")
         request["request_id"] = rid = given if given and _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
         structlog.contextvars.bind_contextvars(request_id=rid, route=request.path)
-        self._num_requests += 1
-        self._idle.clear()
         try:
             if given and rid != given:  # never echoed: a header must stay printable ASCII
                 raise ApiError(400, f"x-request-id takes 1 to {MAX_REQUEST_ID_LENGTH} printable ASCII characters",
                                param="x-request-id")
-            return await handler(request)
+            with self.calls.counted():
+                return await handler(request)
         except web.HTTPException as exc:  # aiohttp's own: no route (404), wrong method (405), too large (413)
             if exc.status < 400:
                 raise
@@ -141,9 +137,6 @@ class HttpSurface:
                 error = server_error()
             return _error_response(error)
         finally:
-            self._num_requests -= 1
-            if self._num_requests == 0:
-                self._idle.set()
             structlog.contextvars.unbind_contextvars("request_id", "route")
 
     @web.middleware
@@ -161,7 +154,7 @@ class HttpSurface:
 
     def _engine_or_503(self) -> Engine:
         engine = self._engine()
-        if self.draining:
+        if self.calls.draining:
             raise unavailable("the server is shutting down")
         if engine is None:
             raise unavailable("the model is still loading", retry_after_s=1.0)

@@ -18,7 +18,7 @@ from llmserve.v1 import llmserve_pb2 as pb
 
 from ..domain.events import EmbedResult, SessionFailed
 from ..engine.engine import Engine, LoopSink
-from .errors import FailedPrecondition, InvalidArgument, check_decoded, error_from_status_name
+from .errors import FailedPrecondition, InvalidArgument, check_decoded, error_from_failure
 from .inputs import input_tokens
 from .tracing import note_embed
 from .validation import MAX_EMBED_INPUTS_PER_MESSAGE
@@ -62,7 +62,7 @@ class EmbedCall:
                 elif isinstance(event, _ReaderDone):
                     total = event.num_inputs
                 elif isinstance(event, SessionFailed):
-                    raise error_from_status_name(event.status, event.message)
+                    raise error_from_failure(event.kind, event.message)
                 elif isinstance(event, _ReaderFailed):
                     raise event.error
         finally:

@@ -1,7 +1,8 @@
 """Every gRPC status the service returns is decided here.
 
 Handlers raise `ServiceError` subclasses (or the engine's `InvalidRequest`,
-`PreconditionFailed`, `StorageFault` and `Overloaded`); `rpc_errors` turns them into a status
+`PreconditionFailed`, `StorageFault` and `Overloaded`, its fields spelled as the request
+names them: `FIELD_NAMES`); `rpc_errors` turns them into a status
 with google.rpc details (BadRequest field violations, PreconditionFailure naming what in
 the environment failed, RetryInfo, and for RESOURCE_EXHAUSTED and UNAVAILABLE
 the `grpc-retry-pushback-ms` trailer that gRPC retry policies honour), and turns any other exception into
@@ -28,8 +29,15 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from ..domain.errors import InvalidRequest, PreconditionFailed
-from ..engine.engine import Overloaded, StorageFault
+from ..domain.errors import (
+    FailureKind,
+    Field,
+    InvalidRequest,
+    Overloaded,
+    PreconditionFailed,
+    StorageFault,
+    spelled,
+)
 
 log = structlog.get_logger("llmserve.errors")
 
@@ -117,9 +125,19 @@ class Internal(ServiceError):
 
 _RETRYABLE = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
 
-_BY_NAME = {
-    cls.code.name: cls
-    for cls in (InvalidArgument, FailedPrecondition, ResourceExhausted, Unavailable, DeadlineExceeded, Internal)
+# The engine's words, as gRPC says them: a session's failure, and the fields it names.
+_OF_FAILURE = {
+    FailureKind.INVALID: InvalidArgument,
+    FailureKind.DEADLINE: DeadlineExceeded,
+    FailureKind.SHUTDOWN: Unavailable,
+    FailureKind.INTERNAL: Internal,
+}
+FIELD_NAMES = {
+    Field.INPUT: "input",
+    Field.END_OF_TURN: "end_of_turn",
+    Field.MESSAGES: "input.messages",
+    Field.MAX_TOKENS: "config.stopping.max_tokens",
+    Field.SESSION_ID: "config.session_id",
 }
 
 
@@ -132,7 +150,7 @@ def from_domain(error: InvalidRequest | Overloaded) -> ServiceError:
     if isinstance(error, StorageFault):
         return FailedPrecondition(str(error), retry_after_s=error.retry_after_s, violation=("SESSION_DIR", error.path))
     cls = FailedPrecondition if isinstance(error, PreconditionFailed) else InvalidArgument
-    return cls(str(error), field=error.field, retry_after_s=error.retry_after_s)
+    return cls(str(error), field=spelled(error.field, FIELD_NAMES), retry_after_s=error.retry_after_s)
 
 
 def _as_status(error: ServiceError | InvalidRequest | Overloaded) -> ServiceError:
@@ -153,9 +171,9 @@ def check_decoded(message: Any) -> Any:
     return message
 
 
-def error_from_status_name(name: str, message: str) -> ServiceError:
-    """The executor reports failures by status name (it knows nothing of gRPC)."""
-    return _BY_NAME.get(name, Internal)(message)
+def error_from_failure(kind: FailureKind, message: str) -> ServiceError:
+    """A session the executor ended (`SessionFailed`), as its status."""
+    return _OF_FAILURE[kind](message)
 
 
 def _pack(message: Any) -> any_pb2.Any:

@@ -20,7 +20,7 @@ from ..domain.events import FinishReason, PromptLogprobsEvent, TokenEvent, ToolC
 from ..domain.requests import SessionParams
 from ..domain.snapshots import SavedSession
 from ..engine.engine import ChatMessage, Engine, SessionEnded, SessionHandle, ToolPlan
-from .errors import DeadlineExceeded, Unavailable, check_decoded, error_from_status_name
+from .errors import DeadlineExceeded, Unavailable, check_decoded, error_from_failure
 from .inputs import input_tokens
 from .responses import logprob_proto, turn_end_proto
 
@@ -63,7 +63,7 @@ class GenerateCall:
                 async for response in self._responses(session):
                     yield response
             except SessionEnded as exc:  # the executor's status
-                raise error_from_status_name(exc.status, str(exc)) from None
+                raise error_from_failure(exc.kind, str(exc)) from None
             finally:
                 reader.cancel()  # before the session closes
 

@@ -2,8 +2,8 @@
 
 The servicer converts and streams; `GenerateCall` and `EmbedCall` run the two
 streaming calls, `validation` checks requests, `errors` decides every status.
-It also keeps the server-side count of open sessions, which admission control
-and graceful draining need.
+Each call counts in the process's `OpenCalls` (shared with the HTTP surface), which the
+drain waits for; once it drains, new calls get UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 
 import grpc
@@ -19,19 +20,12 @@ from llmserve.v1 import llmserve_pb2 as pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
 from ..domain.requests import SessionParams
-from ..domain.snapshots import SavedSession
 from ..engine.engine import Engine, ToolPlan
 from ..metrics import Metrics
+from ..open_calls import OpenCalls
 from . import responses, unary, validation
 from .embed_call import EmbedCall
-from .errors import (
-    DeadlineExceeded,
-    FailedPrecondition,
-    InvalidArgument,
-    Unavailable,
-    check_decoded,
-    rpc_errors,
-)
+from .errors import DeadlineExceeded, InvalidArgument, Unavailable, check_decoded, rpc_errors
 from .generate_call import Drain, GenerateCall
 from .tool_config import tool_plan
 
@@ -71,48 +65,26 @@ def bind_request(context: grpc.aio.ServicerContext, rpc: str, rid: str) -> None:
 
 
 class LLMServicer(pb_grpc.LLMServiceServicer):
-    def __init__(self, metrics: Metrics, max_queue: int, max_input_tokens: int | None = None) -> None:
-        self.engine: Engine | None = None  # set once the model has loaded
+    def __init__(self, metrics: Metrics, calls: OpenCalls, max_queue: int) -> None:
+        self.engine: Callable[[], Engine | None] = lambda: None  # None until the model has loaded
         self.metrics = metrics
         self.max_queue = max_queue
-        self.max_input_tokens = max_input_tokens  # unused: the engine's Limits.max_input_tokens rules (server.py passes it)
-        self.draining = False
-        self._num_calls = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._calls: set[GenerateCall] = set()
-        self._sessions_in_use: set[str] = set()
+        self.calls = calls
+        self._generate_calls: set[GenerateCall] = set()
+        calls.on_drain(self._drain_sessions)
 
     def _engine(self) -> Engine:
-        if self.draining:
+        engine = self.engine()
+        if self.calls.draining:
             raise Unavailable("the server is shutting down")
-        if self.engine is None:
+        if engine is None:
             raise Unavailable("the model is still loading", retry_after_s=1.0)
-        return self.engine
+        return engine
 
-    # ------------------------------------------------------------ lifecycle
-
-    def begin_drain(self) -> None:
-        """Refuse new calls; sessions end UNAVAILABLE once their open turn is done."""
-        self.draining = True
-        for call in self._calls:
+    def _drain_sessions(self) -> None:
+        """Sessions end UNAVAILABLE once their open turn is done."""
+        for call in self._generate_calls:
             call.sink.put_local(Drain())
-
-    async def wait_idle(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
-
-    def _enter(self) -> None:
-        self._num_calls += 1
-        self._idle.clear()
-
-    def _leave(self) -> None:
-        self._num_calls -= 1
-        if self._num_calls == 0:
-            self._idle.set()
 
     # ----------------------------------------------------------------- Generate
 
@@ -150,37 +122,28 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     @rpc_errors
     async def Generate(self, request_iterator, context):  # type: ignore[no-untyped-def]
         engine = self._engine()
-        self._enter()
-        try:
+        with self.calls.counted():
             first = await self._first_message(request_iterator, engine)
             async for response in self._session(engine, first, request_iterator, context, "Generate"):
                 yield response
-        finally:
-            self._leave()
 
     @rpc_errors
     async def GenerateOnce(self, request, context):  # type: ignore[no-untyped-def]
         """A session of one turn: the request is its first message, then a half-close."""
         first = one_turn(check_decoded(request))
         engine = self._engine()
-        self._enter()
-        try:
+        with self.calls.counted():
             async for response in self._session(engine, first, _no_more_input(), context, "GenerateOnce"):
                 yield pb.GenerateOnceResponse.FromString(response.SerializeToString())  # the same fields
-        finally:
-            self._leave()
 
     @rpc_errors
     async def GenerateText(self, request, context):  # type: ignore[no-untyped-def]
         first = one_turn(request)
         engine = self._engine()
-        self._enter()
-        try:
+        with self.calls.counted():
             return responses.text_response(
                 [r async for r in self._session(engine, first, _no_more_input(), context, "GenerateText")]
             )
-        finally:
-            self._leave()
 
     async def _session(self, engine: Engine, first, request_iterator, context, rpc: str):  # type: ignore[no-untyped-def]
         rid = request_id(context, first.config.request_id)
@@ -193,10 +156,10 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         params, grammar, tools = await self._session_params(engine, first, rid)
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
-        restore = await self._claim_session(engine, params.session_id)
+        restore = await engine.named_sessions.claim(params.session_id)  # one stream per session id
         call = GenerateCall(engine, first, params, deadline, restore, grammar, tools)
-        self._calls.add(call)
-        if self.draining:
+        self._generate_calls.add(call)
+        if self.calls.draining:
             call.sink.put_local(Drain())
         try:
             async for response in call.run(request_iterator):
@@ -204,24 +167,8 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
             if params.session_id and (fault := engine.session_store_fault):  # served; its save may fail too
                 context.set_trailing_metadata((("llmserve-session-store-fault", fault.encode("ascii", "replace").decode()),))
         finally:
-            self._calls.discard(call)
-            self._sessions_in_use.discard(params.session_id)
-
-    async def _claim_session(self, engine: Engine, session_id: str) -> SavedSession | None:
-        """A named session: one stream at a time; its saved state, if any, read off the loop."""
-        if not session_id:
-            return None
-        if not engine.has_session_store:
-            raise FailedPrecondition("named sessions need the server to run with --session-dir", field="config.session_id")
-        if session_id in self._sessions_in_use:
-            raise FailedPrecondition(f"session {session_id!r} is open on another stream; retry",
-                                     field="config.session_id", retry_after_s=1.0)
-        self._sessions_in_use.add(session_id)
-        try:
-            return await asyncio.to_thread(engine.load_session, session_id)
-        except BaseException:
-            self._sessions_in_use.discard(session_id)
-            raise
+            self._generate_calls.discard(call)
+            engine.named_sessions.release(params.session_id)
 
     # -------------------------------------------------------------------- Embed
 
@@ -229,12 +176,9 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     async def Embed(self, request_iterator, context):  # type: ignore[no-untyped-def]
         engine = self._engine()
         bind_request(context, "Embed", request_id(context))
-        self._enter()
-        try:
+        with self.calls.counted():
             async for result in EmbedCall(engine).run(request_iterator):
                 yield responses.embed_response(result)
-        finally:
-            self._leave()
 
     # -------------------------------------------------------------------- Unary
 
