@@ -16,7 +16,7 @@ from llmserve.client.connection import ConnectionOptions, channel_target
 from llmserve.client.errors import from_rpc_error
 from llmserve.client.policy import KEEPALIVE_OPTIONS, default_channel_options
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FD = descriptor.FieldDescriptor
 GROUPS = ("sampling", "stopping", "output", "constraint")  # submessages whose fields are keywords
 

@@ -9,7 +9,7 @@ import re
 from functools import cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SERVICE = ROOT / "service" / "llmserve" / "service"
 DOC = ROOT / "docs" / "architecture.md"
 NAMED_TYPE = re.compile(r"`([a-z_/]+\.py)` `([A-Z]\w+)`")

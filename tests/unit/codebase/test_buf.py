@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BUF = ROOT / "node_modules" / ".bin" / "buf"
 LAST_RELEASE = ROOT / "proto" / "releases" / "v0.2.0.binpb"
 FIRST_RELEASE = ROOT / "proto" / "releases" / "v0.1.0.binpb"

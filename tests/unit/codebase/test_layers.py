@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SERVICE = ROOT / "service" / "llmserve" / "service"
 CLIENT = ROOT / "client" / "llmserve" / "client"
 BASE = {"config", "domain", "metrics", "logs", "tracing", "turn_record", "__init__"}
@@ -102,10 +102,10 @@ def test_client_imports_neither_service_nor_bench() -> None:
 
 
 def test_the_fake_runner_needs_no_llama_cpp() -> None:
-    """tests/unit/fake_runner.py shares the real batch fill (model/batch_arrays.py): nothing it
+    """tests/unit/engine/fake_runner.py shares the real batch fill (model/batch_arrays.py): nothing it
     reaches in the service, package __init__ files included, may import llama_cpp."""
     modules = {_module(p): p for p in _service_files()}
-    fake = ROOT / "tests" / "unit" / "fake_runner.py"
+    fake = ROOT / "tests" / "unit" / "engine" / "fake_runner.py"
     tree = ast.parse(fake.read_text())
     own = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     own |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
@@ -145,7 +145,7 @@ def _short_rule_sources() -> list[Path]:
 def test_files_stay_short() -> None:
     sources = _short_rule_sources()
     assert any(p.suffix == ".java" for p in sources) and any(p.suffix == ".ts" for p in sources)
-    assert ROOT / "tests" / "unit" / "test_layers.py" in sources
+    assert ROOT / "tests" / "unit" / "codebase" / "test_layers.py" in sources
     long = [f"{p.relative_to(ROOT)}: {len(p.read_text().splitlines())}" for p in sources
             if len(p.read_text().splitlines()) > 300]
     assert not long, long

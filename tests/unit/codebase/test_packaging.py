@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GENERATED = tuple(f"llmserve/v1/llmserve_pb2{suffix}" for suffix in (".py", ".pyi", "_grpc.py")) + (
     "xds/data/orca/v3/orca_load_report_pb2.py", "xds/service/orca/v3/orca_pb2.py", "xds/service/orca/v3/orca_pb2_grpc.py",
 )

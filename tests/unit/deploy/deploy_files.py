@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
 SERVER_PY = ROOT / "service" / "llmserve" / "service" / "transport" / "server.py"
 ENV_NAME = re.compile(r"LLMSERVE_[A-Z0-9_]+")

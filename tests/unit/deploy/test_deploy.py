@@ -21,7 +21,7 @@ from tests import toolchains
 
 from .deploy_files import Stage, dockerfile, exec_form, image_env, resource, subcommands
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason=toolchains.missing("docker-compose (Debian package) not installed", "make tools"))

@@ -1,4 +1,4 @@
-"""The harness of the fake-runner engine tests (tests/unit/fake_runner.py): no model, no
+"""The harness of the fake-runner engine tests (tests/unit/engine/fake_runner.py): no model, no
 threads, milliseconds per test. An `Executor` over a `FakeRunner`, driven by hand: `drain`
 handles the queued commands, `step` runs one iteration of the loop; `ListSink` records the
 events; after every scenario the slots' token mirrors must equal what the fake KV holds

@@ -1,4 +1,4 @@
-"""A turn's life on a fake runner (harness: tests/unit/engine_harness.py): the session
+"""A turn's life on a fake runner (harness: tests/unit/engine/engine_harness.py): the session
 table, the step, stop handling, multi-turn, cancel, n > 1, the prefix cache, a waiting
 session, embedding steps. Limits and failures: test_engine_limits_fake.py.
 """

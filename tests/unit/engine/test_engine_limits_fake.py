@@ -1,4 +1,4 @@
-"""Limits and failures on a fake runner (harness: tests/unit/engine_harness.py): a full
+"""Limits and failures on a fake runner (harness: tests/unit/engine/engine_harness.py): a full
 context and its shift, a full slot, deadlines, a failed decode, prompt logprobs in bounded
 chunks, input that no longer fits after the reply."""
 

@@ -1,5 +1,5 @@
 """One KV stream per slot: llama.cpp's ubatch split (split_equal, sequential; modelled in
-tests/unit/fake_runner.py) and the rules that keep steps in few ubatches and drafts
+tests/unit/engine/fake_runner.py) and the rules that keep steps in few ubatches and drafts
 window-safe (pure, and end to end on the fake runner)."""
 
 from __future__ import annotations

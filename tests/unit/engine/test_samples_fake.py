@@ -1,4 +1,4 @@
-"""n > 1 on a fake runner (harness: tests/unit/engine_harness.py): a session's samples
+"""n > 1 on a fake runner (harness: tests/unit/engine/engine_harness.py): a session's samples
 across turns. Each turn forks n - 1 samples onto slots reserved at admission; a forked
 sample lives for one turn and gives its slot back to the session's `reserved`; close
 frees them all."""

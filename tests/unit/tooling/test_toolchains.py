@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _run_probe(ci: str | None) -> subprocess.CompletedProcess[str]:
@@ -17,7 +17,7 @@ def _run_probe(ci: str | None) -> subprocess.CompletedProcess[str]:
     if ci is not None:
         env["CI"] = ci
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rfs", "-p", "no:cacheprovider", "tests/unit/toolchain_skip_probe.py"],
+        [sys.executable, "-m", "pytest", "-q", "-rfs", "-p", "no:cacheprovider", "tests/unit/tooling/toolchain_skip_probe.py"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )
 
