@@ -133,7 +133,7 @@ soak: model
 lint: install
 	$(VENV)/bin/ruff check service client tests bench tools
 
-# Regenerate the committed Python stubs from proto/ (tests/unit/test_packaging.py checks drift).
+# Regenerate the committed Python stubs from proto/ (tests/unit/codebase/test_packaging.py checks drift).
 proto: install $(BUF)
 	$(PY) -m tools.gen --lang python
 
