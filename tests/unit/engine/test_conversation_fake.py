@@ -19,12 +19,10 @@ from llmserve.service.domain.events import TurnEndEvent
 from llmserve.service.domain.model_meta import Limits
 from llmserve.service.domain.requests import SamplingParams
 from llmserve.service.engine.chat import ChatMessage, Conversation
-from llmserve.service.engine.executor import Executor, ExecutorConfig
 from llmserve.service.engine.session_handle import SessionHandle
 
-from .engine_harness import ListSink, assert_kv_mirrors_slots, params
-from .fake_runner import BOS, FakeRunner
-from .test_engine_sessions_fake import RecordingStore
+from .engine_harness import ListSink, RecordingStore, assert_kv_mirrors_slots, make, params
+from .fake_runner import BOS
 
 LIMITS = Limits(n_vocab=64, n_ctx_per_slot=256)
 
@@ -44,9 +42,8 @@ class Chat:
     """One chat session on a fake executor, its events observed as a transport would."""
 
     def __init__(self, num_samples: int = 1, session_id: str = "", max_tokens: int = 4) -> None:
-        self.runner, self.store = FakeRunner(n_batch=64), RecordingStore()
-        config = ExecutorConfig(4, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4)
-        self.executor = Executor(self.runner, config, store=self.store)  # type: ignore[arg-type]
+        self.store = RecordingStore()
+        self.executor, self.runner = make(4, store=self.store)
         self.sink = ListSink()
         p = replace(params(max_tokens=max_tokens), session_id=session_id, num_samples=num_samples)
         if num_samples > 1:

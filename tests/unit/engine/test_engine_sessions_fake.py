@@ -11,10 +11,9 @@ import pytest
 from llmserve.service.domain.events import FinishReason, SessionFailed, TurnEndEvent
 from llmserve.service.domain.snapshots import SavedSession
 from llmserve.service.engine.chat import Conversation
-from llmserve.service.engine.executor import Executor, ExecutorConfig
 
-from .engine_harness import ListSink, assert_kv_mirrors_slots, make, params, run_until, turn_ends
-from .fake_runner import BOS, FakeRunner
+from .engine_harness import ListSink, RecordingStore, assert_kv_mirrors_slots, make, params, run_until, turn_ends
+from .fake_runner import BOS
 
 
 def test_pending_input_is_never_prefilled_past_the_slot() -> None:
@@ -39,29 +38,14 @@ def test_pending_input_is_never_prefilled_past_the_slot() -> None:
     assert_kv_mirrors_slots(executor, runner)
 
 
-class RecordingStore:
-    """The parts of SessionStore the executor calls."""
-
-    def __init__(self) -> None:
-        self.saved: list[object] = []
-        self.settled: list[str] = []
-
-    def save_async(self, record: object) -> None:
-        self.saved.append(record)
-
-    def settle(self, session_id: str) -> None:
-        self.settled.append(session_id)
-
-
 @pytest.mark.parametrize("end", ["deadline", "shutdown"])
 def test_a_session_the_executor_ends_is_saved_with_the_kept_chat(end: str) -> None:
     """Found by the combination fuzzer: a chat session ended by the executor (its deadline;
     a fault or shutdown alike) was saved before the stream's Close carried the
     conversation, so with no chat record, and the next stream's messages were refused."""
     chat = (("user", "Name a colour."), ("assistant", "Red."))
-    runner, store = FakeRunner(n_batch=64), RecordingStore()
-    config = ExecutorConfig(2, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4)
-    executor = Executor(runner, config, store=store)  # type: ignore[arg-type]
+    store = RecordingStore()
+    executor, runner = make(2, store=store)
     sink = ListSink()
     named = replace(params(max_tokens=200, ignore_eos=True), session_id="chat-1")
     deadline = time.monotonic() + 0.15 if end == "deadline" else None  # beyond the first steps' deadline margin

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from llmserve.service.config import PrefillSettings, SpeculationSettings
 from llmserve.service.engine.allocator import SlotAllocator
-from llmserve.service.engine.executor import Executor, ExecutorConfig
+from llmserve.service.engine.executor import Executor
 from llmserve.service.engine.scheduler import Scheduler, SeqDemand, StepPlan
 
-from .engine_harness import ListSink, assert_kv_mirrors_slots, params, run_until, turn_ends
+from .engine_harness import ListSink, assert_kv_mirrors_slots, make, params, run_until, turn_ends
 from .fake_runner import BOS, FakeRunner, split_equal
 
 
@@ -116,12 +116,9 @@ LONG_B = (BOS, *(3 + i % 25 for i in range(59)))
 
 
 def run_pair(spec: SpeculationSettings, guard: bool = True) -> tuple[list[int], list[int], FakeRunner, Executor]:
-    runner = FakeRunner(n_batch=64, n_swa=8)
-    prefill = PrefillSettings(prefill_budget=3)
-    config = ExecutorConfig(2, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4, prefill=prefill, speculation=spec)
-    executor = Executor(runner, config)
+    # price_drafts=False: the window rule, whatever rows would cost
+    executor, runner = make(2, n_swa=8, prefill=PrefillSettings(prefill_budget=3), speculation=spec, price_drafts=False)
     executor.scheduler.per_slot_streams = guard  # False: rows still in id order, drafts not held back
-    executor.scheduler.price_drafts = False  # the window rule, whatever rows would cost
     sinks = [ListSink(), ListSink()]
     for sink, prompt in zip(sinks, (LONG_A, LONG_B)):
         executor.add_input(executor.open_session(params(max_tokens=6, ignore_eos=True), sink), prompt, True)

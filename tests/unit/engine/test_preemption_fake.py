@@ -13,50 +13,28 @@ import time
 import pytest
 from llmserve.service.domain.events import FinishReason, SessionFailed, TokenEvent, TurnEndEvent
 from llmserve.service.domain.requests import SamplingParams, SessionParams, StoppingParams
-from llmserve.service.engine.executor import Executor, ExecutorConfig
-from llmserve.service.engine.session import MAX_BACKLOG
 
-from .engine_harness import ListSink, assert_kv_mirrors_slots, run_until, turn_ends
-from .fake_runner import BOS, FakeRunner
+from .engine_harness import (
+    ReaderSink,
+    RecordingStore,
+    assert_kv_mirrors_slots,
+    make,
+    run_until,
+    steps,
+    turn_ends,
+)
+from .fake_runner import BOS
 
 SEEDED = SamplingParams(temperature=0.8, seed=11)  # the fake draws among the two best: the rng must not replay
-
-
-class ReaderSink(ListSink):
-    """A sink whose client can stop reading: `backlog` is what it has not read."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.backlog = 0
-
-    def stop_reading(self) -> None:
-        self.backlog = MAX_BACKLOG
-
-    def read_all(self) -> None:
-        self.backlog = 0
-
-
-def make(n_parallel: int = 1, reader_timeout_s: float | None = None, idle_grace_s: float = 0.0) -> tuple[Executor, FakeRunner]:
-    runner = FakeRunner(n_batch=64)
-    config = ExecutorConfig(n_parallel, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4, reader_timeout_s=reader_timeout_s)
-    executor = Executor(runner, config)
-    executor.table.admission.idle_grace_s = idle_grace_s
-    return executor, runner
 
 
 def params(max_tokens: int = 24) -> SessionParams:
     return SessionParams("test", SEEDED, StoppingParams(max_tokens=max_tokens, ignore_eos=True))
 
 
-def steps(executor: Executor, n: int) -> None:
-    for _ in range(n):
-        executor.drain(block=False)
-        executor.step()
-
-
 def reference(prompt: tuple[int, ...]) -> tuple[list[int], list[int]]:
     """The reply and the sampler's history with nobody preempted."""
-    executor, _ = make()
+    executor, _ = make(1, idle_grace_s=0.0)
     sink = ReaderSink()
     key = executor.open_session(params(), sink)
     executor.add_input(key, prompt, True)
@@ -68,7 +46,7 @@ PROMPT_A = (BOS, 5, 6, 7)
 
 
 def test_a_paused_stream_gives_its_slot_to_a_waiting_caller_and_then_finishes_its_reply() -> None:
-    executor, runner = make(n_parallel=1)
+    executor, runner = make(n_parallel=1, idle_grace_s=0.0)
     slow = ReaderSink()
     slow_key = executor.open_session(params(), slow)
     executor.add_input(slow_key, PROMPT_A, True)
@@ -96,7 +74,7 @@ def test_a_paused_stream_gives_its_slot_to_a_waiting_caller_and_then_finishes_it
 
 
 def test_without_waiters_a_paused_stream_keeps_its_slot() -> None:
-    executor, _ = make(n_parallel=2)
+    executor, _ = make(n_parallel=2, idle_grace_s=0.0)
     slow = ReaderSink()
     key = executor.open_session(params(), slow)
     executor.add_input(key, PROMPT_A, True)
@@ -111,7 +89,7 @@ def test_without_waiters_a_paused_stream_keeps_its_slot() -> None:
 
 
 def test_more_paused_streams_than_slots_and_every_reply_completes() -> None:
-    executor, runner = make(n_parallel=2)
+    executor, runner = make(n_parallel=2, idle_grace_s=0.0)
     prompts = [(BOS, 3 + i, 4 + i) for i in range(4)]
     sinks = [ReaderSink() for _ in prompts]
     keys = []
@@ -137,7 +115,7 @@ def test_more_paused_streams_than_slots_and_every_reply_completes() -> None:
 
 
 def test_a_preempted_stream_whose_slot_kept_its_history_counts_it_as_cached() -> None:
-    executor, runner = make(n_parallel=2)
+    executor, runner = make(n_parallel=2, idle_grace_s=0.0)
     idle = ReaderSink()
     idle_key = executor.open_session(params(max_tokens=5), idle)
     executor.add_input(idle_key, PROMPT_A, True)
@@ -164,7 +142,7 @@ def test_a_preempted_stream_whose_slot_kept_its_history_counts_it_as_cached() ->
 def test_a_stream_between_turns_gives_up_its_slot_and_continues_its_conversation(reading: bool) -> None:
     """Paused or merely idle between turns: a waiting caller takes the slot; the next turn
     continues the transcript (prefilled again, the slot having served the other caller)."""
-    executor, runner = make(n_parallel=1)
+    executor, runner = make(n_parallel=1, idle_grace_s=0.0)
     slow = ReaderSink()
     key = executor.open_session(params(max_tokens=5), slow)
     executor.add_input(key, PROMPT_A, True)
@@ -193,7 +171,7 @@ def test_a_stream_between_turns_gives_up_its_slot_and_continues_its_conversation
 def test_a_stream_that_reads_nothing_for_reader_timeout_ends_deadline_exceeded(num_samples: int) -> None:
     from dataclasses import replace
 
-    executor, _ = make(n_parallel=num_samples, reader_timeout_s=0.05)
+    executor, _ = make(n_parallel=num_samples, reader_timeout_s=0.05, idle_grace_s=0.0)
     slow = ReaderSink()
     key = executor.open_session(replace(params(), num_samples=num_samples), slow)
     executor.add_input(key, PROMPT_A, True)
@@ -213,11 +191,8 @@ def test_a_named_session_that_gave_its_slot_up_is_saved_at_close_and_restored() 
     closed with no slot and was not saved; its next stream lost the conversation."""
     from dataclasses import replace
 
-    from .test_engine_sessions_fake import RecordingStore
-
-    runner, store = FakeRunner(n_batch=64), RecordingStore()
-    executor = Executor(runner, ExecutorConfig(1, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4), store=store)  # type: ignore[arg-type]
-    executor.table.admission.idle_grace_s = 0.0
+    store = RecordingStore()
+    executor, runner = make(1, idle_grace_s=0.0, store=store)
     named = ReaderSink()
     key = executor.open_session(replace(params(max_tokens=5), session_id="s"), named)
     executor.add_input(key, PROMPT_A, True)
@@ -235,7 +210,7 @@ def test_a_named_session_that_gave_its_slot_up_is_saved_at_close_and_restored() 
     assert [*saved.tokens, *saved.pending] == [*PROMPT_A, *reply]  # type: ignore[attr-defined]
     assert saved.state == b""  # type: ignore[attr-defined]  # its KV left with the slot: a restore prefills it
     again = ReaderSink()
-    executor2, runner2 = make(n_parallel=1)
+    executor2, runner2 = make(n_parallel=1, idle_grace_s=0.0)
     key2 = executor2.open_session(replace(params(max_tokens=3), session_id="s"), again, restore=saved)  # type: ignore[arg-type]
     executor2.add_input(key2, (30,), True)
     run_until(executor2, turn_ends(again))

@@ -15,9 +15,8 @@ from llmserve.service.domain.events import FinishReason, TurnEndEvent
 from llmserve.service.domain.requests import SamplingParams, SessionParams, StoppingParams
 from llmserve.service.engine.executor import Executor
 
-from .engine_harness import assert_kv_mirrors_slots, run_until, turn_ends
+from .engine_harness import ReaderSink, assert_kv_mirrors_slots, make, run_until, steps, turn_ends
 from .fake_runner import BOS, FakeRunner
-from .test_preemption_fake import ReaderSink, make, steps
 
 N = 3
 SEED = 11
@@ -47,7 +46,7 @@ def histories(runner: FakeRunner) -> dict[int, list[list[int]]]:
 
 def reference(prompt: tuple[int, ...], p: SessionParams, turns: tuple[tuple[int, ...], ...] = ()) -> tuple[list[list[int]], dict]:  # type: ignore[type-arg]
     """Every sample's reply, and the samplers' histories, with nobody preempted."""
-    executor, runner = make(n_parallel=N)
+    executor, runner = make(n_parallel=N, idle_grace_s=0.0)
     sink = ReaderSink()
     key = executor.open_session(p, sink)
     executor.add_input(key, prompt, True)
@@ -92,7 +91,7 @@ PROMPT = (BOS, 5, 6, 7)
 
 
 def test_an_unread_stream_of_n_samples_gives_every_slot_to_a_waiter_then_each_sample_finishes_its_reply() -> None:
-    executor, runner = make(n_parallel=N)
+    executor, runner = make(n_parallel=N, idle_grace_s=0.0)
     slow = ReaderSink()
     key = executor.open_session(n_params(), slow)
     executor.add_input(key, PROMPT, True)
@@ -110,7 +109,7 @@ def test_an_unread_stream_of_n_samples_gives_every_slot_to_a_waiter_then_each_sa
 
 
 def test_a_stream_paused_before_its_turn_forked_forks_once_it_has_its_slots_again() -> None:
-    executor, runner = make(n_parallel=N)
+    executor, runner = make(n_parallel=N, idle_grace_s=0.0)
     prompt = (BOS, *range(3, 63), *range(3, 63))  # longer than n_batch: the prompt takes steps
     slow = ReaderSink()
     key = executor.open_session(n_params(max_tokens=8), slow)
@@ -127,7 +126,7 @@ def test_a_stream_paused_before_its_turn_forked_forks_once_it_has_its_slots_agai
 def test_a_stream_some_of_whose_samples_ended_gets_back_as_many_slots_as_it_has_samples() -> None:
     """Without ignore_eos the fake's samples reach EOG at different steps: an ended sample's
     slot is reserved for the next turn; preempted and back, the session holds n again."""
-    executor, runner = make(n_parallel=N)
+    executor, runner = make(n_parallel=N, idle_grace_s=0.0)
     p = n_params(max_tokens=40, ignore_eos=False)
     prompt = (BOS, 30)
     slow = ReaderSink()
@@ -148,7 +147,7 @@ def test_a_stream_some_of_whose_samples_ended_gets_back_as_many_slots_as_it_has_
 
 
 def test_a_stream_of_n_samples_idle_between_turns_gives_its_slots_up_and_its_next_turn_continues() -> None:
-    executor, runner = make(n_parallel=N)
+    executor, runner = make(n_parallel=N, idle_grace_s=0.0)
     slow = ReaderSink()
     p = n_params(max_tokens=5)
     key = executor.open_session(p, slow)
@@ -165,7 +164,7 @@ def test_a_stream_of_n_samples_idle_between_turns_gives_its_slots_up_and_its_nex
 
 
 def test_a_cancel_while_preempted_ends_every_sample_and_the_next_turn_has_all_its_slots() -> None:
-    executor, runner = make(n_parallel=N)
+    executor, runner = make(n_parallel=N, idle_grace_s=0.0)
     slow = ReaderSink()
     key = executor.open_session(n_params(max_tokens=30), slow)
     executor.add_input(key, PROMPT, True)
@@ -189,7 +188,7 @@ def test_a_cancel_while_preempted_ends_every_sample_and_the_next_turn_has_all_it
 def test_nobody_gives_a_slot_up_when_that_would_not_free_enough() -> None:
     """A waiter with n = 3 and only one paused stream beside a read one: preempting the
     paused one would not seat the waiter, so it keeps its slot."""
-    executor, _ = make(n_parallel=2)
+    executor, _ = make(n_parallel=2, idle_grace_s=0.0)
     paused, reading = ReaderSink(), ReaderSink()
     paused_key = executor.open_session(replace(n_params(max_tokens=200), num_samples=1), paused)
     executor.add_input(paused_key, PROMPT, True)

@@ -12,19 +12,13 @@ import json
 
 from llmserve.service.domain.events import SessionFailed, TurnEndEvent
 from llmserve.service.domain.snapshots import SavedSession
-from llmserve.service.engine.executor import Executor, ExecutorConfig
+from llmserve.service.engine.executor import Executor
 
-from .engine_harness import ListSink, assert_kv_mirrors_slots, one_turn, params, run_until, turn_ends
+from .engine_harness import ListSink, assert_kv_mirrors_slots, make, one_turn, params, run_until, turn_ends
 from .fake_runner import BOS, END_AFTER, EOG, FakeRunner
 
 N_SWA = 8
 LONG_PROMPT = (BOS, *range(10, 26))  # 17 tokens; the model then counts on to END_AFTER
-
-
-def make(n_parallel: int = 1) -> tuple[Executor, FakeRunner]:
-    runner = FakeRunner(n_batch=64, n_swa=N_SWA)
-    config = ExecutorConfig(n_parallel, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4)
-    return Executor(runner, config), runner
 
 
 def assert_windows_held(executor: Executor, runner: FakeRunner) -> None:
@@ -34,13 +28,13 @@ def assert_windows_held(executor: Executor, runner: FakeRunner) -> None:
 
 
 def cold(prompt: tuple[int, ...]) -> tuple[list[int], TurnEndEvent]:
-    executor, _ = make()
+    executor, _ = make(1, n_swa=N_SWA)
     sink, _ = one_turn(executor, prompt, params())
     return sink.token_ids(), sink.of(TurnEndEvent)[0]
 
 
 def test_a_prefix_of_a_long_sequence_is_prefilled_again() -> None:
-    executor, runner = make()
+    executor, runner = make(1, n_swa=N_SWA)
     _, key = one_turn(executor, LONG_PROMPT, params())
     executor.close(key)
     run_until(executor, lambda: not any(slot.busy for slot, _ in executor.table.slot_states()))
@@ -55,7 +49,7 @@ def test_a_prefix_of_a_long_sequence_is_prefilled_again() -> None:
 
 
 def test_a_repeated_prompt_with_saved_logits_is_prefilled_again() -> None:
-    executor, runner = make()
+    executor, runner = make(1, n_swa=N_SWA)
     first, key = one_turn(executor, LONG_PROMPT, params())
     executor.close(key)
     sink, _ = one_turn(executor, LONG_PROMPT, params())  # ends where the saved logits are
@@ -66,7 +60,7 @@ def test_a_repeated_prompt_with_saved_logits_is_prefilled_again() -> None:
 
 
 def test_a_growing_session_keeps_its_cache() -> None:
-    executor, runner = make()
+    executor, runner = make(1, n_swa=N_SWA)
     sink = ListSink()
     key = executor.open_session(params(max_tokens=4), sink)
     executor.add_input(key, LONG_PROMPT, True)
@@ -87,7 +81,7 @@ def saved(tokens: tuple[int, ...], lowest: int) -> SavedSession:
 def test_a_saved_state_without_its_window_is_prefilled_again() -> None:
     history = LONG_PROMPT
     for lowest, cached in ((len(history) - N_SWA, len(history)), (len(history) - 2, 0)):
-        executor, runner = make()
+        executor, runner = make(1, n_swa=N_SWA)
         sink = ListSink()
         key = executor.open_session(params(max_tokens=3), sink, restore=saved(history, lowest))
         executor.add_input(key, (30,), True)

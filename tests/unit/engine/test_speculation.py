@@ -8,26 +8,17 @@ from dataclasses import replace
 from llmserve.service.config import SpeculationSettings
 from llmserve.service.domain.events import FinishReason, TurnEndEvent
 from llmserve.service.domain.requests import SamplingParams
-from llmserve.service.engine.executor import Executor, ExecutorConfig
 from llmserve.service.engine.scheduler import Scheduler, SeqDemand, worth_drafting
 from llmserve.service.engine.speculation import START_ODDS, NgramIndex, SeqSpeculation
 from llmserve.service.engine.ubatches import num_ubatches
 
-from .engine_harness import GREEDY, ListSink, assert_kv_mirrors_slots, one_turn, params, run_until, turn_ends
-from .fake_runner import BOS, FakeRunner
+from .engine_harness import GREEDY, ListSink, assert_kv_mirrors_slots, make, one_turn, params, run_until, turn_ends
+from .fake_runner import BOS
 
 SPEC = SpeculationSettings(spec_type="ngram-simple", draft_max=16, spec_ngram_size_n=2, spec_max_rows=16)
 # The fake model continues with last + 1: after 10..20 and again 10, 11, it samples 12;
 # the n-gram (11, 12) drafts 13..20, 10, 11: 13..20 are accepted, at 10 the model says 21.
 PROMPT = (BOS, *range(10, 21), 10, 11)
-
-
-def make(spec: SpeculationSettings = SPEC, n_parallel: int = 2) -> tuple[Executor, FakeRunner]:
-    runner = FakeRunner(n_batch=64)
-    config = ExecutorConfig(n_parallel, 256, n_batch=64, n_ubatch=64, max_embed_seqs=4, speculation=spec)
-    executor = Executor(runner, config)
-    executor.scheduler.price_drafts = False  # the draft mechanics, whatever rows would cost
-    return executor, runner
 
 
 def test_ngram_index_drafts_what_followed_the_latest_occurrence() -> None:
@@ -143,9 +134,9 @@ def test_draft_rows_are_granted_only_where_they_pay() -> None:
 
 
 def test_speculative_greedy_output_equals_plain_output() -> None:
-    plain, _ = make(SpeculationSettings(spec_type="none"))
+    plain, _ = make(speculation=SpeculationSettings(spec_type="none"), price_drafts=False)
     sink_plain, _ = one_turn(plain, PROMPT, params(max_tokens=30, ignore_eos=True))
-    spec, runner = make()
+    spec, runner = make(speculation=SPEC, price_drafts=False)
     sink_spec, _ = one_turn(spec, PROMPT, params(max_tokens=30, ignore_eos=True))
     assert sink_spec.token_ids() == sink_plain.token_ids()
     assert sink_spec.text() == sink_plain.text()
@@ -156,7 +147,7 @@ def test_speculative_greedy_output_equals_plain_output() -> None:
 
 
 def test_rejected_rows_leave_the_kv_and_stops_still_apply() -> None:
-    executor, runner = make()
+    executor, runner = make(speculation=SPEC, price_drafts=False)
     stop = "q"  # piece of token 16: inside an accepted draft
     sink, key = one_turn(executor, PROMPT, params(max_tokens=30, stop=(stop,)))
     end = sink.of(TurnEndEvent)[0]
@@ -169,7 +160,7 @@ def test_rejected_rows_leave_the_kv_and_stops_still_apply() -> None:
 
 
 def test_max_tokens_counts_draft_tokens() -> None:
-    executor, runner = make()
+    executor, runner = make(speculation=SPEC, price_drafts=False)
     sink, _ = one_turn(executor, PROMPT, params(max_tokens=5, ignore_eos=True))
     assert len(sink.token_ids()) == 5
     assert sink.of(TurnEndEvent)[0].finish_reason == FinishReason.LENGTH
@@ -177,7 +168,7 @@ def test_max_tokens_counts_draft_tokens() -> None:
 
 
 def test_sampling_with_drafts_keeps_the_kv_consistent() -> None:
-    executor, runner = make()
+    executor, runner = make(speculation=SPEC, price_drafts=False)
     p = replace(params(max_tokens=40, ignore_eos=True), sampling=SamplingParams(temperature=1.0, seed=5), num_samples=2)
     sink, _ = one_turn(executor, PROMPT, p)
     assert len(sink.token_ids(0)) == 40 and len(sink.token_ids(1)) == 40
@@ -192,7 +183,7 @@ def test_a_call_drafts_the_same_whatever_calls_came_before() -> None:
     missing = (BOS, 10, 11, 12, 10, 11)
 
     def prompt_call(history: int) -> tuple[list[int], int, int]:
-        executor, _ = make()
+        executor, _ = make(speculation=SPEC, price_drafts=False)
         executor.scheduler.price_drafts = True  # drafts granted by their odds, as served
         for _ in range(history):
             _, key = one_turn(executor, missing, params(max_tokens=6, ignore_eos=True))
@@ -215,7 +206,7 @@ def test_no_drafts_close_to_the_call_deadline() -> None:
 
     drafted = []
     for deadline_s in (None, 0.15):  # within DRAFT_FREE_STEPS steps of 20 ms
-        executor, runner = make()
+        executor, runner = make(speculation=SPEC, price_drafts=False)
         decode = runner.decode
         runner.decode = lambda decode=decode: (time.sleep(0.02), decode())[1]  # type: ignore[method-assign, misc]
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
