@@ -24,7 +24,7 @@ import grpc
 from llmserve.client import make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.envoy_cluster import Cluster
+from harness.envoy_cluster import Cluster
 
 WORDS = ("invoice contract supplier warranty shipment clause delivery payment schedule penalty "
          "audit ledger customer region quarter revenue margin forecast inventory").split()

@@ -37,7 +37,7 @@ from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
 from bench.affinity import _document
 from bench.embed_model import write_section
-from tests.envoy_cluster import Cluster
+from harness.envoy_cluster import Cluster
 
 REPLICA_ARGS = ["-np", "2", "-c", "4096", "-t", "1"]
 HOT_SHARE = 1 / 3

@@ -247,7 +247,7 @@ def report(outcomes: Counter[Outcome], calls: int, seed: int, extra: list[str]) 
 
 
 def main() -> None:
-    from tests.conftest import start_server, stop_server
+    from harness.server import start_server, stop_server
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=2000)

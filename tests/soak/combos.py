@@ -220,7 +220,7 @@ def write_section(out: Path, name: str, text: str) -> None:
 
 
 def main() -> int:
-    from tests.conftest import free_port, start_server, stop_server
+    from harness.server import free_port, start_server, stop_server
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=600)

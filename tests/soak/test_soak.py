@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from llmserve.client import Client
 
-from tests.conftest import RunningServer, start_server, stop_server
+from harness.server import RunningServer, start_server, stop_server
 from tests.soak import chaos
 
 

@@ -16,7 +16,7 @@ import grpc
 import pytest
 from llmserve.client import SERVICE_CONFIG, Client, ResourceExhausted, Unavailable
 
-from tests.conftest import RunningServer, free_port, start_server, stop_server
+from harness.server import RunningServer, free_port, start_server, stop_server
 from tests.helpers import SessionStream
 
 LONG = dict(max_tokens=2000, temperature=0, ignore_eos=True)

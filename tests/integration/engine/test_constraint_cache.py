@@ -20,7 +20,7 @@ from grpc_status import rpc_status
 from llmserve.client import make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.conftest import RunningServer, start_server, stop_server
+from harness.server import RunningServer, start_server, stop_server
 from tests.soak import chaos
 
 HIT = 'llmserve_constraint_cache_total{result="hit"}'

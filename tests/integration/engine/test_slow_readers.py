@@ -20,7 +20,7 @@ from grpc_status import rpc_status
 from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.conftest import RunningServer, start_server, stop_server
+from harness.server import RunningServer, start_server, stop_server
 
 NUM_SLOTS = 2
 REPLY_TOKENS = 400  # past where an unread stream pauses (about 80 tokens: 64 events plus what HTTP/2 buffers)

@@ -22,7 +22,7 @@ import pytest
 from llmserve.client import make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.conftest import RunningServer, start_server, stop_server
+from harness.server import RunningServer, start_server, stop_server
 from tests.greedy import parting
 from tests.soak import chaos
 

@@ -19,7 +19,7 @@ from contextlib import closing
 import pytest
 from openai import OpenAI
 
-from tests.conftest import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
+from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
 
 TIMEOUT = 3.0  # --timeout and --http-keepalive-timeout
 MARGIN = 3.0  # the sweeper's interval (TIMEOUT / 4) and a busy machine

@@ -7,7 +7,7 @@ import time
 from llmserve.client import Client
 from openai import OpenAI
 
-from tests.conftest import RunningServer
+from harness.server import RunningServer
 
 from .conftest import API_KEY
 

@@ -14,7 +14,7 @@ import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import CHAT_SERVER_ARGS, RunningServer, free_port, server_log_lines, start_server, stop_server
+from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, server_log_lines, start_server, stop_server
 from tests.integration.ops.test_tracing import PARENT_ID, TRACE_ID, TRACEPARENT, Collector, _start_collector
 
 CHAT = "/v1/chat/completions"

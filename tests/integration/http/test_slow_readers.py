@@ -16,7 +16,7 @@ import pytest
 from llmserve.client import Client
 from openai import OpenAI
 
-from tests.conftest import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
+from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
 
 NUM_SLOTS = 2
 

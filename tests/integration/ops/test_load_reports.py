@@ -24,7 +24,7 @@ from llmserve.v1 import llmserve_pb2 as pb
 from xds.data.orca.v3.orca_load_report_pb2 import OrcaLoadReport
 from xds.service.orca.v3 import orca_pb2, orca_pb2_grpc
 
-from tests.conftest import RunningServer, free_port, start_server, stop_server
+from harness.server import RunningServer, free_port, start_server, stop_server
 
 API_KEY = "load-report-key"
 NAMED = {"kv_cache_usage", "running_sessions", "waiting_sessions", "prefill_tokens_waiting", "slot_wait_s"}

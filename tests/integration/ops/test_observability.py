@@ -16,7 +16,7 @@ import pytest
 from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.conftest import free_port, start_server, stop_server
+from harness.server import free_port, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parents[3]
 IDLE_GAUGES = ("llmserve_waiting_sessions", "llmserve_running_sessions", "llmserve_sessions")

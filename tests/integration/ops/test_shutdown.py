@@ -13,7 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llmserve.client import SERVICE_CONFIG, Client, Unavailable, pb
 
-from tests.conftest import RunningServer, start_server
+from harness.server import RunningServer, start_server
 from tests.helpers import SessionStream
 
 GRACE_S = 15.0  # the short turn must finish inside it even on a slow, fresh server

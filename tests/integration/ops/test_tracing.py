@@ -20,7 +20,7 @@ from llmserve.client import Client
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from tests.conftest import RunningServer, server_log_lines, start_server, stop_server
+from harness.server import RunningServer, server_log_lines, start_server, stop_server
 
 ARGS = ["-np", "2", "-c", "4096", "-t", "2", "--embeddings"]
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 from llmserve.client import Client, pb
 
-from tests.conftest import start_server, stop_server
+from harness.server import start_server, stop_server
 from tests.greedy import parting
 from tests.helpers import SessionStream
 from tests.soak import chaos

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from llmserve.client import Client, pb
 
-from tests.conftest import RunningServer, free_port, start_server, stop_server
+from harness.server import RunningServer, free_port, start_server, stop_server
 from tools.embedding_model import convert, hf_model_dir
 
 # Varied on purpose: accents, CJK, Cyrillic, emoji, code, SQL, URLs, shouting, whitespace.

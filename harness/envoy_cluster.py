@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 from llmserve.client import Client
 
-from tests.conftest import RunningServer, free_port, start_server, stop_server
+from harness.server import RunningServer, free_port, start_server, stop_server
 from tools.envoy_config import dump, render
 
 HEALTH_INTERVAL_S = 0.5
