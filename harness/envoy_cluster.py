@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 from llmserve.client import Client
 
+from harness.metrics import counted
 from harness.server import RunningServer, free_port, start_server, stop_server
 from tools.envoy_config import dump, render
 
@@ -70,12 +71,9 @@ class Replica:
                                    http_port=self.http_port)
 
     def metric(self, sample: str) -> float:
-        """A sample's value (0 when absent), e.g. 'llmserve_requests_total{code="OK",rpc="Generate"}'."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(sample + " "):
-                    return float(line.split()[-1])
-        return 0.0
+        """A sample's value, e.g. 'llmserve_requests_total{code="OK",rpc="Generate"}': 0 for a
+        labelled one not counted yet (a replica may serve or refuse nothing: harness/metrics.py)."""
+        return counted(self.metrics_port, sample)
 
     def served(self) -> float:
         """Generate calls this replica finished OK."""

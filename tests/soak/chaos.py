@@ -28,9 +28,11 @@ import grpc
 from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from harness.metrics import metric
+from harness.server import num_threads, rss_kb
 from tests.helpers import SessionStream
 from tests.soak.chaos_checks import CancelledCall, ChaosRun, Outcome, cancel_counts, server_findings
-from tests.soak.server_state import kv_leaks, metric, num_threads, rss_kb, wait_until_idle
+from tests.soak.server_state import kv_leaks, wait_until_idle
 
 SERVER_ARGS = ["-np", "4", "-c", "4096", "-t", "2", "--max-queue", "4", "--embeddings"]
 CALL_TIMEOUT = 120.0  # a 400-token turn behind a full server on a slow 2-core machine

@@ -60,10 +60,10 @@ class CancelCounts:
 
 
 def cancel_counts(port: int) -> CancelCounts:
-    from tests.soak.server_state import counter
+    from harness.metrics import counted
 
-    return CancelCounts(counter(port, "llmserve_turns_total", finish_reason="CANCELLED"),
-                        counter(port, "llmserve_requests_total", rpc="Generate", code="CANCELLED"))
+    return CancelCounts(counted(port, "llmserve_turns_total", finish_reason="CANCELLED"),
+                        counted(port, "llmserve_requests_total", rpc="Generate", code="CANCELLED"))
 
 
 def cancel_findings(cancelled: list[CancelledCall], log_lines: list[dict[str, Any]], before: CancelCounts,

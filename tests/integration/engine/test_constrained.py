@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -13,6 +12,8 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from llmserve.client import Client, make_input, pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+
+from harness.metrics import metric
 
 SCHEMA = {
     "type": "object",
@@ -81,11 +82,7 @@ def test_invalid_grammar_is_invalid_argument(server, constraint: pb.Constraint, 
 
 
 def _steps(port: int) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith('llmserve_step_duration_seconds_count{kind="generate"}'):
-                return float(line.split()[-1])
-    raise AssertionError("no step count")
+    return metric(port, 'llmserve_step_duration_seconds_count{kind="generate"}')
 
 
 def test_grammar_requests_batch_with_ordinary_ones(server) -> None:  # type: ignore[no-untyped-def]

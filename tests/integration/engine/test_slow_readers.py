@@ -20,6 +20,7 @@ from grpc_status import rpc_status
 from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from harness.metrics import total
 from harness.server import RunningServer, start_server, stop_server
 
 NUM_SLOTS = 2
@@ -72,7 +73,7 @@ def test_more_unread_streams_than_slots_lock_nobody_out_and_get_their_whole_repl
             replies = [client.generate(f"Say hello number {i}.", max_tokens=8, temperature=0) for i in range(3)]
             elapsed = time.monotonic() - started
             assert all(r.turn_end.usage.completion_tokens == 8 for r in replies)
-            preempted = _metric(two_slots, "llmserve_preemptions_total")
+            preempted = total(two_slots.metrics_port, "llmserve_preemptions_total")
             assert preempted >= 1
         # Before the fix these calls ended DEADLINE_EXCEEDED (timeout=30): the slots were never freed.
         print(f"3 callers served in {elapsed:.1f} s past {len(streams)} unread streams; preemptions {preempted}")
@@ -88,16 +89,6 @@ def test_more_unread_streams_than_slots_lock_nobody_out_and_get_their_whole_repl
         for channel, call in streams:
             call.cancel()  # type: ignore[attr-defined]
             channel.close()
-
-
-def _metric(server: RunningServer, name: str) -> float:
-    import urllib.request
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ")
-              or line.startswith(name + "{")]
-    assert values, f"no metric {name}"
-    return sum(values)
 
 
 def test_a_stream_that_reads_nothing_ends_deadline_exceeded_naming_the_flag(tmp_path: Path) -> None:
@@ -178,7 +169,7 @@ def test_an_unread_stream_of_four_samples_gives_all_four_slots_to_another_caller
                       f" stream (slots held {cached_at_pause})")
                 assert queued < QUEUE_BOUND_S and waited < CALLER_BOUND_S
                 _wait_idle(client)  # the unread stream holds none of its slots now
-                assert _metric(running, "llmserve_preemptions_total") == 1
+                assert total(running.metrics_port, "llmserve_preemptions_total") == 1
             ids, ends = _read_samples(call)
             assert call.code() == grpc.StatusCode.OK  # type: ignore[attr-defined]
         finally:

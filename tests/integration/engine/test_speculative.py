@@ -22,9 +22,10 @@ import pytest
 from llmserve.client import make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from harness.metrics import metric
 from harness.server import RunningServer, start_server, stop_server
 from tests.greedy import parting
-from tests.soak import chaos
+from tests.soak.server_state import kv_leaks, wait_until_idle
 
 ARGS = ["-np", "4", "-c", "8192", "-t", "2"]
 TOP = 4  # logprob alternatives asked for: where two greedy replies part, both picks show
@@ -111,9 +112,9 @@ def test_every_feature_works_with_drafts(spec_server: RunningServer, plain_serve
     two.n = 2
     responses = _run(spec_server.address, two, prompt)
     assert len(_ids(responses, 0)) == 40 and len(_ids(responses, 1)) == 40
-    info = chaos.wait_until_idle(spec_server.address)
-    assert chaos.kv_leaks(info) == []
-    assert chaos.metric(spec_server.metrics_port, "llmserve_spec_accepted_tokens_total") > 0
+    info = wait_until_idle(spec_server.address)
+    assert kv_leaks(info) == []
+    assert metric(spec_server.metrics_port, "llmserve_spec_accepted_tokens_total") > 0
 
 
 def test_four_streams_at_once_with_drafts(spec_server: RunningServer) -> None:
@@ -131,5 +132,5 @@ def test_four_streams_at_once_with_drafts(spec_server: RunningServer) -> None:
     assert [len(_ids(r)) for r in spec] == [48] * 4
     usages = [r[-1].turn_end.usage for r in spec]
     assert all(u.accepted_draft_tokens >= 8 for u in usages), usages
-    info = chaos.wait_until_idle(spec_server.address)
-    assert chaos.kv_leaks(info) == []
+    info = wait_until_idle(spec_server.address)
+    assert kv_leaks(info) == []

@@ -16,6 +16,7 @@ import pytest
 from llmserve.client import Client
 from openai import OpenAI
 
+from harness.metrics import scrape, total
 from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
 
 NUM_SLOTS = 2
@@ -51,14 +52,6 @@ def _wait_paused(client: Client, n: int) -> None:
         time.sleep(0.1)
 
 
-def _preemptions(server: RunningServer) -> float:
-    import urllib.request
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("llmserve_preemptions_total"))
-
-
 def test_unread_http_streams_lock_nobody_out(two_slots: RunningServer) -> None:
     assert two_slots.http_port is not None
     socks = [_unread_stream(two_slots.http_port, f"Write an endless list of {t}:") for t in ("numbers", "colours")]
@@ -71,7 +64,7 @@ def test_unread_http_streams_lock_nobody_out(two_slots: RunningServer) -> None:
                                                  messages=[{"role": "user", "content": "Say hello."}])
             assert reply.usage is not None and reply.usage.completion_tokens == 8
             assert grpc_client.generate("Hi", max_tokens=4).turn_end.usage.completion_tokens == 4
-        assert _preemptions(two_slots) >= 1
+        assert total(two_slots.metrics_port, "llmserve_preemptions_total") >= 1
     finally:
         for sock in socks:
             sock.close()
@@ -142,14 +135,12 @@ def _read_sse(sock: socket.socket) -> list[dict]:  # type: ignore[type-arg]
 
 def _queue_seconds(server: RunningServer) -> float:
     """The one HTTP call's wait for a slot so far (llmserve_queue_time_seconds, observed at its turn end)."""
-    import urllib.request
-
     deadline = time.monotonic() + 5
     while True:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
-        found = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                 if line.startswith("llmserve_queue_time_seconds_") and 'surface="http"' in line and "_bucket" not in line}
-        if found.get("llmserve_queue_time_seconds_count") == 1:
+        page = scrape(server.metrics_port)
+        found = {name: page.total(name, surface="http") for name in ("llmserve_queue_time_seconds_count",
+                                                                     "llmserve_queue_time_seconds_sum")}
+        if found["llmserve_queue_time_seconds_count"] == 1:
             return found["llmserve_queue_time_seconds_sum"]
         assert time.monotonic() < deadline, f"no queue time observed: {found}"
         time.sleep(0.05)
@@ -181,7 +172,7 @@ def test_an_unread_chat_stream_of_four_choices_gives_all_four_slots_to_another_c
                 while any(s.busy for s in grpc_client.model_info().slots):  # the unread stream holds none now
                     assert time.monotonic() < deadline, "the unread stream kept its slots"
                     time.sleep(0.05)
-                assert _preemptions(running) == 1
+                assert total(running.metrics_port, "llmserve_preemptions_total") == 1
             events = _read_sse(sock)
         finally:
             sock.close()

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from harness.metrics import total
 
 ROOT = Path(__file__).resolve().parents[3]
 BUF = ROOT / "node_modules/.bin/buf"
@@ -67,7 +68,4 @@ def test_reflection_v1_and_v1alpha(server, protocol: str) -> None:  # type: igno
 
 
 def _reflection_calls(metrics_port: int, service: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
-        lines = r.read().decode().splitlines()
-    return sum(float(line.split()[-1]) for line in lines
-               if line.startswith("grpc_server_started_total{") and f'grpc_service="{service}"' in line)
+    return total(metrics_port, "grpc_server_started_total", grpc_service=service)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import shutil
 import struct
 import subprocess
@@ -24,6 +23,7 @@ from llmserve.v1 import llmserve_pb2 as pb
 from xds.data.orca.v3.orca_load_report_pb2 import OrcaLoadReport
 from xds.service.orca.v3 import orca_pb2, orca_pb2_grpc
 
+from harness.metrics import metric
 from harness.server import RunningServer, free_port, start_server, stop_server
 
 API_KEY = "load-report-key"
@@ -44,14 +44,6 @@ def _stream(channel: grpc.Channel, interval_s: float) -> Iterator[tuple[float, O
     request = orca_pb2.OrcaLoadReportRequest(report_interval=Duration(nanos=int(interval_s * 1e9)))
     for report in orca_pb2_grpc.OpenRcaServiceStub(channel).StreamCoreMetrics(request, timeout=120):
         yield time.monotonic(), report
-
-
-def _gauge(port: int | None, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
-    assert match, name
-    return float(match.group(1))
 
 
 def test_each_http_reply_carries_the_load_report_in_its_headers(two_slots: RunningServer) -> None:
@@ -113,7 +105,7 @@ def test_out_of_band_reports_follow_the_load(two_slots: RunningServer) -> None:
         for _, report in reports:
             if report.named_metrics["waiting_sessions"] >= 1:
                 busy = report
-                prometheus = _gauge(two_slots.metrics_port, "llmserve_load_utilization")
+                prometheus = metric(two_slots.metrics_port, "llmserve_load_utilization")
                 break
     for call in calls:
         call.join()

@@ -8,6 +8,8 @@ import pytest
 from llmserve.client import Client, pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from harness.metrics import metric
+
 OTHERS = [f"Sentence number {i} talks about topic {i * 7 % 13} in some detail." for i in range(15)]
 TEXT = "The quick brown fox jumps over the lazy dog."
 
@@ -60,14 +62,9 @@ def test_two_hundred_inputs_come_back_in_order(server) -> None:  # type: ignore[
 
 def test_a_cancelled_embed_call_leaves_no_work_behind(server) -> None:  # type: ignore[no-untyped-def]
     import time
-    import urllib.request
 
     def computed() -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith("llmserve_embeddings_total "):
-                    return float(line.split()[-1])
-        return 0.0
+        return metric(server.metrics_port, "llmserve_embeddings_total")
 
     before = computed()
     texts = [f"A text to embed, number {i}, about nothing in particular." for i in range(200)]

@@ -13,9 +13,10 @@ import pytest
 from llmserve.client import make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from harness.server import RunningServer, start_server, stop_server
+from harness.metrics import metric
+from harness.server import RunningServer, rss_kb, start_server, stop_server
 from tests.helpers import SessionStream
-from tests.soak import chaos
+from tests.soak.server_state import kv_leaks, wait_until_idle
 
 EOG_IDS = (1, 106, 212)
 
@@ -126,7 +127,7 @@ def test_4_streams_without_a_first_message_do_not_take_admission(small_server: R
             codes.append(err.value.code())
         gate.set()
     assert set(codes) == {grpc.StatusCode.DEADLINE_EXCEEDED}
-    assert chaos.metric(small_server.metrics_port, "llmserve_sessions") == 0
+    assert metric(small_server.metrics_port, "llmserve_sessions") == 0
 
 
 def test_5_empty_turns_after_context_full_never_grow_the_slot(small_server: RunningServer) -> None:
@@ -140,9 +141,9 @@ def test_5_empty_turns_after_context_full_never_grow_the_slot(small_server: Runn
         s.close()
         list(s.call)
     assert set(reasons) == {pb.FINISH_REASON_CONTEXT_FULL}
-    info = chaos.wait_until_idle(small_server.address)
+    info = wait_until_idle(small_server.address)
     assert all(slot.num_cached_tokens <= 256 for slot in info.slots)
-    assert chaos.kv_leaks(info) == []
+    assert kv_leaks(info) == []
 
 
 def test_6_a_second_queued_turn_is_refused(server: RunningServer) -> None:
@@ -155,13 +156,13 @@ def test_6_a_second_queued_turn_is_refused(server: RunningServer) -> None:
 
 
 def test_7_prompt_logprobs_keep_memory_bounded(server: RunningServer) -> None:
-    before = chaos.rss_kb(server.process.pid)
+    before = rss_kb(server.process.pid)
     config = session_config(max_tokens=2)
     config.output.prompt_logprobs = True
     text = " ".join(f"w{i % 50}" for i in range(650))  # about 1,300 tokens
     responses = _generate(server.address, config, text, timeout=300)
     scored = sum(len(r.prompt_logprobs.tokens) for r in responses if r.HasField("prompt_logprobs"))
-    grown_mib = (chaos.rss_kb(server.process.pid) - before) / 1024
+    grown_mib = (rss_kb(server.process.pid) - before) / 1024
     print(f"{scored} prompt tokens scored; RSS grew {grown_mib:.0f} MiB")
     assert scored > 1000 and grown_mib < 256
 

@@ -15,7 +15,7 @@ import threading
 import pytest
 from llmserve.client import pb
 
-from tests.soak import chaos
+from harness.metrics import metric
 from tests.soak.oracle import CallRecord, RunContext, Status, check_call
 from tests.soak.oracle_run import check_run, log_problems, preempted_requests
 from tests.soak.plans import Plan, draw_plans
@@ -223,8 +223,8 @@ def test_an_unknown_metric_name_raises() -> None:
     server = http.server.HTTPServer(("127.0.0.1", 0), Metrics)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        assert chaos.metric(server.server_port, "llmserve_sessions") == 0
+        assert metric(server.server_port, "llmserve_sessions") == 0
         with pytest.raises(LookupError):
-            chaos.metric(server.server_port, "llmserve_sessions_renamed")
+            metric(server.server_port, "llmserve_sessions_renamed")
     finally:
         server.shutdown()
