@@ -29,7 +29,7 @@ from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
 from harness.metrics import metric
-from harness.server import num_threads, rss_kb
+from harness.server import num_threads, rss_kb, start_server, stop_server
 from tests.helpers import SessionStream
 from tests.soak.chaos_checks import CancelledCall, ChaosRun, Outcome, cancel_counts, server_findings
 from tests.soak.server_state import kv_leaks, wait_until_idle
@@ -249,8 +249,6 @@ def report(outcomes: Counter[Outcome], calls: int, seed: int, extra: list[str]) 
 
 
 def main() -> None:
-    from harness.server import start_server, stop_server
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=7)
