@@ -22,6 +22,7 @@ from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
 from harness.metrics import total
 from harness.server import RunningServer, start_server, stop_server
+from tests.helpers import wait_paused
 
 NUM_SLOTS = 2
 REPLY_TOKENS = 400  # past where an unread stream pauses (about 80 tokens: 64 events plus what HTTP/2 buffers)
@@ -56,19 +57,12 @@ def _read_all(call) -> tuple[list[int], list[pb.TurnEnd]]:  # type: ignore[no-un
     return ids, ends
 
 
-def _wait_paused(client: Client, n: int) -> None:
-    deadline = time.monotonic() + 120
-    while sum(s.paused for s in client.model_info().slots) < n:
-        assert time.monotonic() < deadline, "the unread streams were never paused"
-        time.sleep(0.05)
-
-
 def test_more_unread_streams_than_slots_lock_nobody_out_and_get_their_whole_reply(two_slots: RunningServer) -> None:
     prompts = [f"Write an endless list of {thing}:" for thing in ("numbers", "colours", "rivers")]
     streams = [_unread_stream(two_slots.address, p, REPLY_TOKENS) for p in prompts]  # more than the slots
     try:
         with Client(two_slots.address, timeout=30, retries=False) as client:
-            _wait_paused(client, NUM_SLOTS)  # both slots held by streams nobody reads
+            wait_paused(client, NUM_SLOTS, timeout=120)  # both slots held by streams nobody reads
             started = time.monotonic()
             replies = [client.generate(f"Say hello number {i}.", max_tokens=8, temperature=0) for i in range(3)]
             elapsed = time.monotonic() - started
@@ -97,7 +91,7 @@ def test_a_stream_that_reads_nothing_ends_deadline_exceeded_naming_the_flag(tmp_
         channel, call = _unread_stream(running.address, "Write an endless list of numbers:", 2000)
         try:
             with Client(running.address, timeout=30) as client:
-                _wait_paused(client, 1)
+                wait_paused(client, 1, timeout=120)
                 paused_at = time.monotonic()
                 while any(s.busy for s in client.model_info().slots):  # ended 2 s after its pause
                     assert time.monotonic() - paused_at < 30, "the unread stream kept its slot"
@@ -158,7 +152,7 @@ def test_an_unread_stream_of_four_samples_gives_all_four_slots_to_another_caller
                                        temperature=0.7, seed=5, logprobs=True, top_logprobs=20)
         try:
             with Client(running.address, timeout=30, retries=False) as client:
-                _wait_paused(client, SAMPLES)
+                wait_paused(client, SAMPLES, timeout=120)
                 cached_at_pause = [s.num_cached_tokens for s in client.model_info().slots]
                 started = time.monotonic()
                 reply = client.generate("Say hello.", max_tokens=4, temperature=0)

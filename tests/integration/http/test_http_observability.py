@@ -15,7 +15,7 @@ from openai import OpenAI
 
 from harness.metrics import scrape
 from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, server_log_lines, start_server, stop_server
-from tests.integration.ops.test_tracing import PARENT_ID, TRACE_ID, TRACEPARENT, Collector, _start_collector
+from tests.integration.ops.otlp_collector import PARENT_ID, TRACE_ID, TRACEPARENT, Collector, start_collector
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "Say hello."}]
@@ -23,7 +23,7 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Collector]]:
-    collector, collector_server, port = _start_collector()
+    collector, collector_server, port = start_collector()
     args = [*CHAT_SERVER_ARGS, "--otlp-traces-endpoint", f"http://127.0.0.1:{port}"]
     log_path = tmp_path_factory.mktemp("http-observed") / "server.log"
     running = start_server(args, log_path, metrics=True, http_port=free_port(), env={"OTEL_BSP_SCHEDULE_DELAY": "100"})

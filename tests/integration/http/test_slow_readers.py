@@ -18,6 +18,7 @@ from openai import OpenAI
 
 from harness.metrics import scrape, total
 from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
+from tests.helpers import wait_paused
 
 NUM_SLOTS = 2
 
@@ -45,19 +46,15 @@ def _unread_stream(port: int, prompt: str) -> socket.socket:
     return sock
 
 
-def _wait_paused(client: Client, n: int) -> None:
-    deadline = time.monotonic() + 180
-    while sum(s.paused for s in client.model_info().slots) < n:
-        assert time.monotonic() < deadline, "the unread HTTP streams were never paused"
-        time.sleep(0.1)
-
-
 def test_unread_http_streams_lock_nobody_out(two_slots: RunningServer) -> None:
     assert two_slots.http_port is not None
     socks = [_unread_stream(two_slots.http_port, f"Write an endless list of {t}:") for t in ("numbers", "colours")]
     try:
         with Client(two_slots.address, timeout=60, retries=False) as grpc_client:
-            _wait_paused(grpc_client, NUM_SLOTS)  # both slots held by HTTP streams nobody reads
+            # both slots held by HTTP streams nobody reads
+            wait_paused(
+                grpc_client, NUM_SLOTS, timeout=180, what="the unread HTTP streams"
+            )
             http = OpenAI(base_url=f"http://127.0.0.1:{two_slots.http_port}/v1", api_key="none", max_retries=0,
                           timeout=60)
             reply = http.chat.completions.create(model=http.models.list().data[0].id, max_tokens=8, temperature=0,
@@ -77,7 +74,7 @@ def test_an_http_stream_that_reads_nothing_frees_its_slot(tmp_path: Path) -> Non
         sock = _unread_stream(running.http_port, "Write an endless list of numbers:")
         try:
             with Client(running.address, timeout=30) as client:
-                _wait_paused(client, 1)
+                wait_paused(client, 1, timeout=180, what="the unread HTTP streams")
                 paused_at = time.monotonic()
                 while any(s.busy for s in client.model_info().slots):  # ended 2 s after its pause
                     assert time.monotonic() - paused_at < 30, "the unread HTTP stream kept its slot"
@@ -157,7 +154,7 @@ def test_an_unread_chat_stream_of_four_choices_gives_all_four_slots_to_another_c
         sock = _unread_choices(port)
         try:
             with Client(running.address, timeout=30, retries=False) as grpc_client:
-                _wait_paused(grpc_client, SAMPLES)
+                wait_paused(grpc_client, SAMPLES, timeout=180, what="the unread HTTP streams")
                 http = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
                 model = http.models.list().data[0].id
                 started = time.monotonic()

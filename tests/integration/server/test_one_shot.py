@@ -14,7 +14,7 @@ from llmserve.client.results import collect
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
 from harness.metrics import scrape
-from tests.integration.ops.test_health_reflection import _buf
+from tests.helpers import buf_curl
 
 PROMPT = "List three colours:"
 
@@ -77,8 +77,8 @@ def test_one_shot_calls_are_counted(server) -> None:  # type: ignore[no-untyped-
 
 def test_buf_curl_calls_generate_once(server) -> None:  # type: ignore[no-untyped-def]
     request = {"config": {"sampling": {"temperature": 0}, "stopping": {"maxTokens": 4}}, "input": {"text": "Hello"}}
-    out = _buf("-d", json.dumps(request), f"http://{server.address}/llmserve.v1.LLMService/GenerateOnce")
+    out = buf_curl("-d", json.dumps(request), f"http://{server.address}/llmserve.v1.LLMService/GenerateOnce")
     messages = [json.loads(chunk) for chunk in out.replace("}\n{", "}\x00{").split("\x00")]
     assert messages[-1]["turnEnd"]["usage"]["completionTokens"] == 4
-    text = _buf("-d", json.dumps(request), f"http://{server.address}/llmserve.v1.LLMService/GenerateText")
+    text = buf_curl("-d", json.dumps(request), f"http://{server.address}/llmserve.v1.LLMService/GenerateText")
     assert json.loads(text)["samples"][0]["turnEnd"]["usage"]["completionTokens"] == 4

@@ -8,7 +8,8 @@ import copy
 
 from tests.soak.http_translate import request
 from tests.soak.oracle_http import token_texts_say
-from tests.unit.tooling.test_http_translate import EOT, plan, problems, sse, whole
+
+from .http_replies import EOT, plan, problems, sse, whole
 
 SPLIT = ["caf", "\ufffd", "\ufffd", " ok"]  # "café ok" with é's two bytes in two tokens
 
