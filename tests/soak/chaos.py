@@ -108,13 +108,13 @@ class Chaos:
                 self._in_flight -= calls
         threading.Timer(LINGER_S, leave).start() if status in ("CANCELLED", "DEADLINE_EXCEEDED") else leave()
 
-    def _generate(self, request: pb.GenerateRequest, timeout: float = CALL_TIMEOUT) -> str:
+    def _call_once(self, request: pb.GenerateRequest, timeout: float = CALL_TIMEOUT) -> str:
         list(self.stub.Generate(iter([request]), timeout=timeout))
         return OK
 
     def _turn(self, rng: random.Random) -> str:
         config = session_config(max_tokens=rng.randint(1, 24), temperature=rng.choice([0.0, 0.7, 1.2]), seed=rng.randint(0, 99))
-        return self._generate(pb.GenerateRequest(config=config, input=make_input(rng.choice(PROMPTS)), end_of_turn=True))
+        return self._call_once(pb.GenerateRequest(config=config, input=make_input(rng.choice(PROMPTS)), end_of_turn=True))
 
     def _multiturn(self, rng: random.Random) -> str:
         s = SessionStream(self.channel, timeout=CALL_TIMEOUT, max_tokens=rng.randint(1, 12), temperature=0)
@@ -161,7 +161,7 @@ class Chaos:
     def _deadline(self, rng: random.Random) -> str:
         timeout = rng.choice([0.001, 0.01, 0.05, 0.2, 0.5, 1.0, 2.0])
         config = session_config(max_tokens=64, ignore_eos=True)
-        return self._generate(pb.GenerateRequest(config=config, input=make_input(rng.choice(PROMPTS)), end_of_turn=True), timeout)
+        return self._call_once(pb.GenerateRequest(config=config, input=make_input(rng.choice(PROMPTS)), end_of_turn=True), timeout)
 
     def _disconnect(self, rng: random.Random) -> str:
         channel = grpc.insecure_channel(self.address)
@@ -201,7 +201,7 @@ class Chaos:
             inp = make_input("")
         else:
             config.stopping.max_tokens = 10**7
-        return self._generate(pb.GenerateRequest(config=config, input=inp, end_of_turn=True))
+        return self._call_once(pb.GenerateRequest(config=config, input=inp, end_of_turn=True))
 
     def _embed(self, rng: random.Random) -> str:
         texts = [f"{rng.choice(PROMPTS)} {i}" for i in range(rng.randint(1, 40))]

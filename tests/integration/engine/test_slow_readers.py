@@ -10,7 +10,6 @@ DEADLINE_EXCEEDED."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,18 +21,15 @@ from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
 from harness.metrics import total
 from harness.server import RunningServer, start_server, stop_server
+from tests.fixtures import module_server
 from tests.helpers import wait_paused
 
 NUM_SLOTS = 2
 REPLY_TOKENS = 400  # past where an unread stream pauses (about 80 tokens: 64 events plus what HTTP/2 buffers)
 
 
-@pytest.fixture(scope="module")
-def two_slots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    running = start_server(["-np", str(NUM_SLOTS), "-c", "4096", "-t", "2", "--reader-timeout", "0"],
-                           tmp_path_factory.mktemp("slow") / "server.log", metrics=True)
-    yield running
-    assert stop_server(running) == 0
+two_slot_server = module_server(["-np", str(NUM_SLOTS), "-c", "4096", "-t", "2", "--reader-timeout", "0"], "slow",
+                                metrics=True)
 
 
 def _unread_stream(address: str, prompt: str, max_tokens: int, **config: object) -> tuple[grpc.Channel, object]:
@@ -57,17 +53,17 @@ def _read_all(call) -> tuple[list[int], list[pb.TurnEnd]]:  # type: ignore[no-un
     return ids, ends
 
 
-def test_more_unread_streams_than_slots_lock_nobody_out_and_get_their_whole_reply(two_slots: RunningServer) -> None:
+def test_more_unread_streams_than_slots_lock_nobody_out_and_get_their_whole_reply(two_slot_server: RunningServer) -> None:
     prompts = [f"Write an endless list of {thing}:" for thing in ("numbers", "colours", "rivers")]
-    streams = [_unread_stream(two_slots.address, p, REPLY_TOKENS) for p in prompts]  # more than the slots
+    streams = [_unread_stream(two_slot_server.address, p, REPLY_TOKENS) for p in prompts]  # more than the slots
     try:
-        with Client(two_slots.address, timeout=30, retries=False) as client:
+        with Client(two_slot_server.address, timeout=30, retries=False) as client:
             wait_paused(client, NUM_SLOTS, timeout=120)  # both slots held by streams nobody reads
             started = time.monotonic()
             replies = [client.generate(f"Say hello number {i}.", max_tokens=8, temperature=0) for i in range(3)]
             elapsed = time.monotonic() - started
             assert all(r.turn_end.usage.completion_tokens == 8 for r in replies)
-            preempted = total(two_slots.metrics_port, "llmserve_preemptions_total")
+            preempted = total(two_slot_server.metrics_port, "llmserve_preemptions_total")
             assert preempted >= 1
         # Before the fix these calls ended DEADLINE_EXCEEDED (timeout=30): the slots were never freed.
         print(f"3 callers served in {elapsed:.1f} s past {len(streams)} unread streams; preemptions {preempted}")

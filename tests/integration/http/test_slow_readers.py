@@ -9,15 +9,14 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from llmserve.client import Client
 from openai import OpenAI
 
 from harness.metrics import scrape, total
 from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
+from tests.fixtures import module_server
 from tests.helpers import wait_paused
 
 NUM_SLOTS = 2
@@ -28,11 +27,8 @@ def _server(args: list[str], log: Path) -> RunningServer:
                         metrics=True)
 
 
-@pytest.fixture(scope="module")
-def two_slots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    running = _server(["--reader-timeout", "0"], tmp_path_factory.mktemp("http-slow") / "server.log")
-    yield running
-    assert stop_server(running) == 0
+two_slot_http_server = module_server([*CHAT_SERVER_ARGS[2:], "-np", str(NUM_SLOTS), "--reader-timeout", "0"],
+                                     "http-slow", http=True, metrics=True)
 
 
 def _unread_stream(port: int, prompt: str) -> socket.socket:
@@ -46,22 +42,22 @@ def _unread_stream(port: int, prompt: str) -> socket.socket:
     return sock
 
 
-def test_unread_http_streams_lock_nobody_out(two_slots: RunningServer) -> None:
-    assert two_slots.http_port is not None
-    socks = [_unread_stream(two_slots.http_port, f"Write an endless list of {t}:") for t in ("numbers", "colours")]
+def test_unread_http_streams_lock_nobody_out(two_slot_http_server: RunningServer) -> None:
+    assert two_slot_http_server.http_port is not None
+    socks = [_unread_stream(two_slot_http_server.http_port, f"Write an endless list of {t}:") for t in ("numbers", "colours")]
     try:
-        with Client(two_slots.address, timeout=60, retries=False) as grpc_client:
+        with Client(two_slot_http_server.address, timeout=60, retries=False) as grpc_client:
             # both slots held by HTTP streams nobody reads
             wait_paused(
                 grpc_client, NUM_SLOTS, timeout=180, what="the unread HTTP streams"
             )
-            http = OpenAI(base_url=f"http://127.0.0.1:{two_slots.http_port}/v1", api_key="none", max_retries=0,
+            http = OpenAI(base_url=f"http://127.0.0.1:{two_slot_http_server.http_port}/v1", api_key="none", max_retries=0,
                           timeout=60)
             reply = http.chat.completions.create(model=http.models.list().data[0].id, max_tokens=8, temperature=0,
                                                  messages=[{"role": "user", "content": "Say hello."}])
             assert reply.usage is not None and reply.usage.completion_tokens == 8
             assert grpc_client.generate("Hi", max_tokens=4).turn_end.usage.completion_tokens == 4
-        assert total(two_slots.metrics_port, "llmserve_preemptions_total") >= 1
+        assert total(two_slot_http_server.metrics_port, "llmserve_preemptions_total") >= 1
     finally:
         for sock in socks:
             sock.close()
