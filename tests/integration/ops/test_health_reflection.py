@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import grpc
 import pytest
@@ -11,9 +10,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.metrics import total
 from tests.helpers import buf_curl
-
-ROOT = Path(__file__).resolve().parents[3]
-BUF = ROOT / "node_modules/.bin/buf"
 
 
 def test_health_check_and_watch(server) -> None:  # type: ignore[no-untyped-def]
