@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 Labels = frozenset[tuple[str, str]]
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{(?P<labels>.*)\})?\s*$")
+_SUFFIXES = ("_total", "_count", "_sum", "_bucket", "_created", "_info")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
@@ -43,7 +44,7 @@ class Scrape:
     def _known(self, name: str) -> bool:
         """Whether `name` belongs to an exported family (a counter's `_total`, a histogram's
         `_count`, `_sum` and `_bucket` are samples of the family without the suffix)."""
-        return any(name == f or name.startswith(f + "_") for f in self.families)
+        return any(name == f or name in (f + s for s in _SUFFIXES) for f in self.families)
 
     def has(self, sample: str, **labels: str) -> bool:
         return _split(sample, labels) in self.samples

@@ -15,7 +15,7 @@ import threading
 import pytest
 from llmserve.client import pb
 
-from harness.metrics import metric
+from harness.metrics import counted, metric, total
 from tests.soak.oracle import CallRecord, RunContext, Status, check_call
 from tests.soak.oracle_run import check_run, log_problems, preempted_requests
 from tests.soak.plans import Plan, draw_plans
@@ -212,7 +212,8 @@ def test_the_log_check_catches_errors_and_failed_saves() -> None:
 def test_an_unknown_metric_name_raises() -> None:
     class Metrics(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            body = b"llmserve_sessions 0.0\n"
+            body = (b"llmserve_sessions 0.0\n# TYPE llmserve_turns_total counter\n"
+                    b'llmserve_turns_total{finish_reason="STOP"} 2.0\nllmserve_turns_total{finish_reason="LENGTH"} 3.0\n')
             self.send_response(200)
             self.end_headers()
             self.wfile.write(body)
@@ -226,5 +227,13 @@ def test_an_unknown_metric_name_raises() -> None:
         assert metric(server.server_port, "llmserve_sessions") == 0
         with pytest.raises(LookupError):
             metric(server.server_port, "llmserve_sessions_renamed")
+        # a labelled sample not counted yet reads 0 (harness/metrics.py), an unknown family raises
+        assert counted(server.server_port, "llmserve_turns_total", finish_reason="CANCELLED") == 0
+        assert counted(server.server_port, 'llmserve_turns_total{finish_reason="STOP"}') == 2
+        assert total(server.server_port, "llmserve_turns_total") == 5
+        with pytest.raises(LookupError):
+            metric(server.server_port, "llmserve_turns_total", finish_reason="CANCELLED")
+        with pytest.raises(LookupError):
+            counted(server.server_port, "llmserve_turns_renamed_total", finish_reason="STOP")
     finally:
         server.shutdown()
