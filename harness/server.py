@@ -19,7 +19,12 @@ from typing import Any
 import grpc
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVER_ARGS = ["-np", "8", "-c", "16384", "-t", "2", "--embeddings"]
+SERVER_ARGS = ["-np", "8", "-c", "16384", "-t", "2", "--embeddings"]  # the tests' session-wide `server`
+# A server with a chat template from a file (the default model has none)
+CHAT_SERVER_ARGS = [
+    "-np", "4", "-c", "8192", "-t", "2", "--chat-template-file", str(ROOT / "templates" / "gemma3.jinja"),
+]
+READINESS = "llmserve.v1.LLMService"  # the health service name that is SERVING once the model is loaded
 
 
 @dataclass(frozen=True)
@@ -36,8 +41,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
-
-READINESS = "llmserve.v1.LLMService"
 
 
 def start_server(
@@ -120,13 +123,6 @@ def stop_server(server: RunningServer) -> int:
     except subprocess.TimeoutExpired:
         server.process.kill()
         return server.process.wait()
-
-
-CHAT_SERVER_ARGS = [
-    "-np", "4", "-c", "8192", "-t", "2", "--chat-template-file", str(ROOT / "templates" / "gemma3.jinja"),
-]
-
-
 
 
 def rss_kb(pid: int) -> int:
