@@ -42,7 +42,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-
 def start_server(
     args: list[str],
     log_path: Path,
