@@ -131,9 +131,9 @@ soak: model
 	exit $$failed
 
 lint: install
-	$(VENV)/bin/ruff check service client tests bench tools
+	$(VENV)/bin/ruff check service client tests bench harness tools
 
-# Regenerate the committed Python stubs from proto/ (tests/unit/test_packaging.py checks drift).
+# Regenerate the committed Python stubs from proto/ (tests/unit/codebase/test_packaging.py checks drift).
 proto: install $(BUF)
 	$(PY) -m tools.gen --lang python
 

@@ -24,19 +24,19 @@ import grpc
 from llmserve.client import make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.envoy_cluster import Cluster
+from harness.envoy_cluster import Cluster
 
 WORDS = ("invoice contract supplier warranty shipment clause delivery payment schedule penalty "
          "audit ledger customer region quarter revenue margin forecast inventory").split()
 
 
-def _document(tenant: int, words: int = 330) -> str:
+def tenant_document(tenant: int, words: int = 330) -> str:
     rng = random.Random(tenant)
     return f"Tenant {tenant} handbook. " + " ".join(rng.choice(WORDS) for _ in range(words)) + "\n\n"
 
 
 def _call(channel: grpc.Channel, tenant: int, question: int, affinity: bool) -> tuple[int, int, float]:
-    prompt = _document(tenant) + f"Question {question}: what does the handbook say about item {question}?"
+    prompt = tenant_document(tenant) + f"Question {question}: what does the handbook say about item {question}?"
     request = pb.GenerateRequest(config=session_config(max_tokens=8, temperature=0), input=make_input(prompt),
                                  end_of_turn=True)
     metadata = (("x-llmserve-affinity", f"tenant-{tenant}"),) if affinity else ()

@@ -25,11 +25,12 @@ import asyncio
 import json
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
 import time
+
+from harness.server import free_port
 
 STACKS = ("aiohttp", "uvicorn-uvloop", "uvicorn-asyncio")
 EVENT = b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" tok"}}]}\n\n'
@@ -99,14 +100,8 @@ async def _get(port: int, path: str) -> tuple[bytes, float]:
     return bytes(data.partition(b"\r\n\r\n")[2]), seconds
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _measure(stack: str, chunks: int, rounds: int, tick: bool) -> dict[str, float]:
-    port = _free_port()
+    port = free_port()
     child = subprocess.Popen([sys.executable, "-m", "bench.http_stack", "--child", stack, "--port", str(port),
                               "--chunks", str(chunks), *(["--tick"] if tick else [])])
     try:

@@ -20,13 +20,13 @@ from pathlib import Path
 from llmserve.client import loadgen
 
 from .servers import DEFAULT_BUILD, ROOT, start_llama_server, start_llmserve, stop
-from .speculative import _mixed_llmserve, _mixed_peer, _model, extractive
+from .speculative import extractive, mixed_on_llmserve, mixed_on_peer, peer_model
 
 MARKER = "<!-- prefill-pace -->"
 
 
 def _measure(url: str, is_peer: bool) -> str:
-    mixed = asyncio.run(_mixed_peer(url) if is_peer else _mixed_llmserve(url))
+    mixed = asyncio.run(mixed_on_peer(url) if is_peer else mixed_on_llmserve(url))
     run = loadgen.peer_level if is_peer else loadgen.llmserve_level
     burst = asyncio.run(run(url, 16, 1, 160, extractive)).checked()
     ttfts = mixed["long_ttft_s"]
@@ -59,7 +59,7 @@ def main() -> None:
                 stop(process)
             print(rows[-1], flush=True)
         if args.llama_server.exists():
-            process, url = start_llama_server(args.llama_server, _model(), logs / "peer.log", False, ctx)
+            process, url = start_llama_server(args.llama_server, peer_model(), logs / "peer.log", False, ctx)
             try:
                 rows.append(f"| {tag}llama-server | {_measure(url, True)} |")
             finally:

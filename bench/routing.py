@@ -35,9 +35,9 @@ from llmserve.client import Client, make_input, pb, session_config
 from llmserve.client.affinity import prefix_affinity_key
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from bench.affinity import _document
+from bench.affinity import tenant_document
 from bench.embed_model import write_section
-from tests.envoy_cluster import Cluster
+from harness.envoy_cluster import Cluster
 
 REPLICA_ARGS = ["-np", "2", "-c", "4096", "-t", "1"]
 HOT_SHARE = 1 / 3
@@ -70,7 +70,7 @@ class Outcome:
 
 
 def _call(channel: grpc.Channel, tenant: int, question: int, policy: Policy) -> Outcome:
-    prompt = _document(tenant) + f"Question {question}: what does the handbook say about item {question}?"
+    prompt = tenant_document(tenant) + f"Question {question}: what does the handbook say about item {question}?"
     request = pb.GenerateRequest(config=session_config(max_tokens=8, temperature=0), input=make_input(prompt),
                                  end_of_turn=True)
     key = {"": "", "tenant": f"tenant-{tenant}", "derived": prefix_affinity_key(request.input)}[policy.key]

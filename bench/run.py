@@ -28,7 +28,7 @@ from . import embed_model
 from .servers import CTX, DEFAULT_BUILD, NP, ROOT, THREADS, start_llama_server, start_llmserve, stop
 
 
-def _batched_bench(binary: Path, model: Path, levels: list[int]) -> dict[int, float]:
+def run_batched_bench(binary: Path, model: Path, levels: list[int]) -> dict[int, float]:
     out = subprocess.run(
         [str(binary), "-m", str(model), "-c", str(CTX), "-b", "512", "-ub", "512", "-npp", "16", "-ntg", "64",
          "-npl", ",".join(map(str, levels)), "-t", str(THREADS)],
@@ -98,7 +98,7 @@ def main() -> None:
             embed["llama-server"] = asyncio.run(loadgen.peer_embed(peer_url, loadgen.CORPUS))
         finally:
             stop(peer_process)
-    ceiling = _batched_bench(args.batched_bench, model, levels) if args.batched_bench.exists() else {}
+    ceiling = run_batched_bench(args.batched_bench, model, levels) if args.batched_bench.exists() else {}
     engine = _engine_table(levels)
     write_report(args, levels, _median_levels(ours), _median_levels(peer) if have_peer else {}, ceiling, embed, engine)
 

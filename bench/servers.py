@@ -3,24 +3,18 @@ start it) and llama-server built from the same llama.cpp tree (bench/README.md).
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from harness.server import free_port, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BUILD = Path("/tmp/llama-build/bin")
 THREADS = 2
 NP = 16
 CTX = 16384
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, timeout: float = 120) -> None:
@@ -41,9 +35,6 @@ def start_llmserve(
 ) -> tuple[subprocess.Popen[bytes], str]:
     """llmserve with the bench's slots, context and threads; `http_port`: also its OpenAI
     HTTP API there (`--http-port`). Returns the process and the gRPC address."""
-    sys.path.insert(0, str(ROOT))
-    from tests.conftest import start_server
-
     args = ["-np", str(NP), "-c", str(CTX), "-t", str(THREADS), *embed_args, *extra]
     server = start_server(args, log, http_port=http_port)
     return server.process, server.address

@@ -55,7 +55,7 @@ def _row(s: dict[str, float]) -> str:
     return f"{s['tokens_per_s']:.1f} | {s['ttft_p50_ms']:.0f} | {s['itl_p50_ms']:.1f} | {s['itl_p99_ms']:.1f}"
 
 
-async def _mixed_llmserve(address: str) -> dict[str, float]:
+async def mixed_on_llmserve(address: str) -> dict[str, float]:
     result = loadgen.LevelResult(8)
     long = loadgen.LevelResult(4)
     done: list[float] = []
@@ -75,7 +75,7 @@ async def _mixed_llmserve(address: str) -> dict[str, float]:
     return _mixed_summary(result, long, done)
 
 
-async def _mixed_peer(url: str) -> dict[str, float]:
+async def mixed_on_peer(url: str) -> dict[str, float]:
     result = loadgen.LevelResult(8)
     long = loadgen.LevelResult(4)
     done: list[float] = []
@@ -100,7 +100,7 @@ def _mixed_summary(streams: loadgen.LevelResult, long: loadgen.LevelResult, done
             "long_ttft_s": sorted(t / 1000 for t in long.ttft_ms)}
 
 
-async def _fresh_long(address: str | None, url: str | None) -> float:
+async def fresh_long_prompt(address: str | None, url: str | None) -> float:
     ttfts = []
     for i in range(3):
         result = loadgen.LevelResult(1)
@@ -152,7 +152,7 @@ def main() -> None:
         if is_peer and not args.llama_server.exists():
             continue
         if is_peer:
-            process, url = start_llama_server(args.llama_server, _model(), logs / "peer.log", False, flags)
+            process, url = start_llama_server(args.llama_server, peer_model(), logs / "peer.log", False, flags)
         else:
             process, url = start_llmserve(logs / "ours.log", ("--embeddings", *flags))
         try:
@@ -172,7 +172,7 @@ def main() -> None:
                 row[f"plain{level}"] = f"{r.tokens_per_s:.1f}"
                 print(name, "plain", level, _row(r.summary()), flush=True)
             if "mixed" in scenarios:
-                mixed = asyncio.run(_mixed_peer(url) if is_peer else _mixed_llmserve(url))
+                mixed = asyncio.run(mixed_on_peer(url) if is_peer else mixed_on_llmserve(url))
                 mixed_itls[name] = mixed["itl_ms"]
                 ttfts = mixed["long_ttft_s"]
                 row["mixed"] = (f"{mixed['itl_p50']:.0f} / {mixed['itl_p99']:.0f} / {mixed['itl_max']:.0f} ms "
@@ -180,7 +180,7 @@ def main() -> None:
                                 + ", ".join(f"{t:.1f}" for t in ttfts) + f" s (mean {statistics.mean(ttfts):.1f})")
                 print(name, "mixed", row["mixed"], flush=True)
             if "fresh" in scenarios:
-                row["fresh"] = f"{asyncio.run(_fresh_long(None if is_peer else url, url if is_peer else None)):.0f}"
+                row["fresh"] = f"{asyncio.run(fresh_long_prompt(None if is_peer else url, url if is_peer else None)):.0f}"
                 print(name, "fresh long TTFT", row["fresh"], flush=True)
         finally:
             stop(process)
@@ -240,7 +240,7 @@ def _plot(path: Path, table: dict[str, dict[str, str]], cols: list[str], mixed_i
     fig.savefig(path, dpi=110)
 
 
-def _model() -> Path:
+def peer_model() -> Path:
     from llmserve.service.model.default_model import default_model_path
 
     return default_model_path()

@@ -26,9 +26,9 @@ from llmserve.client import loadgen
 from llmserve.service.model.default_model import default_model_path
 
 from . import embed_model
-from .run import _batched_bench
+from .run import run_batched_bench
 from .servers import DEFAULT_BUILD, ROOT, start_llama_server, start_llmserve, stop
-from .speculative import _fresh_long, _mixed_llmserve, _mixed_peer, extractive
+from .speculative import extractive, fresh_long_prompt, mixed_on_llmserve, mixed_on_peer
 
 MARKER = "<!-- targets -->"
 PLAIN_LEVELS = (1, 4, 8, 16)
@@ -151,8 +151,8 @@ def speculation(peer: Path, rounds: int) -> list[Row]:
     rows = _extractive(peer, ctx, rounds)
     process, url = start_llmserve(LOGS / "targets-ours.log", extra=ctx)
     try:
-        mixed_ours = asyncio.run(_mixed_llmserve(url))
-        fresh_ours = asyncio.run(_fresh_long(url, None))
+        mixed_ours = asyncio.run(mixed_on_llmserve(url))
+        fresh_ours = asyncio.run(fresh_long_prompt(url, None))
     finally:
         stop(process)
     # Both fresh: a server that has served the loads above holds their cached prefixes.
@@ -165,8 +165,8 @@ def speculation(peer: Path, rounds: int) -> list[Row]:
         stop(off)
     process, url = start_llama_server(peer, default_model_path(), LOGS / "targets-peer.log", False, ctx)
     try:
-        mixed_peer = asyncio.run(_mixed_peer(url))
-        fresh_peer = asyncio.run(_fresh_long(None, url))
+        mixed_peer = asyncio.run(mixed_on_peer(url))
+        fresh_peer = asyncio.run(fresh_long_prompt(None, url))
     finally:
         stop(process)
     for level in PLAIN_LEVELS:
@@ -186,7 +186,7 @@ def speculation(peer: Path, rounds: int) -> list[Row]:
 
 
 def ceiling(batched_bench: Path, ours_c16: float) -> list[Row]:
-    s_tg = _batched_bench(batched_bench, default_model_path(), [16]).get(16)
+    s_tg = run_batched_bench(batched_bench, default_model_path(), [16]).get(16)
     if not s_tg:
         return []
     r = ours_c16 / s_tg

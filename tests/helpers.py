@@ -1,17 +1,85 @@
-"""Test helpers: a multi-turn Generate session over the sync gRPC API."""
+"""Test helpers over the sync gRPC API: one Generate call and its reply, a multi-turn Generate
+session, a stream that decodes until stopped, the slots' state; and `buf curl`, cosine similarity."""
 
 from __future__ import annotations
 
 import queue
+import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
 
 import grpc
-from llmserve.client import make_input, pb, session_config
+import numpy as np
+from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from harness.server import ROOT
+
+BUF = ROOT / "node_modules/.bin/buf"
+
 _END = object()
+
+
+def generate(address: str, *requests: pb.GenerateRequest, timeout: float = 60) -> Responses:
+    """One Generate call sending `requests` on a channel of its own: every response."""
+    with grpc.insecure_channel(address) as channel:
+        return list(pb_grpc.LLMServiceStub(channel).Generate(iter(requests), timeout=timeout))
+
+
+Responses = list[pb.GenerateResponse]
+
+
+def generate_turn(address: str, config: pb.SessionConfig, prompt: str, timeout: float = 60) -> Responses:
+    """One Generate call of one turn: `config`, then `prompt` with its end of turn."""
+    return generate(address, pb.GenerateRequest(config=config, input=make_input(prompt), end_of_turn=True),
+                    timeout=timeout)
+
+
+def generate_constrained(address: str, constraint: pb.Constraint, seed: int = 1, max_tokens: int = 120,
+                         prompt: str = "Describe a person as JSON:", ignore_eos: bool = False) -> Responses:
+    """One sampled turn (temperature 0.8) under `constraint`."""
+    config = pb.SessionConfig(
+        sampling=pb.SamplingParams(temperature=0.8, seed=seed),
+        stopping=pb.StoppingCriteria(max_tokens=max_tokens, ignore_eos=ignore_eos),
+        constraint=constraint,
+    )
+    return generate_turn(address, config, prompt, timeout=120)
+
+
+def reply_text(responses: Responses, index: int | None = None) -> str:
+    """The reply's text (`index`: one sample's only)."""
+    return "".join(r.chunk.text for r in responses if r.HasField("chunk") and index in (None, r.chunk.index))
+
+
+def reply_ids(responses: Responses, index: int | None = None) -> list[int]:
+    """The reply's token ids (`index`: one sample's only)."""
+    return [t for r in responses if r.HasField("chunk") and index in (None, r.chunk.index) for t in r.chunk.token_ids]
+
+
+def busy_slots(client: Client) -> int:
+    return sum(slot.busy for slot in client.model_info().slots)
+
+
+def wait_paused(client: Client, n: int, timeout: float, what: str = "the unread streams") -> None:
+    """Until `n` slots are held by paused sessions (their readers stopped reading)."""
+    deadline = time.monotonic() + timeout
+    while sum(s.paused for s in client.model_info().slots) < n:
+        assert time.monotonic() < deadline, f"{what} were never paused"
+        time.sleep(0.05)
+
+
+def buf_curl(*args: str) -> str:
+    """`buf curl` over gRPC (HTTP/2 without TLS) with `args`: its output."""
+    assert BUF.exists() or shutil.which("buf"), "buf is installed by `make tools` (npm @bufbuild/buf)"
+    cmd = [str(BUF if BUF.exists() else "buf"), "curl", "--protocol", "grpc", "--http2-prior-knowledge", *args]
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=60).stdout
+
+
+def cosine(a: object, b: object) -> float:
+    va, vb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(va @ vb / (np.linalg.norm(va) * np.linalg.norm(vb)))
 
 
 class SessionStream:

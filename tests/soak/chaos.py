@@ -28,9 +28,11 @@ import grpc
 from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from harness.metrics import metric
+from harness.server import num_threads, rss_kb, start_server, stop_server
 from tests.helpers import SessionStream
 from tests.soak.chaos_checks import CancelledCall, ChaosRun, Outcome, cancel_counts, server_findings
-from tests.soak.server_state import kv_leaks, metric, num_threads, rss_kb, wait_until_idle
+from tests.soak.server_state import kv_leaks, wait_until_idle
 
 SERVER_ARGS = ["-np", "4", "-c", "4096", "-t", "2", "--max-queue", "4", "--embeddings"]
 CALL_TIMEOUT = 120.0  # a 400-token turn behind a full server on a slow 2-core machine
@@ -106,13 +108,13 @@ class Chaos:
                 self._in_flight -= calls
         threading.Timer(LINGER_S, leave).start() if status in ("CANCELLED", "DEADLINE_EXCEEDED") else leave()
 
-    def _generate(self, request: pb.GenerateRequest, timeout: float = CALL_TIMEOUT) -> str:
+    def _call_once(self, request: pb.GenerateRequest, timeout: float = CALL_TIMEOUT) -> str:
         list(self.stub.Generate(iter([request]), timeout=timeout))
         return OK
 
     def _turn(self, rng: random.Random) -> str:
         config = session_config(max_tokens=rng.randint(1, 24), temperature=rng.choice([0.0, 0.7, 1.2]), seed=rng.randint(0, 99))
-        return self._generate(pb.GenerateRequest(config=config, input=make_input(rng.choice(PROMPTS)), end_of_turn=True))
+        return self._call_once(pb.GenerateRequest(config=config, input=make_input(rng.choice(PROMPTS)), end_of_turn=True))
 
     def _multiturn(self, rng: random.Random) -> str:
         s = SessionStream(self.channel, timeout=CALL_TIMEOUT, max_tokens=rng.randint(1, 12), temperature=0)
@@ -159,7 +161,7 @@ class Chaos:
     def _deadline(self, rng: random.Random) -> str:
         timeout = rng.choice([0.001, 0.01, 0.05, 0.2, 0.5, 1.0, 2.0])
         config = session_config(max_tokens=64, ignore_eos=True)
-        return self._generate(pb.GenerateRequest(config=config, input=make_input(rng.choice(PROMPTS)), end_of_turn=True), timeout)
+        return self._call_once(pb.GenerateRequest(config=config, input=make_input(rng.choice(PROMPTS)), end_of_turn=True), timeout)
 
     def _disconnect(self, rng: random.Random) -> str:
         channel = grpc.insecure_channel(self.address)
@@ -199,7 +201,7 @@ class Chaos:
             inp = make_input("")
         else:
             config.stopping.max_tokens = 10**7
-        return self._generate(pb.GenerateRequest(config=config, input=inp, end_of_turn=True))
+        return self._call_once(pb.GenerateRequest(config=config, input=inp, end_of_turn=True))
 
     def _embed(self, rng: random.Random) -> str:
         texts = [f"{rng.choice(PROMPTS)} {i}" for i in range(rng.randint(1, 40))]
@@ -247,8 +249,6 @@ def report(outcomes: Counter[Outcome], calls: int, seed: int, extra: list[str]) 
 
 
 def main() -> None:
-    from tests.conftest import start_server, stop_server
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=7)

@@ -60,10 +60,10 @@ class CancelCounts:
 
 
 def cancel_counts(port: int) -> CancelCounts:
-    from tests.soak.server_state import counter
+    from harness.metrics import counted
 
-    return CancelCounts(counter(port, "llmserve_turns_total", finish_reason="CANCELLED"),
-                        counter(port, "llmserve_requests_total", rpc="Generate", code="CANCELLED"))
+    return CancelCounts(counted(port, "llmserve_turns_total", finish_reason="CANCELLED"),
+                        counted(port, "llmserve_requests_total", rpc="Generate", code="CANCELLED"))
 
 
 def cancel_findings(cancelled: list[CancelledCall], log_lines: list[dict[str, Any]], before: CancelCounts,
@@ -110,7 +110,7 @@ def service_findings(outcomes: Counter[Outcome], refused_with_room: list[str]) -
 def server_findings(run: ChaosRun, log_path: Path, metrics_port: int, before: CancelCounts) -> list[str]:
     """After `wait_until_idle`: the cancels as the server saw them, and the valid calls served.
     `before`: `cancel_counts(metrics_port)` read before the run."""
-    from tests.conftest import server_log_lines
+    from harness.server import server_log_lines
 
     after = cancel_counts(metrics_port)
     return (cancel_findings(run.cancelled, server_log_lines(log_path), before, after)

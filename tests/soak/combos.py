@@ -41,11 +41,13 @@ from llmserve.client import pb
 from llmserve.client.errors import from_rpc_error
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.soak import chaos
+from harness.metrics import metric
+from harness.server import rss_kb
 from tests.soak.http_call import eog_pieces, run_http_plan
 from tests.soak.oracle import CallRecord, RunContext, Status, sample_turns
 from tests.soak.oracle_run import Verdict, check_run, log_problems, preempted_requests
 from tests.soak.plans import SURFACES, Plan, draw_plans
+from tests.soak.server_state import kv_leaks, wait_until_idle
 
 ROOT = Path(__file__).resolve().parents[2]
 NUM_SLOTS, MAX_QUEUE = 4, 4
@@ -151,12 +153,12 @@ def run_context(info: pb.ModelInfo, workers: int, log_path: Path, address: str =
 
 def server_findings(server, info: pb.ModelInfo) -> list[str]:  # type: ignore[no-untyped-def]
     """After the run: alive, KV clean, no session open, RSS bounded, nothing wrong in the log."""
-    findings = [f"KV: {leak}" for leak in chaos.kv_leaks(info)]
+    findings = [f"KV: {leak}" for leak in kv_leaks(info)]
     if server.process.poll() is not None:
         findings.append(f"the server exited with {server.process.returncode}")
-    if server.metrics_port is not None and (open_sessions := chaos.metric(server.metrics_port, "llmserve_sessions")):
+    if server.metrics_port is not None and (open_sessions := metric(server.metrics_port, "llmserve_sessions")):
         findings.append(f"{open_sessions:.0f} sessions open after the run")
-    if (rss := chaos.rss_kb(server.process.pid)) > MAX_RSS_MIB * 1024:
+    if (rss := rss_kb(server.process.pid)) > MAX_RSS_MIB * 1024:
         findings.append(f"server RSS {rss / 1024:.0f} MiB (bound {MAX_RSS_MIB})")
     return findings + [f"log: {line}" for line in log_problems(Path(server.log_path).read_text())]
 
@@ -220,7 +222,7 @@ def write_section(out: Path, name: str, text: str) -> None:
 
 
 def main() -> int:
-    from tests.conftest import free_port, start_server, stop_server
+    from harness.server import free_port, start_server, stop_server
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=600)
@@ -242,13 +244,13 @@ def main() -> int:
     started = time.monotonic()
     try:
         records = run_combos(server.address, plans, args.workers, http_url)
-        info = chaos.wait_until_idle(server.address)
+        info = wait_until_idle(server.address)
         verdict = check_run(records, run_context(info, args.workers, Path(server.log_path), server.address))
         problems = server_findings(server, info)
         extra = [f"extra server flags: {args.server_args or 'none'}", f"run time {time.monotonic() - started:.0f} s",
                  f"surface {args.surface}: {sum(p.surface == 'http' for p in plans)} calls over HTTP, "
                  f"{sum(p.surface == 'grpc' for p in plans)} over gRPC",
-                 f"server RSS after the run: {chaos.rss_kb(server.process.pid) / 1024:.0f} MiB (bound {MAX_RSS_MIB})",
+                 f"server RSS after the run: {rss_kb(server.process.pid) / 1024:.0f} MiB (bound {MAX_RSS_MIB})",
                  f"server checks after the run (alive, KV, open sessions, RSS, log): {problems or 'clean'}"]
     finally:
         code = stop_server(server)

@@ -9,7 +9,7 @@ Retry-After, ...), each choice's text and logprobs as chunks and its finish as a
 end, and in `HttpFacts` what has no place there (each token's text, the token counts
 the reply shows, usage, breaches of OpenAI's format). Every request asks for logprobs, so
 that each token's text is known (shown as the plan's logprobs only when it asks for them).
-tests/unit/test_http_translate.py
+tests/unit/tooling/test_http_translate.py
 feeds broken replies through it to the oracle.
 """
 

@@ -5,7 +5,7 @@ status with its google.rpc details, what the client did (`acted`: the in-band ca
 the call cancel or the disconnect its ending asks for), and the server's Detokenize of
 each sample's token ids. `check_call` predicts what a correct server sends for that
 plan and returns one line per difference. Nothing here touches the network, so
-tests/unit/test_oracle.py can feed it the outcomes of broken servers.
+tests/unit/tooling/test_oracle.py can feed it the outcomes of broken servers.
 
 The prediction, in short:
 - the status: an adversarial value is INVALID_ARGUMENT naming its field (or the

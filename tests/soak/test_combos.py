@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from llmserve.client import Client
 
-from tests.conftest import RunningServer, free_port, start_server, stop_server
+from harness.server import RunningServer, free_port, start_server, stop_server
 from tests.soak import chaos, combos
 from tests.soak.oracle_run import check_run
 from tests.soak.plans import draw_plans

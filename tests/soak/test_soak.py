@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 from llmserve.client import Client
 
-from tests.conftest import RunningServer, start_server, stop_server
+from harness.metrics import metric
+from harness.server import RunningServer, num_threads, start_server, stop_server
 from tests.soak import chaos
+from tests.soak.server_state import kv_leaks, wait_until_idle
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +28,10 @@ def test_short_chaos_run_leaves_the_server_clean(soak_server: RunningServer) -> 
         # start them before counting, so that what is counted after is a leak.
         client.generate("Say yes:", max_tokens=2, grammar='root ::= "yes"')
         client.tokenize("warm " * 5000)  # over 16 KiB: the heavy-unary thread
-    threads_before = chaos.num_threads(pid)
+    threads_before = num_threads(pid)
     before = chaos.cancel_counts(soak_server.metrics_port)
     run = chaos.run_chaos(soak_server.address, calls=200, seed=11)
-    info = chaos.wait_until_idle(soak_server.address)
+    info = wait_until_idle(soak_server.address)
     findings = chaos.server_findings(run, soak_server.log_path, soak_server.metrics_port, before)
     mid_turn = sum(c.responses_read > 0 for c in run.cancelled)
     print(chaos.report(run.outcomes, 200, 11, [f"{len(run.cancelled)} calls cancelled or dropped by the client "
@@ -41,8 +43,8 @@ def test_short_chaos_run_leaves_the_server_clean(soak_server: RunningServer) -> 
     assert findings == []
     assert mid_turn >= 1  # a mid-turn cancel was made, and checked (under load most calls are refused)
     assert soak_server.process.poll() is None
-    assert chaos.kv_leaks(info) == []
-    assert chaos.metric(soak_server.metrics_port, "llmserve_sessions") == 0
-    assert chaos.num_threads(pid) <= threads_before + 2
+    assert kv_leaks(info) == []
+    assert metric(soak_server.metrics_port, "llmserve_sessions") == 0
+    assert num_threads(pid) <= threads_before + 2
     log = Path(soak_server.log_path).read_text()
     assert "rpc_internal_error" not in log and "executor_step_failed" not in log

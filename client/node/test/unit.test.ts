@@ -96,7 +96,7 @@ test("sessionConfig maps flat options onto SessionConfig", () => {
   assert.equal(parseGrpcTimeout("3S"), 3000);
 });
 
-// The Python SDK's keys for the same inputs (tests/unit/test_prefix_affinity.py checks
+// The Python SDK's keys for the same inputs (tests/unit/client/test_prefix_affinity.py checks
 // them there): a call's head reaches the same replica from either language.
 test("derived affinity keys match the Python SDK's", () => {
   const chat = [

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from llmserve.client import Client
 
-from tests.conftest import start_server, stop_server
+from harness.server import start_server, stop_server
 
 ARGS = ["-np", "2", "-c", "2048", "-t", "1"]
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.server import RunningServer
 from tests import toolchains
 from tests.client_scenario import check
-from tests.conftest import RunningServer
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "client" / "examples" / "go"

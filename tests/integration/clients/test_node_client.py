@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.server import ROOT, RunningServer, free_port, start_server, stop_server
 from tests import client_scenario, toolchains
-from tests.conftest import ROOT, RunningServer, free_port, start_server, stop_server
 
 NODE_DIR = Path(__file__).resolve().parents[3] / "client" / "node"
 API_KEY = "node-client-key"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.server import RunningServer, free_port, start_server, stop_server
 from tests import toolchains
-from tests.conftest import RunningServer, free_port, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT = "127.0.0.1:50051"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from llmserve.client import AsyncClient, Client, DeadlineExceeded, InvalidArgument, pb
 
-from tests.conftest import free_port
+from harness.server import free_port
 
 SCHEMA = {
     "type": "object",

@@ -8,7 +8,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,7 +15,8 @@ import grpc
 import pytest
 from llmserve.client import SERVICE_CONFIG, Client, ResourceExhausted, Unavailable
 
-from tests.conftest import RunningServer, free_port, start_server, stop_server
+from harness.metrics import counted
+from harness.server import RunningServer, free_port, start_server, stop_server
 from tests.helpers import SessionStream
 
 LONG = dict(max_tokens=2000, temperature=0, ignore_eos=True)
@@ -34,11 +34,7 @@ def full_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
 
 def _refused(server: RunningServer) -> int:
     """Generate calls the server has answered RESOURCE_EXHAUSTED (its Prometheus counter)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
-    for line in text.splitlines():
-        if line.startswith("llmserve_requests_total{") and 'rpc="Generate"' in line and 'code="RESOURCE_EXHAUSTED"' in line:
-            return int(float(line.rsplit(" ", 1)[1]))
-    return 0
+    return int(counted(server.metrics_port, "llmserve_requests_total", rpc="Generate", code="RESOURCE_EXHAUSTED"))
 
 
 def _refused_reaches(server: RunningServer, count: int) -> int:

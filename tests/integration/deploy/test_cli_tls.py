@@ -17,8 +17,8 @@ import grpc
 import pytest
 from llmserve.client import Client
 
+from harness.server import RunningServer, free_port, start_server, stop_server
 from tests import certs
-from tests.conftest import RunningServer, free_port, start_server, stop_server
 
 API_KEY = "cli-s3cret"
 

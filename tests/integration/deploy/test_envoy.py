@@ -17,7 +17,7 @@ import grpc
 import pytest
 from llmserve.client import Client
 
-from tests.envoy_cluster import DRAIN_DELAY_S, Cluster
+from harness.envoy_cluster import DRAIN_DELAY_S, Cluster
 from tests.integration.deploy.envoy_calls import AFFINITY, NEEDS_ENVOY, generate_call, key_for_replica
 
 pytestmark = NEEDS_ENVOY

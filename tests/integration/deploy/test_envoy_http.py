@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from openai import OpenAI
 
-from tests.envoy_cluster import Cluster
+from harness.envoy_cluster import Cluster
 from tests.integration.deploy.envoy_calls import AFFINITY, NEEDS_ENVOY
 from tests.integration.deploy.http_calls import (
     AFFINITY_CLUSTER,

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from llmserve.client import Client
 
-from tests.envoy_cluster import (
+from harness.envoy_cluster import (
     LOAD_REPLICA_ARGS,
     SHIPPED_DRAIN_DELAY_S,
     SHIPPED_HEALTH_INTERVAL_S,

@@ -23,7 +23,7 @@ import pytest
 from llmserve.client import Client
 from xds.service.orca.v3 import orca_pb2, orca_pb2_grpc
 
-from tests.envoy_cluster import Cluster, Replica
+from harness.envoy_cluster import Cluster, Replica
 from tests.integration.deploy.envoy_calls import NEEDS_ENVOY, generate_call
 from tests.integration.deploy.http_calls import requests_per_host
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from llmserve.client import Client
 
-from tests.conftest import CHAT_SERVER_ARGS, ROOT, RunningServer, free_port, start_server, stop_server
+from harness.server import CHAT_SERVER_ARGS, ROOT, RunningServer, free_port, start_server, stop_server
 
 # What the Dockerfile's builder copies before `pip wheel --no-deps .`
 SOURCES = ("pyproject.toml", "README.md", "service", "client")

@@ -12,7 +12,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from llmserve.client import Client
 
-from tests.conftest import RunningServer, start_server, stop_server
+from harness.server import RunningServer, start_server, stop_server
 from tests.helpers import SessionStream
 
 LONG = dict(max_tokens=2000, temperature=0, ignore_eos=True)

@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from harness.server import rss_kb
+
 NORMAL = dict(max_tokens=64, temperature=0, ignore_eos=True)
 PROMPTS = ["Tell me about rivers.", "Tell me about mountains.", "Tell me about deserts.", "Tell me about forests."]
-
-
-def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def _four_streams(address: str) -> list[float]:
@@ -50,9 +44,9 @@ def test_a_client_that_never_reads_pauses_only_itself(server) -> None:  # type: 
             # Warm-up beside the paused stream: llama.cpp's logits buffer grows once to the most
             # rows a step has asked for (speculation's draft rows too), and stays.
             _four_streams(server.address)
-            rss_before = _rss_kb(server.process.pid)
+            rss_before = rss_kb(server.process.pid)
             during = _four_streams(server.address)
-            rss_after = _rss_kb(server.process.pid)
+            rss_after = rss_kb(server.process.pid)
             paused = [s for s in client.model_info().slots if s.paused]
             assert paused, "the unread stream resumed without being read"
             assert max(s.num_cached_tokens for s in paused) == cached_when_paused  # it did not advance

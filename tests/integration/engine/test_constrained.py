@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -11,8 +10,10 @@ import jsonschema
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
-from llmserve.client import Client, make_input, pb
-from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+from llmserve.client import Client, pb
+
+from harness.metrics import metric
+from tests.helpers import generate_constrained, reply_text
 
 SCHEMA = {
     "type": "object",
@@ -26,37 +27,23 @@ SCHEMA = {
 }
 
 
-def _run(address: str, constraint: pb.Constraint, seed: int = 1, max_tokens: int = 120,
-         prompt: str = "Describe a person as JSON:", ignore_eos: bool = False) -> list[pb.GenerateResponse]:
-    config = pb.SessionConfig(
-        sampling=pb.SamplingParams(temperature=0.8, seed=seed),
-        stopping=pb.StoppingCriteria(max_tokens=max_tokens, ignore_eos=ignore_eos),
-        constraint=constraint,
-    )
-    request = pb.GenerateRequest(config=config, input=make_input(prompt), end_of_turn=True)
-    with grpc.insecure_channel(address) as channel:
-        return list(pb_grpc.LLMServiceStub(channel).Generate(iter([request]), timeout=120))
-
-
-def _text(responses: list[pb.GenerateResponse]) -> str:
-    return "".join(r.chunk.text for r in responses if r.HasField("chunk"))
-
-
 def test_gbnf_grammar_limits_the_output(server) -> None:  # type: ignore[no-untyped-def]
     grammar = 'root ::= ("yes" | "no") "."'
     for seed in range(3):
-        responses = _run(server.address, pb.Constraint(grammar=grammar), seed=seed, prompt="Is water wet? Answer:")
-        assert _text(responses) in ("yes.", "no.")
+        responses = generate_constrained(
+            server.address, pb.Constraint(grammar=grammar), seed=seed, prompt="Is water wet? Answer:"
+        )
+        assert reply_text(responses) in ("yes.", "no.")
         assert responses[-1].turn_end.finish_reason == pb.FINISH_REASON_STOP
 
 
 def test_json_schema_output_always_parses_and_validates(server) -> None:  # type: ignore[no-untyped-def]
     constraint = pb.Constraint(json_schema=json.dumps(SCHEMA))
     for seed in range(10):
-        responses = _run(server.address, constraint, seed=seed, max_tokens=200)
+        responses = generate_constrained(server.address, constraint, seed=seed, max_tokens=200)
         end = responses[-1].turn_end
-        assert end.finish_reason == pb.FINISH_REASON_STOP, (seed, _text(responses))
-        value = json.loads(_text(responses))
+        assert end.finish_reason == pb.FINISH_REASON_STOP, (seed, reply_text(responses))
+        value = json.loads(reply_text(responses))
         jsonschema.validate(value, SCHEMA)
 
 
@@ -70,7 +57,7 @@ def test_json_schema_output_always_parses_and_validates(server) -> None:  # type
 )
 def test_invalid_grammar_is_invalid_argument(server, constraint: pb.Constraint, field: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(grpc.RpcError) as err:
-        _run(server.address, constraint)
+        generate_constrained(server.address, constraint)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     status = rpc_status.from_call(err.value)  # type: ignore[arg-type]
     bad = error_details_pb2.BadRequest()
@@ -81,11 +68,7 @@ def test_invalid_grammar_is_invalid_argument(server, constraint: pb.Constraint, 
 
 
 def _steps(port: int) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith('llmserve_step_duration_seconds_count{kind="generate"}'):
-                return float(line.split()[-1])
-    raise AssertionError("no step count")
+    return metric(port, 'llmserve_step_duration_seconds_count{kind="generate"}')
 
 
 def test_grammar_requests_batch_with_ordinary_ones(server) -> None:  # type: ignore[no-untyped-def]
@@ -93,7 +76,8 @@ def test_grammar_requests_batch_with_ordinary_ones(server) -> None:  # type: ign
     with ThreadPoolExecutor(2) as pool, Client(server.address, timeout=120) as client:
         ordinary = pool.submit(client.generate, "Tell me a story:", max_tokens=80, temperature=0, ignore_eos=True)
         constrained = pool.submit(
-            _run, server.address, pb.Constraint(grammar="root ::= [a-z ]+"), max_tokens=80, ignore_eos=True
+            generate_constrained, server.address, pb.Constraint(grammar="root ::= [a-z ]+"), max_tokens=80,
+            ignore_eos=True
         )
         ordinary_tokens = ordinary.result().turn_end.usage.completion_tokens
         constrained_tokens = constrained.result()[-1].turn_end.usage.completion_tokens

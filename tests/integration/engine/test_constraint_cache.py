@@ -20,8 +20,8 @@ from grpc_status import rpc_status
 from llmserve.client import make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.conftest import RunningServer, start_server, stop_server
-from tests.soak import chaos
+from harness.metrics import metric
+from harness.server import RunningServer, start_server, stop_server
 
 HIT = 'llmserve_constraint_cache_total{result="hit"}'
 MISS = 'llmserve_constraint_cache_total{result="miss"}'
@@ -94,11 +94,11 @@ def test_a_repeated_schema_compiles_once(busy_server: RunningServer) -> None:
     with grpc.insecure_channel(busy_server.address) as channel:
         stub = pb_grpc.LLMServiceStub(channel)
         assert _constrained(stub, schema) == grpc.StatusCode.OK
-        hits, misses = chaos.metric(port, HIT), chaos.metric(port, MISS)
+        hits, misses = metric(port, HIT), metric(port, MISS)
         with ThreadPoolExecutor(4) as pool:  # every tool call repeats its tools
             assert set(pool.map(lambda _: _constrained(stub, schema), range(4))) == {grpc.StatusCode.OK}
-    assert chaos.metric(port, MISS) == misses
-    assert chaos.metric(port, HIT) == hits + 4
+    assert metric(port, MISS) == misses
+    assert metric(port, HIT) == hits + 4
 
 
 def test_a_pathological_grammar_is_still_invalid_and_refused_once(busy_server: RunningServer) -> None:
@@ -113,12 +113,12 @@ def test_a_pathological_grammar_is_still_invalid_and_refused_once(busy_server: R
     with grpc.insecure_channel(busy_server.address) as channel:
         stub = pb_grpc.LLMServiceStub(channel)
         for attempt in range(2):
-            hits = chaos.metric(port, HIT)
+            hits = metric(port, HIT)
             with pytest.raises(grpc.RpcError) as err:
                 list(stub.Generate(iter([request]), timeout=300))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "crashed llama.cpp's grammar parser" in (err.value.details() or "")
-            assert chaos.metric(port, HIT) == hits + attempt  # the second answer is the kept refusal
+            assert metric(port, HIT) == hits + attempt  # the second answer is the kept refusal
         assert _constrained(stub, grammar='root ::= "yes"') == grpc.StatusCode.OK
 
 

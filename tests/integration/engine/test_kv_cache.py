@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,23 +11,9 @@ import grpc
 import pytest
 from llmserve.client import Client, pb
 
-from tests.conftest import RunningServer, start_server, stop_server
+from harness.metrics import metric
+from harness.server import RunningServer, rss_kb, start_server, stop_server
 from tests.greedy import parting
-
-
-def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
-def _metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[-1])
-    raise AssertionError(f"{name} not exported")
 
 
 @pytest.fixture(scope="module")
@@ -54,16 +39,16 @@ def test_a_session_generates_three_times_its_context(shifting_server: RunningSer
         # The first long turn grows llama.cpp's buffers once (logits rows for speculation's
         # drafts, the shift's graph): a leak is growth on the second identical turn.
         result = client.generate(prompt, max_tokens=3 * per_slot, temperature=0.7, ignore_eos=True)
-        rss_before = _rss_kb(shifting_server.process.pid)
+        rss_before = rss_kb(shifting_server.process.pid)
         again = client.generate(prompt, max_tokens=3 * per_slot, temperature=0.7, ignore_eos=True)
-        rss_after = _rss_kb(shifting_server.process.pid)
+        rss_after = rss_kb(shifting_server.process.pid)
         slots = client.model_info().slots
     assert again.turn_end.usage.completion_tokens == 3 * per_slot
     end = result.turn_end
     assert end.finish_reason == pb.FINISH_REASON_LENGTH
     assert end.usage.completion_tokens == 3 * per_slot
     assert all(s.num_cached_tokens <= per_slot for s in slots)
-    shifts = _metric(shifting_server.metrics_port, "llmserve_context_shifts_total")
+    shifts = metric(shifting_server.metrics_port, "llmserve_context_shifts_total")
     print(f"{end.usage.completion_tokens} tokens in a {per_slot}-token slot: {shifts:.0f} context shifts in two turns, "
           f"RSS over the second {rss_before / 1024:.1f} -> {rss_after / 1024:.1f} MiB")
     assert shifts >= 8

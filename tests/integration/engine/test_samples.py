@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import time
-import urllib.request
 
 import grpc
 import pytest
 from llmserve.client import Client, make_input, pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from harness.metrics import counted
+
 
 def _batch_tokens(port: int) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith('llmserve_batch_tokens_sum{kind="generate"}'):
-                return float(line.split()[-1])
-    return 0.0  # no generation step yet on this server
+    return counted(port, 'llmserve_batch_tokens_sum{kind="generate"}')  # 0: no generation step yet on this server
 
 
 def test_three_samples_share_one_prefill(server) -> None:  # type: ignore[no-untyped-def]

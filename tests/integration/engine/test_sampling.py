@@ -8,24 +8,11 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
-from llmserve.client import Client, make_input, pb
-from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+from llmserve.client import Client, pb
+
+from tests.helpers import generate_turn, reply_ids, reply_text
 
 PROMPT = "The best way to learn a new language is"
-
-
-def _generate(address: str, config: pb.SessionConfig, prompt: str = PROMPT) -> list[pb.GenerateResponse]:
-    request = pb.GenerateRequest(config=config, input=make_input(prompt), end_of_turn=True)
-    with grpc.insecure_channel(address) as channel:
-        return list(pb_grpc.LLMServiceStub(channel).Generate(iter([request]), timeout=60))
-
-
-def _ids(responses: list[pb.GenerateResponse]) -> list[int]:
-    return [t for r in responses if r.HasField("chunk") for t in r.chunk.token_ids]
-
-
-def _text(responses: list[pb.GenerateResponse]) -> str:
-    return "".join(r.chunk.text for r in responses if r.HasField("chunk"))
 
 
 def _config(max_tokens: int = 24, **sampling: object) -> pb.SessionConfig:
@@ -57,13 +44,13 @@ SAMPLER_CASES = {
 @pytest.mark.parametrize("case", SAMPLER_CASES)
 def test_every_sampler_runs_and_a_fixed_seed_repeats(server, case: str) -> None:  # type: ignore[no-untyped-def]
     config = _config(seed=1234, **SAMPLER_CASES[case])
-    first = _generate(server.address, config)
-    second = _generate(server.address, config)
-    assert len(_ids(first)) == 24
+    first = generate_turn(server.address, config, PROMPT)
+    second = generate_turn(server.address, config, PROMPT)
+    assert len(reply_ids(first)) == 24
     # Like with like: the second call lands on the slot the first one left (longest cached
     # prefix, the most recent first), samples its first token from the logits saved there
     # and decodes alone in the same cells: the same digits on any CPU, so the same draws.
-    assert _ids(first) == _ids(second)
+    assert reply_ids(first) == reply_ids(second)
     assert first[-1].turn_end.seed == 1234
 
 
@@ -73,14 +60,14 @@ def test_fixed_seed_run_to_run_and_under_concurrent_load(server) -> None:  # typ
     in-process: up to ~0.7 logit difference for one row decoded alone vs beside another
     sequence's tokens), which can move a draw: the common prefix is reported, not asserted."""
     config = _config(max_tokens=32, seed=42, temperature=0.7)
-    solo = _ids(_generate(server.address, config))
+    solo = reply_ids(generate_turn(server.address, config, PROMPT))
     for _ in range(2):  # like with like: each repeat runs on the slot the last one left (see above)
-        assert _ids(_generate(server.address, config)) == solo
+        assert reply_ids(generate_turn(server.address, config, PROMPT)) == solo
     others = [f"Unrelated prompt number {i} about cooking:" for i in range(4)]
     with ThreadPoolExecutor(8) as pool:
-        same = [pool.submit(_generate, server.address, config) for _ in range(4)]
-        noise = [pool.submit(_generate, server.address, _config(max_tokens=48, temperature=0.9), p) for p in others]
-        loaded = [_ids(f.result()) for f in same]
+        same = [pool.submit(generate_turn, server.address, config, PROMPT) for _ in range(4)]
+        noise = [pool.submit(generate_turn, server.address, _config(max_tokens=48, temperature=0.9), p) for p in others]
+        loaded = [reply_ids(f.result()) for f in same]
         for f in noise:
             f.result()
     prefixes = [next((i for i, (a, b) in enumerate(zip(solo, ids)) if a != b), len(solo)) for ids in loaded]
@@ -89,11 +76,14 @@ def test_fixed_seed_run_to_run_and_under_concurrent_load(server) -> None:  # typ
 
 
 def test_logit_bias_bans_and_forces_tokens(server) -> None:  # type: ignore[no-untyped-def]
-    greedy = _ids(_generate(server.address, _config(max_tokens=8, temperature=0)))
+    greedy = reply_ids(generate_turn(server.address, _config(max_tokens=8, temperature=0), PROMPT))
     banned = greedy[0]
-    without = _ids(_generate(server.address, _config(max_tokens=8, temperature=0, logit_bias={banned: float("-inf")})))
+    banning = _config(max_tokens=8, temperature=0, logit_bias={banned: float("-inf")})
+    without = reply_ids(generate_turn(server.address, banning, PROMPT))
     assert banned not in without
-    forced = _ids(_generate(server.address, _config(max_tokens=4, temperature=0, logit_bias={9259: 100.0})))
+    forced = reply_ids(
+        generate_turn(server.address, _config(max_tokens=4, temperature=0, logit_bias={9259: 100.0}), PROMPT)
+    )
     assert forced == [9259] * 4
 
 
@@ -103,7 +93,7 @@ def test_min_tokens_holds_off_end_of_generation(server) -> None:  # type: ignore
             sampling=pb.SamplingParams(temperature=0, logit_bias={1: 100.0}),  # <eos> at once
             stopping=pb.StoppingCriteria(max_tokens=20, min_tokens=min_tokens),
         )
-        return _generate(server.address, config)[-1].turn_end
+        return generate_turn(server.address, config, PROMPT)[-1].turn_end
 
     assert run(0).usage.completion_tokens == 1
     held = run(5)
@@ -111,16 +101,16 @@ def test_min_tokens_holds_off_end_of_generation(server) -> None:  # type: ignore
 
 
 def test_stop_token_ids(server) -> None:  # type: ignore[no-untyped-def]
-    greedy = _ids(_generate(server.address, _config(max_tokens=16, temperature=0)))
+    greedy = reply_ids(generate_turn(server.address, _config(max_tokens=16, temperature=0), PROMPT))
     stop_id = greedy[5]
     config = _config(max_tokens=16, temperature=0)
     config.stopping.stop_token_ids.append(stop_id)
-    responses = _generate(server.address, config)
+    responses = generate_turn(server.address, config, PROMPT)
     end = responses[-1].turn_end
     assert end.finish_reason == pb.FINISH_REASON_STOP_SEQUENCE
     assert end.matched_stop_token_id == stop_id
     # Like with like: the second run repeats the first on its slot, from its saved logits.
-    assert _ids(responses) == greedy[: greedy.index(stop_id) + 1]
+    assert reply_ids(responses) == greedy[: greedy.index(stop_id) + 1]
 
 
 def test_special_tokens_rendered_only_when_asked(server) -> None:  # type: ignore[no-untyped-def]
@@ -128,10 +118,10 @@ def test_special_tokens_rendered_only_when_asked(server) -> None:  # type: ignor
     with Client(server.address, timeout=30) as client:
         assert client.detokenize([start_of_turn], render_special=True) == "<start_of_turn>"
     config = _config(max_tokens=3, temperature=0, logit_bias={start_of_turn: 100.0})  # forced, whatever the digits
-    skipped = _generate(server.address, config)
-    assert _ids(skipped) == [start_of_turn] * 3 and _text(skipped) == ""
+    skipped = generate_turn(server.address, config, PROMPT)
+    assert reply_ids(skipped) == [start_of_turn] * 3 and reply_text(skipped) == ""
     config.output.include_special = True
-    assert _text(_generate(server.address, config)) == "<start_of_turn>" * 3
+    assert reply_text(generate_turn(server.address, config, PROMPT)) == "<start_of_turn>" * 3
 
 
 BAD_VALUES = {
@@ -152,7 +142,7 @@ BAD_VALUES = {
 @pytest.mark.parametrize("field", BAD_VALUES)
 def test_out_of_range_sampling_values_name_the_field(server, field: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(grpc.RpcError) as err:
-        _generate(server.address, _config(**BAD_VALUES[field]))
+        generate_turn(server.address, _config(**BAD_VALUES[field]), PROMPT)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     status = rpc_status.from_call(err.value)  # type: ignore[arg-type]
     bad = error_details_pb2.BadRequest()

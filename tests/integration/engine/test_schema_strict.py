@@ -14,7 +14,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from llmserve.client import Client, pb
 
-from tests.integration.engine.test_constrained import _run, _text
+from tests.helpers import generate_constrained, reply_text
 
 FIELD = "config.constraint.json_schema"
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
@@ -32,7 +32,7 @@ ENDLESS = {"type": "object", "properties": {"children": {"type": "array", "items
 def _refusal(address: str, constraint: pb.Constraint) -> tuple[str, str]:
     """The refusal's BadRequest field and its message."""
     with pytest.raises(grpc.RpcError) as err:
-        _run(address, constraint, max_tokens=4)
+        generate_constrained(address, constraint, max_tokens=4)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
     status = rpc_status.from_call(err.value)  # type: ignore[arg-type]
     assert status is not None
@@ -53,7 +53,7 @@ def test_strict_refuses_a_keyword_the_converter_drops_naming_it(server) -> None:
 
 
 def test_without_strict_the_same_schema_is_served_as_before(server) -> None:  # type: ignore[no-untyped-def]
-    responses = _run(server.address, pb.Constraint(json_schema=json.dumps(PERSON)), max_tokens=60)
+    responses = generate_constrained(server.address, pb.Constraint(json_schema=json.dumps(PERSON)), max_tokens=60)
     assert responses[-1].HasField("turn_end")
 
 
@@ -61,10 +61,11 @@ def test_a_strict_schema_the_converter_enforces_holds(server) -> None:  # type: 
     enforced = {**PERSON, "properties": {**PERSON["properties"], "age": {"type": "integer"},
                                          "pet": {"enum": ["cat", "dog", None]}}, "required": ["name", "age", "pet"]}
     for seed in range(3):
-        responses = _run(server.address, pb.Constraint(json_schema=json.dumps(enforced), strict=True), seed=seed,
-                         max_tokens=120)
-        assert responses[-1].turn_end.finish_reason == pb.FINISH_REASON_STOP, _text(responses)
-        jsonschema.validate(json.loads(_text(responses)), enforced)
+        responses = generate_constrained(
+            server.address, pb.Constraint(json_schema=json.dumps(enforced), strict=True), seed=seed, max_tokens=120
+        )
+        assert responses[-1].turn_end.finish_reason == pb.FINISH_REASON_STOP, reply_text(responses)
+        jsonschema.validate(json.loads(reply_text(responses)), enforced)
     with Client(server.address, timeout=30) as client:
         assert client.model_info().features.strict
 
@@ -77,10 +78,12 @@ def test_a_strict_one_of_told_apart_by_a_const_property_holds(server) -> None:  
         "Dog": {"type": "object", "properties": {"kind": {"const": "dog"}, "name": {"type": "string", "maxLength": 10}},
                 "required": ["kind", "name"], "additionalProperties": False}}}
     for seed in range(3):
-        responses = _run(server.address, pb.Constraint(json_schema=json.dumps(pet), strict=True), seed=seed,
-                         max_tokens=80, prompt="A pet as JSON:")
-        assert responses[-1].turn_end.finish_reason == pb.FINISH_REASON_STOP, _text(responses)
-        jsonschema.validate(json.loads(_text(responses)), pet)
+        responses = generate_constrained(
+            server.address, pb.Constraint(json_schema=json.dumps(pet), strict=True), seed=seed, max_tokens=80,
+            prompt="A pet as JSON:"
+        )
+        assert responses[-1].turn_end.finish_reason == pb.FINISH_REASON_STOP, reply_text(responses)
+        jsonschema.validate(json.loads(reply_text(responses)), pet)
 
 
 @pytest.mark.parametrize("strict", [False, True])
@@ -89,10 +92,11 @@ def test_a_recursive_tree_with_optional_children_generates_valid_json(server, st
     one that finished validates, and some finish."""
     finished = 0
     for seed in range(6):
-        responses = _run(server.address, pb.Constraint(json_schema=json.dumps(TREE), strict=strict), seed=seed,
-                         max_tokens=200, prompt='Repeat this JSON exactly: {"name": "a", "children": [{"name": "b"}]}\n'
-                                                "JSON:")
-        text = _text(responses)
+        responses = generate_constrained(
+            server.address, pb.Constraint(json_schema=json.dumps(TREE), strict=strict), seed=seed, max_tokens=200,
+            prompt='Repeat this JSON exactly: {"name": "a", "children": [{"name": "b"}]}\nJSON:',
+        )
+        text = reply_text(responses)
         assert text.startswith("{"), text
         if responses[-1].turn_end.finish_reason == pb.FINISH_REASON_STOP:
             jsonschema.validate(json.loads(text), TREE)

@@ -10,7 +10,6 @@ DEADLINE_EXCEEDED."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,18 +19,17 @@ from grpc_status import rpc_status
 from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.conftest import RunningServer, start_server, stop_server
+from harness.metrics import total
+from harness.server import RunningServer, start_server, stop_server
+from tests.fixtures import module_server
+from tests.helpers import wait_paused
 
 NUM_SLOTS = 2
 REPLY_TOKENS = 400  # past where an unread stream pauses (about 80 tokens: 64 events plus what HTTP/2 buffers)
 
 
-@pytest.fixture(scope="module")
-def two_slots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    running = start_server(["-np", str(NUM_SLOTS), "-c", "4096", "-t", "2", "--reader-timeout", "0"],
-                           tmp_path_factory.mktemp("slow") / "server.log", metrics=True)
-    yield running
-    assert stop_server(running) == 0
+two_slot_server = module_server(["-np", str(NUM_SLOTS), "-c", "4096", "-t", "2", "--reader-timeout", "0"], "slow",
+                                metrics=True)
 
 
 def _unread_stream(address: str, prompt: str, max_tokens: int, **config: object) -> tuple[grpc.Channel, object]:
@@ -55,24 +53,17 @@ def _read_all(call) -> tuple[list[int], list[pb.TurnEnd]]:  # type: ignore[no-un
     return ids, ends
 
 
-def _wait_paused(client: Client, n: int) -> None:
-    deadline = time.monotonic() + 120
-    while sum(s.paused for s in client.model_info().slots) < n:
-        assert time.monotonic() < deadline, "the unread streams were never paused"
-        time.sleep(0.05)
-
-
-def test_more_unread_streams_than_slots_lock_nobody_out_and_get_their_whole_reply(two_slots: RunningServer) -> None:
+def test_more_unread_streams_than_slots_lock_nobody_out_and_get_their_whole_reply(two_slot_server: RunningServer) -> None:
     prompts = [f"Write an endless list of {thing}:" for thing in ("numbers", "colours", "rivers")]
-    streams = [_unread_stream(two_slots.address, p, REPLY_TOKENS) for p in prompts]  # more than the slots
+    streams = [_unread_stream(two_slot_server.address, p, REPLY_TOKENS) for p in prompts]  # more than the slots
     try:
-        with Client(two_slots.address, timeout=30, retries=False) as client:
-            _wait_paused(client, NUM_SLOTS)  # both slots held by streams nobody reads
+        with Client(two_slot_server.address, timeout=30, retries=False) as client:
+            wait_paused(client, NUM_SLOTS, timeout=120)  # both slots held by streams nobody reads
             started = time.monotonic()
             replies = [client.generate(f"Say hello number {i}.", max_tokens=8, temperature=0) for i in range(3)]
             elapsed = time.monotonic() - started
             assert all(r.turn_end.usage.completion_tokens == 8 for r in replies)
-            preempted = _metric(two_slots, "llmserve_preemptions_total")
+            preempted = total(two_slot_server.metrics_port, "llmserve_preemptions_total")
             assert preempted >= 1
         # Before the fix these calls ended DEADLINE_EXCEEDED (timeout=30): the slots were never freed.
         print(f"3 callers served in {elapsed:.1f} s past {len(streams)} unread streams; preemptions {preempted}")
@@ -90,23 +81,13 @@ def test_more_unread_streams_than_slots_lock_nobody_out_and_get_their_whole_repl
             channel.close()
 
 
-def _metric(server: RunningServer, name: str) -> float:
-    import urllib.request
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ")
-              or line.startswith(name + "{")]
-    assert values, f"no metric {name}"
-    return sum(values)
-
-
 def test_a_stream_that_reads_nothing_ends_deadline_exceeded_naming_the_flag(tmp_path: Path) -> None:
     running = start_server(["-np", "1", "-c", "2048", "-t", "2", "--reader-timeout", "2"], tmp_path / "server.log")
     try:
         channel, call = _unread_stream(running.address, "Write an endless list of numbers:", 2000)
         try:
             with Client(running.address, timeout=30) as client:
-                _wait_paused(client, 1)
+                wait_paused(client, 1, timeout=120)
                 paused_at = time.monotonic()
                 while any(s.busy for s in client.model_info().slots):  # ended 2 s after its pause
                     assert time.monotonic() - paused_at < 30, "the unread stream kept its slot"
@@ -167,7 +148,7 @@ def test_an_unread_stream_of_four_samples_gives_all_four_slots_to_another_caller
                                        temperature=0.7, seed=5, logprobs=True, top_logprobs=20)
         try:
             with Client(running.address, timeout=30, retries=False) as client:
-                _wait_paused(client, SAMPLES)
+                wait_paused(client, SAMPLES, timeout=120)
                 cached_at_pause = [s.num_cached_tokens for s in client.model_info().slots]
                 started = time.monotonic()
                 reply = client.generate("Say hello.", max_tokens=4, temperature=0)
@@ -178,7 +159,7 @@ def test_an_unread_stream_of_four_samples_gives_all_four_slots_to_another_caller
                       f" stream (slots held {cached_at_pause})")
                 assert queued < QUEUE_BOUND_S and waited < CALLER_BOUND_S
                 _wait_idle(client)  # the unread stream holds none of its slots now
-                assert _metric(running, "llmserve_preemptions_total") == 1
+                assert total(running.metrics_port, "llmserve_preemptions_total") == 1
             ids, ends = _read_samples(call)
             assert call.code() == grpc.StatusCode.OK  # type: ignore[attr-defined]
         finally:

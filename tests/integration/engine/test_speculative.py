@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import grpc
 import pytest
-from llmserve.client import make_input, pb, session_config
-from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+from llmserve.client import pb, session_config
 
-from tests.conftest import RunningServer, start_server, stop_server
+from harness.metrics import metric
+from harness.server import RunningServer, start_server, stop_server
 from tests.greedy import parting
-from tests.soak import chaos
+from tests.helpers import generate_turn, reply_ids, reply_text
+from tests.soak.server_state import kv_leaks, wait_until_idle
 
 ARGS = ["-np", "4", "-c", "8192", "-t", "2"]
 TOP = 4  # logprob alternatives asked for: where two greedy replies part, both picks show
@@ -51,20 +51,6 @@ def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSe
     assert stop_server(running) == 0
 
 
-def _run(address: str, config: pb.SessionConfig, text: str) -> list[pb.GenerateResponse]:
-    with grpc.insecure_channel(address) as channel:
-        request = pb.GenerateRequest(config=config, input=make_input(text), end_of_turn=True)
-        return list(pb_grpc.LLMServiceStub(channel).Generate(iter([request]), timeout=120))
-
-
-def _text(responses: list[pb.GenerateResponse]) -> str:
-    return "".join(r.chunk.text for r in responses if r.HasField("chunk") and r.chunk.index == 0)
-
-
-def _ids(responses: list[pb.GenerateResponse], index: int = 0) -> list[int]:
-    return [t for r in responses if r.HasField("chunk") and r.chunk.index == index for t in r.chunk.token_ids]
-
-
 def _logprobs(responses: list[pb.GenerateResponse]) -> list[pb.TokenLogprob]:
     return [lp for r in responses if r.HasField("chunk") for lp in r.chunk.logprobs]
 
@@ -78,9 +64,9 @@ def test_greedy_speculative_output_is_the_plain_output(
     spec_server: RunningServer, plain_server: RunningServer, passage: str
 ) -> None:
     config = session_config(max_tokens=64, temperature=0, ignore_eos=True, top_logprobs=TOP)
-    spec = _run(spec_server.address, config, _copy_prompt(passage))
-    plain = _run(plain_server.address, config, _copy_prompt(passage))
-    assert len(_ids(spec)) == len(_logprobs(spec)) == len(_ids(plain)) == 64
+    spec = generate_turn(spec_server.address, config, _copy_prompt(passage), timeout=120)
+    plain = generate_turn(plain_server.address, config, _copy_prompt(passage), timeout=120)
+    assert len(reply_ids(spec, index=0)) == len(_logprobs(spec)) == len(reply_ids(plain, index=0)) == 64
     parted = parting(_logprobs(plain), _logprobs(spec), SPEC_TOL)
     print(f"speculative vs plain: parted at {parted}")
     usage = spec[-1].turn_end.usage
@@ -98,22 +84,24 @@ def test_every_feature_works_with_drafts(spec_server: RunningServer, plain_serve
     minimum.stopping.min_tokens = 20
     for config in (stop, logprobs, grammar, minimum):
         config.output.top_logprobs = TOP
-        spec, plain = _run(spec_server.address, config, prompt), _run(plain_server.address, config, prompt)
-        assert len(_logprobs(spec)) == len(_ids(spec)) and len(_logprobs(plain)) == len(_ids(plain))
+        spec = generate_turn(spec_server.address, config, prompt, timeout=120)
+        plain = generate_turn(plain_server.address, config, prompt, timeout=120)
+        assert len(_logprobs(spec)) == len(reply_ids(spec, index=0))
+        assert len(_logprobs(plain)) == len(reply_ids(plain, index=0))
         if parting(_logprobs(plain), _logprobs(spec), SPEC_TOL) is None:  # no near tie flipped: the same reply
-            assert _ids(spec) == _ids(plain), config
+            assert reply_ids(spec, index=0) == reply_ids(plain, index=0), config
             assert spec[-1].turn_end.finish_reason == plain[-1].turn_end.finish_reason
         if config is grammar:
-            assert _text(spec).startswith("Alice")
+            assert reply_text(spec, index=0).startswith("Alice")
         if config is minimum:
             assert spec[-1].turn_end.usage.completion_tokens >= 20
     two = session_config(max_tokens=40, temperature=0.7, seed=3, ignore_eos=True)
     two.n = 2
-    responses = _run(spec_server.address, two, prompt)
-    assert len(_ids(responses, 0)) == 40 and len(_ids(responses, 1)) == 40
-    info = chaos.wait_until_idle(spec_server.address)
-    assert chaos.kv_leaks(info) == []
-    assert chaos.metric(spec_server.metrics_port, "llmserve_spec_accepted_tokens_total") > 0
+    responses = generate_turn(spec_server.address, two, prompt, timeout=120)
+    assert len(reply_ids(responses, 0)) == 40 and len(reply_ids(responses, 1)) == 40
+    info = wait_until_idle(spec_server.address)
+    assert kv_leaks(info) == []
+    assert metric(spec_server.metrics_port, "llmserve_spec_accepted_tokens_total") > 0
 
 
 def test_four_streams_at_once_with_drafts(spec_server: RunningServer) -> None:
@@ -127,9 +115,9 @@ def test_four_streams_at_once_with_drafts(spec_server: RunningServer) -> None:
     config = session_config(max_tokens=48, temperature=0, ignore_eos=True)
     prompts = [_copy_prompt(p) for p in (*PASSAGES, PASSAGES[0].replace("river", "canal"))]
     with ThreadPoolExecutor(4) as pool:
-        spec = list(pool.map(lambda p: _run(spec_server.address, config, p), prompts))
-    assert [len(_ids(r)) for r in spec] == [48] * 4
+        spec = list(pool.map(lambda p: generate_turn(spec_server.address, config, p, timeout=120), prompts))
+    assert [len(reply_ids(r, index=0)) for r in spec] == [48] * 4
     usages = [r[-1].turn_end.usage for r in spec]
     assert all(u.accepted_draft_tokens >= 8 for u in usages), usages
-    info = chaos.wait_until_idle(spec_server.address)
-    assert chaos.kv_leaks(info) == []
+    info = wait_until_idle(spec_server.address)
+    assert kv_leaks(info) == []

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from openai import OpenAI
 
-from tests.conftest import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
+from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
 
 API_KEY = "test-http-key"
 MAX_BODY = 1 << 20  # --max-message-bytes: the largest body the HTTP API reads too

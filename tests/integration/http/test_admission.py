@@ -15,7 +15,7 @@ from llmserve.client import pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 from openai import OpenAI
 
-from tests.conftest import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
+from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
 
 T = TypeVar("T")
 # A closed stream's slot comes back once the server sees the connection go (its next write, or the

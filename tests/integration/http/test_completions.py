@@ -12,7 +12,7 @@ import pytest
 from llmserve.client import Client
 from openai import BadRequestError, OpenAI
 
-from tests.conftest import RunningServer
+from harness.server import RunningServer
 
 from .conftest import API_KEY
 

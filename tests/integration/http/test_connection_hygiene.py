@@ -19,7 +19,8 @@ from contextlib import closing
 import pytest
 from openai import OpenAI
 
-from tests.conftest import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
+from harness.metrics import counted, metric
+from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
 
 TIMEOUT = 3.0  # --timeout and --http-keepalive-timeout
 MARGIN = 3.0  # the sweeper's interval (TIMEOUT / 4) and a busy machine
@@ -39,13 +40,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 def _fds(server: RunningServer) -> int:
     return len(os.listdir(f"/proc/{server.process.pid}/fd"))
-
-
-def _metric(server: RunningServer, name: str) -> float:
-    import urllib.request
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
 def _open(server: RunningServer, first: bytes = b"") -> socket.socket:
@@ -131,9 +125,9 @@ def test_stalled_connections_are_closed_and_their_descriptors_come_back(server: 
     finally:
         stop.set()
     _wait_fds(server, lambda n: n <= baseline + 2, "after the stalled connections closed")
-    assert _metric(server, 'llmserve_http_connections_closed_total{reason="header_timeout"}') >= 20
-    assert _metric(server, 'llmserve_http_connections_closed_total{reason="body_timeout"}') >= 15
-    assert _metric(server, 'llmserve_http_connections_closed_total{reason="idle"}') >= 15
+    assert counted(server.metrics_port, 'llmserve_http_connections_closed_total{reason="header_timeout"}') >= 20
+    assert counted(server.metrics_port, 'llmserve_http_connections_closed_total{reason="body_timeout"}') >= 15
+    assert counted(server.metrics_port, 'llmserve_http_connections_closed_total{reason="idle"}') >= 15
 
 
 def test_connections_over_the_cap_are_refused_while_an_open_one_is_served(server: RunningServer) -> None:
@@ -141,9 +135,9 @@ def test_connections_over_the_cap_are_refused_while_an_open_one_is_served(server
         kept.request("GET", "/health")
         assert kept.getresponse().read() == b'{"status": "ok"}'
         begun = time.monotonic()
-        open_now = int(_metric(server, "llmserve_http_connections "))
+        open_now = int(metric(server.metrics_port, "llmserve_http_connections"))
         fillers = [_open(server) for _ in range(CAP - open_now)]
-        refused_before = _metric(server, 'llmserve_http_connections_closed_total{reason="refused"}')
+        refused_before = counted(server.metrics_port, 'llmserve_http_connections_closed_total{reason="refused"}')
         extras = [_open(server) for _ in range(5)]
         for sock in extras:
             data, _closed_at = _until_closed(sock, time.monotonic() + 2)
@@ -153,7 +147,7 @@ def test_connections_over_the_cap_are_refused_while_an_open_one_is_served(server
         reply = kept.getresponse()
         assert reply.status == 200 and json.loads(reply.read())["choices"][0]["message"]["content"] is not None
         assert time.monotonic() - begun < TIMEOUT, "too slow to tell: the fillers may have timed out"
-        assert _metric(server, 'llmserve_http_connections_closed_total{reason="refused"}') - refused_before == 5
+        assert counted(server.metrics_port, 'llmserve_http_connections_closed_total{reason="refused"}') - refused_before == 5
         for sock in fillers:
             sock.close()
     with closing(http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)) as fresh:  # room again

@@ -7,13 +7,10 @@ import time
 from llmserve.client import Client
 from openai import OpenAI
 
-from tests.conftest import RunningServer
+from harness.server import RunningServer
+from tests.helpers import busy_slots
 
 from .conftest import API_KEY
-
-
-def _busy_slots(client: Client) -> int:
-    return sum(slot.busy for slot in client.model_info().slots)
 
 
 def test_a_disconnect_mid_stream_frees_the_slot(client: OpenAI, model: str, http_server: RunningServer) -> None:
@@ -23,9 +20,9 @@ def test_a_disconnect_mid_stream_frees_the_slot(client: OpenAI, model: str, http
                                                 extra_body={"ignore_eos": True})
         for _, chunk in zip(range(4), stream):
             assert chunk.choices
-        assert _busy_slots(grpc_client) == 1
+        assert busy_slots(grpc_client) == 1
         stream.close()  # the connection goes; 1,500 tokens would take far longer than the wait below
         deadline = time.monotonic() + 3.0
-        while _busy_slots(grpc_client) and time.monotonic() < deadline:
+        while busy_slots(grpc_client) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert _busy_slots(grpc_client) == 0
+        assert busy_slots(grpc_client) == 0

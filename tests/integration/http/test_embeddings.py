@@ -11,7 +11,7 @@ import pytest
 from llmserve.client import Client
 from openai import BadRequestError, NotFoundError, OpenAI
 
-from tests.conftest import RunningServer, free_port, start_server, stop_server
+from harness.server import RunningServer, free_port, start_server, stop_server
 
 TEXTS = ["The lighthouse keeper watched the storm.", "Paris is the capital of France.", "1, 2, 3, 4"]
 

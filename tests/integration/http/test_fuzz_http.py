@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
+from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
+from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
 
 API_KEY = "hostile-key"
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import openai
 import pytest
 from openai import OpenAI
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import CHAT_SERVER_ARGS, RunningServer, free_port, server_log_lines, start_server, stop_server
-from tests.integration.ops.test_tracing import PARENT_ID, TRACE_ID, TRACEPARENT, Collector, _start_collector
+from harness.metrics import scrape
+from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, server_log_lines, start_server, stop_server
+from tests.integration.ops.otlp_collector import PARENT_ID, TRACE_ID, TRACEPARENT, Collector, start_collector
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "Say hello."}]
@@ -23,7 +23,7 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Collector]]:
-    collector, collector_server, port = _start_collector()
+    collector, collector_server, port = start_collector()
     args = [*CHAT_SERVER_ARGS, "--otlp-traces-endpoint", f"http://127.0.0.1:{port}"]
     log_path = tmp_path_factory.mktemp("http-observed") / "server.log"
     running = start_server(args, log_path, metrics=True, http_port=free_port(), env={"OTEL_BSP_SCHEDULE_DELAY": "100"})
@@ -42,30 +42,19 @@ def model(client: OpenAI) -> str:
     return client.models.list().data[0].id
 
 
-def _samples(server: RunningServer) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def _value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
-
-
 def test_requests_are_counted_by_route_method_and_status(observed, client: OpenAI, model: str) -> None:  # type: ignore[no-untyped-def]
     server, _ = observed
-    before = _samples(server)
+    before = scrape(server.metrics_port)
     client.chat.completions.create(model=model, messages=HELLO, max_tokens=2)  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=model, messages=HELLO, max_tokens=2, extra_body={"nonsense": 1})  # type: ignore[arg-type]
     with pytest.raises(urllib.error.HTTPError) as missing:
         urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/v1/no/such/route?x=1", timeout=10)
     assert missing.value.code == 404
-    after = _samples(server)
+    after = scrape(server.metrics_port)
 
     def moved(name: str, **labels: str) -> float:
-        return _value(after, name, **labels) - _value(before, name, **labels)
+        return after.counted(name, **labels) - before.counted(name, **labels)
 
     assert moved("llmserve_http_requests_total", route=CHAT, method="POST", status="200") == 1
     assert moved("llmserve_http_requests_total", route=CHAT, method="POST", status="400") == 1
@@ -73,22 +62,22 @@ def test_requests_are_counted_by_route_method_and_status(observed, client: OpenA
     assert moved("llmserve_http_request_duration_seconds_count", route=CHAT) == 2
     assert moved("llmserve_http_request_duration_seconds_sum", route=CHAT) > 0
     assert not any(name == "llmserve_http_requests_total" and ("route", "/v1/no/such/route") in labels
-                   for name, labels in after)
+                   for name, labels in after.samples)
 
 
 def test_an_http_turn_lands_in_the_histograms_with_surface_http(observed, client: OpenAI, model: str) -> None:  # type: ignore[no-untyped-def]
     server, _ = observed
-    before = _samples(server)
+    before = scrape(server.metrics_port)
     reply = client.chat.completions.with_raw_response.create(
         model=model, messages=HELLO, max_tokens=6, temperature=0, extra_body={"ignore_eos": True},  # type: ignore[arg-type]
         extra_headers={"x-request-id": "observed-http-turn"},
     )
     completion = reply.parse()
     assert completion.usage is not None and completion.usage.completion_tokens == 6
-    after = _samples(server)
+    after = scrape(server.metrics_port)
 
     def moved(name: str, surface: str) -> float:
-        return _value(after, name, surface=surface) - _value(before, name, surface=surface)
+        return after.counted(name, surface=surface) - before.counted(name, surface=surface)
 
     assert moved("llmserve_time_to_first_token_seconds_count", "http") == 1
     assert moved("llmserve_inter_token_latency_seconds_count", "http") == 5
@@ -97,12 +86,12 @@ def test_an_http_turn_lands_in_the_histograms_with_surface_http(observed, client
     assert moved("llmserve_turn_generated_tokens_sum", "http") == 6
     for name in ("llmserve_time_to_first_token_seconds_count", "llmserve_inter_token_latency_seconds_count"):
         assert moved(name, "grpc") == 0
-    assert 0 < _value(after, "llmserve_kv_cells_used_ratio") <= 1
+    assert 0 < after.counted("llmserve_kv_cells_used_ratio") <= 1
     deadline = time.monotonic() + 5
-    while _value(after, "llmserve_running_sessions") and time.monotonic() < deadline:  # the close is on its way
+    while after.counted("llmserve_running_sessions") and time.monotonic() < deadline:  # the close is on its way
         time.sleep(0.05)
-        after = _samples(server)
-    assert _value(after, "llmserve_running_sessions") == 0 and _value(after, "llmserve_waiting_sessions") == 0
+        after = scrape(server.metrics_port)
+    assert after.counted("llmserve_running_sessions") == 0 and after.counted("llmserve_waiting_sessions") == 0
 
     time.sleep(0.2)
     mine = [line for line in server_log_lines(server.log_path) if line.get("request_id") == "observed-http-turn"]
@@ -133,14 +122,13 @@ def test_a_traceparent_parents_the_request_span_and_its_turn(observed, client: O
 
 def test_the_health_probe_is_counted_not_traced(observed) -> None:  # type: ignore[no-untyped-def]
     server, collector = observed
-    before = _samples(server)
+    before = scrape(server.metrics_port)
     request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/health", headers={"traceparent": TRACEPARENT})
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
-    after = _samples(server)
+    after = scrape(server.metrics_port)
     labels = {"route": "/health", "method": "GET", "status": "200"}
-    assert _value(after, "llmserve_http_requests_total", **labels) == _value(
-        before, "llmserve_http_requests_total", **labels) + 1
+    assert after.counted("llmserve_http_requests_total", **labels) == before.counted("llmserve_http_requests_total", **labels) + 1
     time.sleep(0.5)  # five schedule delays
     assert not [s for s in collector.spans if s.name == "GET /health"]
 

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.conftest import CHAT_SERVER_ARGS, RunningServer, free_port, start_server
+from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, start_server
 
 
 def _get(url: str) -> tuple[int, dict, dict]:  # type: ignore[type-arg]

@@ -23,7 +23,7 @@ import grpc
 import pytest
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.conftest import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
+from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
 from tests.helpers import DecodingStream
 from tools.embedding_model import convert
 

@@ -9,14 +9,15 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from llmserve.client import Client
 from openai import OpenAI
 
-from tests.conftest import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
+from harness.metrics import scrape, total
+from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
+from tests.fixtures import module_server
+from tests.helpers import wait_paused
 
 NUM_SLOTS = 2
 
@@ -26,11 +27,8 @@ def _server(args: list[str], log: Path) -> RunningServer:
                         metrics=True)
 
 
-@pytest.fixture(scope="module")
-def two_slots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    running = _server(["--reader-timeout", "0"], tmp_path_factory.mktemp("http-slow") / "server.log")
-    yield running
-    assert stop_server(running) == 0
+two_slot_http_server = module_server([*CHAT_SERVER_ARGS[2:], "-np", str(NUM_SLOTS), "--reader-timeout", "0"],
+                                     "http-slow", http=True, metrics=True)
 
 
 def _unread_stream(port: int, prompt: str) -> socket.socket:
@@ -44,34 +42,22 @@ def _unread_stream(port: int, prompt: str) -> socket.socket:
     return sock
 
 
-def _wait_paused(client: Client, n: int) -> None:
-    deadline = time.monotonic() + 180
-    while sum(s.paused for s in client.model_info().slots) < n:
-        assert time.monotonic() < deadline, "the unread HTTP streams were never paused"
-        time.sleep(0.1)
-
-
-def _preemptions(server: RunningServer) -> float:
-    import urllib.request
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("llmserve_preemptions_total"))
-
-
-def test_unread_http_streams_lock_nobody_out(two_slots: RunningServer) -> None:
-    assert two_slots.http_port is not None
-    socks = [_unread_stream(two_slots.http_port, f"Write an endless list of {t}:") for t in ("numbers", "colours")]
+def test_unread_http_streams_lock_nobody_out(two_slot_http_server: RunningServer) -> None:
+    assert two_slot_http_server.http_port is not None
+    socks = [_unread_stream(two_slot_http_server.http_port, f"Write an endless list of {t}:") for t in ("numbers", "colours")]
     try:
-        with Client(two_slots.address, timeout=60, retries=False) as grpc_client:
-            _wait_paused(grpc_client, NUM_SLOTS)  # both slots held by HTTP streams nobody reads
-            http = OpenAI(base_url=f"http://127.0.0.1:{two_slots.http_port}/v1", api_key="none", max_retries=0,
+        with Client(two_slot_http_server.address, timeout=60, retries=False) as grpc_client:
+            # both slots held by HTTP streams nobody reads
+            wait_paused(
+                grpc_client, NUM_SLOTS, timeout=180, what="the unread HTTP streams"
+            )
+            http = OpenAI(base_url=f"http://127.0.0.1:{two_slot_http_server.http_port}/v1", api_key="none", max_retries=0,
                           timeout=60)
             reply = http.chat.completions.create(model=http.models.list().data[0].id, max_tokens=8, temperature=0,
                                                  messages=[{"role": "user", "content": "Say hello."}])
             assert reply.usage is not None and reply.usage.completion_tokens == 8
             assert grpc_client.generate("Hi", max_tokens=4).turn_end.usage.completion_tokens == 4
-        assert _preemptions(two_slots) >= 1
+        assert total(two_slot_http_server.metrics_port, "llmserve_preemptions_total") >= 1
     finally:
         for sock in socks:
             sock.close()
@@ -84,7 +70,7 @@ def test_an_http_stream_that_reads_nothing_frees_its_slot(tmp_path: Path) -> Non
         sock = _unread_stream(running.http_port, "Write an endless list of numbers:")
         try:
             with Client(running.address, timeout=30) as client:
-                _wait_paused(client, 1)
+                wait_paused(client, 1, timeout=180, what="the unread HTTP streams")
                 paused_at = time.monotonic()
                 while any(s.busy for s in client.model_info().slots):  # ended 2 s after its pause
                     assert time.monotonic() - paused_at < 30, "the unread HTTP stream kept its slot"
@@ -142,14 +128,12 @@ def _read_sse(sock: socket.socket) -> list[dict]:  # type: ignore[type-arg]
 
 def _queue_seconds(server: RunningServer) -> float:
     """The one HTTP call's wait for a slot so far (llmserve_queue_time_seconds, observed at its turn end)."""
-    import urllib.request
-
     deadline = time.monotonic() + 5
     while True:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
-        found = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                 if line.startswith("llmserve_queue_time_seconds_") and 'surface="http"' in line and "_bucket" not in line}
-        if found.get("llmserve_queue_time_seconds_count") == 1:
+        page = scrape(server.metrics_port)
+        found = {name: page.total(name, surface="http") for name in ("llmserve_queue_time_seconds_count",
+                                                                     "llmserve_queue_time_seconds_sum")}
+        if found["llmserve_queue_time_seconds_count"] == 1:
             return found["llmserve_queue_time_seconds_sum"]
         assert time.monotonic() < deadline, f"no queue time observed: {found}"
         time.sleep(0.05)
@@ -166,7 +150,7 @@ def test_an_unread_chat_stream_of_four_choices_gives_all_four_slots_to_another_c
         sock = _unread_choices(port)
         try:
             with Client(running.address, timeout=30, retries=False) as grpc_client:
-                _wait_paused(grpc_client, SAMPLES)
+                wait_paused(grpc_client, SAMPLES, timeout=180, what="the unread HTTP streams")
                 http = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
                 model = http.models.list().data[0].id
                 started = time.monotonic()
@@ -181,7 +165,7 @@ def test_an_unread_chat_stream_of_four_choices_gives_all_four_slots_to_another_c
                 while any(s.busy for s in grpc_client.model_info().slots):  # the unread stream holds none now
                     assert time.monotonic() < deadline, "the unread stream kept its slots"
                     time.sleep(0.05)
-                assert _preemptions(running) == 1
+                assert total(running.metrics_port, "llmserve_preemptions_total") == 1
             events = _read_sse(sock)
         finally:
             sock.close()

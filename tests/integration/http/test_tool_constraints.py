@@ -24,7 +24,7 @@ from llmserve.client import pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 from openai import OpenAI
 
-from tests.conftest import RunningServer
+from harness.server import RunningServer
 from tests.integration.http.conftest import API_KEY
 
 QUICK_S = 5.0  # each refusal is in-process checks, or one small compile; a served one ran for minutes

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.conftest import CHAT_SERVER_ARGS, free_port, start_server, stop_server
+from harness.server import CHAT_SERVER_ARGS, free_port, start_server, stop_server
 
 
 def test_chat_level_counts_streamed_tokens_and_usage(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -19,9 +19,9 @@ from grpc_status import rpc_status
 from llmserve.client import make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.conftest import RunningServer, start_server, stop_server
+from harness.metrics import metric
+from harness.server import RunningServer, start_server, stop_server
 from tests.helpers import SessionStream
-from tests.soak import chaos
 
 ARGS = ["-np", "2", "-c", "4096", "-t", "2"]
 GREEDY = dict(max_tokens=6, temperature=0, ignore_eos=True)
@@ -71,7 +71,7 @@ def _replace_by_file(directory: Path, away: Path) -> None:
 
 def _wait_for(server: RunningServer, sample: str, value: float) -> None:
     deadline = time.monotonic() + 30
-    while chaos.metric(server.metrics_port, sample) < value:
+    while metric(server.metrics_port, sample) < value:
         assert time.monotonic() < deadline, f"{sample} < {value}"
         time.sleep(0.1)
 
@@ -93,7 +93,7 @@ def test_session_dir_faults_are_named_once_and_never_harm_the_previous_save(tmp_
             for _ in range(2):
                 _refused(channel, "kept", directory)
             _served_unnamed(channel)
-            assert chaos.metric(server.metrics_port, "llmserve_session_dir_ok") == 0
+            assert metric(server.metrics_port, "llmserve_session_dir_ok") == 0
 
             # 2. Fixed: the next named call works.
             directory.unlink()
@@ -103,7 +103,7 @@ def test_session_dir_faults_are_named_once_and_never_harm_the_previous_save(tmp_
             doomed1 = ids("Question: Which planet has rings?\nAnswer:", first=True)
             doomed_g1, _, _ = _turn(channel, "doomed", doomed1)
             _wait_for(server, saved, 2)
-            assert chaos.metric(server.metrics_port, "llmserve_session_dir_ok") == 1
+            assert metric(server.metrics_port, "llmserve_session_dir_ok") == 1
 
             # 3. Mid-run the directory becomes a file: refused by name again, unnamed calls served.
             _replace_by_file(directory, away)

@@ -11,7 +11,7 @@ import grpc
 from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.conftest import start_server, stop_server
+from harness.server import start_server, stop_server
 
 ARGS = ["-np", "4", "-c", "4096", "-t", "2", "--shutdown-grace", "2"]
 

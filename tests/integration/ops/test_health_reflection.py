@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import urllib.request
-from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-ROOT = Path(__file__).resolve().parents[3]
-BUF = ROOT / "node_modules/.bin/buf"
+from harness.metrics import total
+from tests.helpers import buf_curl
 
 
 def test_health_check_and_watch(server) -> None:  # type: ignore[no-untyped-def]
@@ -30,25 +26,19 @@ def test_health_check_and_watch(server) -> None:  # type: ignore[no-untyped-def]
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def _buf(*args: str) -> str:
-    assert BUF.exists() or shutil.which("buf"), "buf is installed by `make tools` (npm @bufbuild/buf)"
-    cmd = [str(BUF if BUF.exists() else "buf"), "curl", "--protocol", "grpc", "--http2-prior-knowledge", *args]
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=60).stdout
-
-
 def test_buf_curl_lists_and_calls_through_reflection(server) -> None:  # type: ignore[no-untyped-def]
     base = f"http://{server.address}"
-    methods = _buf("--list-methods", base).split()
+    methods = buf_curl("--list-methods", base).split()
     for name in ("Generate", "Embed", "Tokenize", "Detokenize", "GetModelInfo"):
         assert f"llmserve.v1.LLMService/{name}" in methods
-    info = json.loads(_buf(f"{base}/llmserve.v1.LLMService/GetModelInfo"))
+    info = json.loads(buf_curl(f"{base}/llmserve.v1.LLMService/GetModelInfo"))
     assert info["architecture"] == "gemma3"
     request = {
         "config": {"sampling": {"temperature": 0}, "stopping": {"maxTokens": 4}},
         "input": {"text": "Hello"},
         "endOfTurn": True,
     }
-    out = _buf("-d", json.dumps(request), f"{base}/llmserve.v1.LLMService/Generate")
+    out = buf_curl("-d", json.dumps(request), f"{base}/llmserve.v1.LLMService/Generate")
     messages = [json.loads(chunk) for chunk in out.replace("}\n{", "}\x00{").split("\x00")]
     assert messages[-1]["turnEnd"]["finishReason"] == "FINISH_REASON_LENGTH"
     assert messages[-1]["turnEnd"]["usage"]["completionTokens"] == 4
@@ -59,7 +49,7 @@ def test_buf_curl_lists_and_calls_through_reflection(server) -> None:  # type: i
 def test_reflection_v1_and_v1alpha(server, protocol: str) -> None:  # type: ignore[no-untyped-def]
     service = f"grpc.reflection.{protocol.removeprefix('grpc-')}.ServerReflection"
     before = _reflection_calls(server.metrics_port, service)
-    methods = _buf("--reflect-protocol", protocol, "--list-methods", f"http://{server.address}").split()
+    methods = buf_curl("--reflect-protocol", protocol, "--list-methods", f"http://{server.address}").split()
     assert "llmserve.v1.LLMService/Generate" in methods
     services = {m.rsplit("/", 1)[0] for m in methods}
     assert {"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"} <= services
@@ -67,7 +57,4 @@ def test_reflection_v1_and_v1alpha(server, protocol: str) -> None:  # type: igno
 
 
 def _reflection_calls(metrics_port: int, service: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
-        lines = r.read().decode().splitlines()
-    return sum(float(line.split()[-1]) for line in lines
-               if line.startswith("grpc_server_started_total{") and f'grpc_service="{service}"' in line)
+    return total(metrics_port, "grpc_server_started_total", grpc_service=service)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import shutil
 import struct
 import subprocess
@@ -24,20 +23,18 @@ from llmserve.v1 import llmserve_pb2 as pb
 from xds.data.orca.v3.orca_load_report_pb2 import OrcaLoadReport
 from xds.service.orca.v3 import orca_pb2, orca_pb2_grpc
 
-from tests.conftest import RunningServer, free_port, start_server, stop_server
+from harness.metrics import metric
+from harness.server import RunningServer
+from tests.fixtures import module_server
 
 API_KEY = "load-report-key"
 NAMED = {"kv_cache_usage", "running_sessions", "waiting_sessions", "prefill_tokens_waiting", "slot_wait_s"}
 
 
-@pytest.fixture(scope="module")
-def two_slots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """Two slots, so that a third call waits, and 2 waiting at most (utilization is over
-    the 4 sessions admitted); an API key, which load reports do not need."""
-    running = start_server(["-np", "2", "-c", "4096", "-t", "2", "--max-queue", "2", "--api-key", API_KEY],
-                           tmp_path_factory.mktemp("orca") / "server.log", metrics=True, http_port=free_port())
-    yield running
-    assert stop_server(running) == 0
+orca_server = module_server(
+    ["-np", "2", "-c", "4096", "-t", "2", "--max-queue", "2", "--api-key", API_KEY], "orca", http=True, metrics=True,
+    doc="""Two slots, so that a third call waits, and 2 waiting at most (utilization is over
+    the 4 sessions admitted); an API key, which load reports do not need.""")
 
 
 def _stream(channel: grpc.Channel, interval_s: float) -> Iterator[tuple[float, OrcaLoadReport]]:
@@ -46,28 +43,20 @@ def _stream(channel: grpc.Channel, interval_s: float) -> Iterator[tuple[float, O
         yield time.monotonic(), report
 
 
-def _gauge(port: int | None, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
-    assert match, name
-    return float(match.group(1))
-
-
-def test_each_http_reply_carries_the_load_report_in_its_headers(two_slots: RunningServer) -> None:
+def test_each_http_reply_carries_the_load_report_in_its_headers(orca_server: RunningServer) -> None:
     """The OpenAI HTTP surface: Envoy's HTTP cluster weights replicas by the
     `endpoint-load-metrics-bin` header of each reply (base64, as on gRPC); its calls count
     toward the same call rate. Listing models is no call. (First in the module: before it
     the replica has served no call, and reports both floors, 0 reading as "no weight".)"""
-    before = _report(two_slots.address)
+    before = _report(orca_server.address)
     assert (before.application_utilization, before.rps_fractional) == (MIN_UTILIZATION, pytest.approx(MIN_RPS))
     for _ in range(3):
-        headers = _http_post(two_slots, "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+        headers = _http_post(orca_server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
     report = OrcaLoadReport.FromString(base64.b64decode(headers["endpoint-load-metrics-bin"]))
     assert set(report.named_metrics) == NAMED
     assert report.application_utilization >= MIN_UTILIZATION
     assert report.rps_fractional > 2 * MIN_RPS  # 3 calls in the window
-    request = urllib.request.Request(f"http://127.0.0.1:{two_slots.http_port}/v1/models",
+    request = urllib.request.Request(f"http://127.0.0.1:{orca_server.http_port}/v1/models",
                                      headers={"Authorization": f"Bearer {API_KEY}"})
     with urllib.request.urlopen(request, timeout=30) as response:
         assert "endpoint-load-metrics-bin" not in response.headers
@@ -86,12 +75,12 @@ def _http_post(server: RunningServer, path: str, body: dict[str, object]) -> dic
         return dict(response.headers)
 
 
-def test_out_of_band_reports_follow_the_load(two_slots: RunningServer) -> None:
+def test_out_of_band_reports_follow_the_load(orca_server: RunningServer) -> None:
     """Idle: no session. Two long generations and a long prompt waiting for a slot:
     utilization counts the sessions of the 4 admitted plus the queued prefill and the wait
     for a slot, and the named metrics say why. Reports come no faster than the server's floor (0.5 s) however
     often the client asks, and the stream needs no API key."""
-    client = Client(two_slots.address, api_key=API_KEY, timeout=120)
+    client = Client(orca_server.address, api_key=API_KEY, timeout=120)
     long_prompt = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(80))
     calls: list[threading.Thread] = []
 
@@ -100,7 +89,7 @@ def test_out_of_band_reports_follow_the_load(two_slots: RunningServer) -> None:
 
     busy: OrcaLoadReport | None = None
     prometheus = 0.0
-    with grpc.insecure_channel(two_slots.address) as channel:
+    with grpc.insecure_channel(orca_server.address) as channel:
         reports = _stream(channel, 0.1)
         t0, idle = next(reports)
         t1, _ = next(reports)
@@ -113,7 +102,7 @@ def test_out_of_band_reports_follow_the_load(two_slots: RunningServer) -> None:
         for _, report in reports:
             if report.named_metrics["waiting_sessions"] >= 1:
                 busy = report
-                prometheus = _gauge(two_slots.metrics_port, "llmserve_load_utilization")
+                prometheus = metric(orca_server.metrics_port, "llmserve_load_utilization")
                 break
     for call in calls:
         call.join()
@@ -147,14 +136,14 @@ def _trailers_on_the_wire(address: str, method: str, request: bytes) -> dict[str
     return dict(line.split(": ", 1) for line in lines if ": " in line)
 
 
-def test_each_call_ends_with_a_load_report_in_its_trailers(two_slots: RunningServer) -> None:
+def test_each_call_ends_with_a_load_report_in_its_trailers(orca_server: RunningServer) -> None:
     """What gRPC's weighted_round_robin and Envoy read without out-of-band reports: the
     `endpoint-load-metrics-bin` trailer, with the call rate."""
     for _ in range(3):
-        _trailers_on_the_wire(two_slots.address, "Tokenize", pb.TokenizeRequest(text="hello").SerializeToString())
+        _trailers_on_the_wire(orca_server.address, "Tokenize", pb.TokenizeRequest(text="hello").SerializeToString())
     request = pb.GenerateTextRequest(config=pb.SessionConfig(stopping=pb.StoppingCriteria(max_tokens=4)),
                                      input=pb.Input(text="Hi"))
-    trailers = _trailers_on_the_wire(two_slots.address, "GenerateText", request.SerializeToString())
+    trailers = _trailers_on_the_wire(orca_server.address, "GenerateText", request.SerializeToString())
     assert trailers["grpc-status"] == "0", trailers
     report = OrcaLoadReport.FromString(base64.b64decode(trailers["endpoint-load-metrics-bin"] + "=="))
     assert set(report.named_metrics) == NAMED

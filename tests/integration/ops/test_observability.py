@@ -16,7 +16,8 @@ import pytest
 from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.conftest import free_port, start_server, stop_server
+from harness.metrics import Scrape, scrape
+from harness.server import free_port, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parents[3]
 IDLE_GAUGES = ("llmserve_waiting_sessions", "llmserve_running_sessions", "llmserve_sessions")
@@ -53,52 +54,40 @@ def _goaway_with_error(address: str) -> None:
         time.sleep(0.3)
 
 
-def _scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        return response.read().decode()
-
-
-def _idle_scrape(port: int) -> str:
+def _idle_scrape(port: int) -> Scrape:
     """/metrics once the session gauges show the calls ended (the executor publishes its
     snapshot after its steps, so they may lag the reply a little), or after 5 s."""
     deadline = time.monotonic() + 5
     while True:
-        text = _scrape(port)
-        if all(_value(text, name) == 0 for name in IDLE_GAUGES) or time.monotonic() > deadline:
-            return text
+        page = scrape(port)
+        if all(page.metric(name) == 0 for name in IDLE_GAUGES) or time.monotonic() > deadline:
+            return page
         time.sleep(0.1)
 
 
-def _value(text: str, sample: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(sample + " "):
-            return float(line.split()[-1])
-    raise AssertionError(f"{sample} not exported")
-
-
 def test_metrics_endpoint(server) -> None:  # type: ignore[no-untyped-def]
-    before = _scrape(server.metrics_port)
+    before = scrape(server.metrics_port)
     with Client(server.address, timeout=30) as client:
         usage = client.generate("Count: one, two,", max_tokens=8, temperature=0, ignore_eos=True).turn_end.usage
         list(client.embed(["a", "b", "c"]))
     after = _idle_scrape(server.metrics_port)
     ok = 'llmserve_requests_total{code="OK",rpc="Generate"}'
-    assert _value(after, ok) >= (_value(before, ok) if ok in before else 0) + 1
-    assert _value(after, "llmserve_generated_tokens_total") >= 8
-    assert _value(after, "llmserve_embeddings_total") >= 3
-    assert _value(after, 'llmserve_time_to_first_token_seconds_count{surface="grpc"}') >= 1
-    assert _value(after, 'llmserve_inter_token_latency_seconds_count{surface="grpc"}') >= 7
-    assert _value(after, 'llmserve_step_duration_seconds_count{kind="generate"}') >= 8
-    assert _value(after, 'llmserve_batch_tokens_count{kind="embed"}') >= 1
-    assert _value(after, 'llmserve_slots{state="idle"}') + _value(after, 'llmserve_slots{state="busy"}') == 8
+    assert after.metric(ok) >= before.counted(ok) + 1
+    assert after.metric("llmserve_generated_tokens_total") >= 8
+    assert after.metric("llmserve_embeddings_total") >= 3
+    assert after.metric('llmserve_time_to_first_token_seconds_count{surface="grpc"}') >= 1
+    assert after.metric('llmserve_inter_token_latency_seconds_count{surface="grpc"}') >= 7
+    assert after.metric('llmserve_step_duration_seconds_count{kind="generate"}') >= 8
+    assert after.metric('llmserve_batch_tokens_count{kind="embed"}') >= 1
+    assert after.metric('llmserve_slots{state="idle"}') + after.metric('llmserve_slots{state="busy"}') == 8
     for name in IDLE_GAUGES:
-        assert _value(after, name) == 0, name  # both calls ended: nothing open, waiting or running
+        assert after.metric(name) == 0, name  # both calls ended: nothing open, waiting or running
     for name, turn in (("llmserve_prompt_tokens_total", usage.prompt_tokens),
                        ("llmserve_cached_tokens_total", usage.cached_tokens)):
-        was = _value(before, name) if name in before else 0
-        assert _value(after, name) >= was + turn, (name, was, turn)  # the turn's usage was counted
-    assert _value(after, "llmserve_cached_tokens_total") <= _value(after, "llmserve_prompt_tokens_total")
-    assert 0 < _value(after, "llmserve_kv_cells_used_ratio") <= 1
+        was = before.metric(name)
+        assert after.metric(name) >= was + turn, (name, was, turn)  # the turn's usage was counted
+    assert after.metric("llmserve_cached_tokens_total") <= after.metric("llmserve_prompt_tokens_total")
+    assert 0 < after.metric("llmserve_kv_cells_used_ratio") <= 1
 
 
 def test_dashboard_metrics_are_exported(server) -> None:  # type: ignore[no-untyped-def]
@@ -106,22 +95,22 @@ def test_dashboard_metrics_are_exported(server) -> None:  # type: ignore[no-unty
     with Client(server.address, timeout=30) as client:
         client.generate("Count: one, two,", max_tokens=5, temperature=0, ignore_eos=True)
         client.model_info()
-    text = _scrape(server.metrics_port)
+    page = scrape(server.metrics_port)
     for histogram in ("llmserve_queue_time_seconds", "llmserve_turn_duration_seconds",
                       "llmserve_turn_prompt_tokens", "llmserve_turn_generated_tokens"):
-        assert _value(text, f'{histogram}_count{{surface="grpc"}}') >= 1, histogram
-    assert _value(text, 'llmserve_turn_generated_tokens_bucket{le="4.0",surface="grpc"}') < _value(
-        text, 'llmserve_turn_generated_tokens_bucket{le="16.0",surface="grpc"}')
-    info = next(line for line in text.splitlines() if line.startswith("llmserve_model_info{"))
+        assert page.metric(f'{histogram}_count{{surface="grpc"}}') >= 1, histogram
+    assert page.metric('llmserve_turn_generated_tokens_bucket{le="4.0",surface="grpc"}') < page.metric(
+        'llmserve_turn_generated_tokens_bucket{le="16.0",surface="grpc"}')
+    info = next(line for line in page.text.splitlines() if line.startswith("llmserve_model_info{"))
     assert 'quantization="Q4_K_M"' in info and 'architecture="gemma3"' in info and info.endswith(" 1.0")
-    assert _value(text, "process_resident_memory_bytes") > 100e6
-    assert _value(text, "process_cpu_seconds_total") > 0
+    assert page.metric("process_resident_memory_bytes") > 100e6
+    assert page.metric("process_cpu_seconds_total") > 0
     bidi = 'grpc_method="Generate",grpc_service="llmserve.v1.LLMService",grpc_type="bidi_stream"'
-    assert _value(text, f'grpc_server_handled_total{{grpc_code="OK",{bidi}}}') >= 1
-    assert _value(text, f"grpc_server_started_total{{{bidi}}}") >= 1
-    assert _value(text, f"grpc_server_handling_seconds_count{{{bidi}}}") >= 1
+    assert page.metric(f'grpc_server_handled_total{{grpc_code="OK",{bidi}}}') >= 1
+    assert page.metric(f"grpc_server_started_total{{{bidi}}}") >= 1
+    assert page.metric(f"grpc_server_handling_seconds_count{{{bidi}}}") >= 1
     unary = 'grpc_method="GetModelInfo",grpc_service="llmserve.v1.LLMService",grpc_type="unary"'
-    assert _value(text, f'grpc_server_handled_total{{grpc_code="OK",{unary}}}') >= 1
+    assert page.metric(f'grpc_server_handled_total{{grpc_code="OK",{unary}}}') >= 1
 
 
 def test_log_format_console_or_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -156,7 +145,7 @@ def test_dashboard_queries_use_only_exported_metrics(tmp_path: Path) -> None:
         request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/v1/completions", body,
                                          {"Content-Type": "application/json"})
         assert json.loads(urllib.request.urlopen(request, timeout=60).read())["usage"]["completion_tokens"] == 2
-        exported = {re.split(r"[{ ]", line, maxsplit=1)[0] for line in _scrape(server.metrics_port).splitlines()
+        exported = {re.split(r"[{ ]", line, maxsplit=1)[0] for line in scrape(server.metrics_port).text.splitlines()
                     if line and not line.startswith("#")}
     finally:
         assert stop_server(server) == 0

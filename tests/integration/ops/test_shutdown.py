@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -13,7 +12,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llmserve.client import SERVICE_CONFIG, Client, Unavailable, pb
 
-from tests.conftest import RunningServer, start_server
+from harness.metrics import counted
+from harness.server import RunningServer, start_server
 from tests.helpers import SessionStream
 
 GRACE_S = 15.0  # the short turn must finish inside it even on a slow, fresh server
@@ -93,9 +93,7 @@ DRAIN_DELAY_S = 5.0  # the call made right after the SIGTERM starts well inside 
 
 def _refused(server: RunningServer) -> float:
     """Generate calls the server has answered UNAVAILABLE (its Prometheus counter)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
-    sample = 'llmserve_requests_total{code="UNAVAILABLE",rpc="Generate"} '
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(sample))
+    return counted(server.metrics_port, 'llmserve_requests_total{code="UNAVAILABLE",rpc="Generate"}')
 
 
 def _wait_for_log(server: RunningServer, event: str, timeout: float) -> float:

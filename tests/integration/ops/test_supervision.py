@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llmserve.client import make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.conftest import start_server
+from harness.server import start_server
 
 ARGS = ["-np", "2", "-c", "2048", "-t", "2", "--shutdown-grace", "2"]
 
@@ -111,7 +111,7 @@ def test_liveness_serves_while_the_model_loads(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from tests.conftest import free_port
+    from harness.server import free_port
 
     port = free_port()
     # A 2 s pause before the load: gemma-3-270m loads in well under a second on a fast machine.

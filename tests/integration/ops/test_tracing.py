@@ -6,98 +6,26 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
 from llmserve.client import Client
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from tests.conftest import RunningServer, server_log_lines, start_server, stop_server
+from harness.server import RunningServer, server_log_lines, start_server, stop_server
+from tests.integration.ops.otlp_collector import PARENT_ID, TRACE_ID, TRACEPARENT, Collector, Span, start_collector
 
 ARGS = ["-np", "2", "-c", "4096", "-t", "2", "--embeddings"]
-TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
-PARENT_ID = "00f067aa0ba902b7"
-TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
 CLOCK_SLACK_NS = 5_000_000  # spans from monotonic stamps vs. the SDK's wall clock
 API_KEY = "tracing-test-key"
 
 
-@dataclass(frozen=True)
-class Span:
-    name: str
-    trace_id: str
-    span_id: str
-    parent_id: str
-    kind: int
-    start: int
-    end: int
-    attributes: dict[str, Any]
-    resource: dict[str, Any]
-
-
-def _value(v: Any) -> Any:
-    kind = v.WhichOneof("value")
-    if kind == "array_value":
-        return tuple(_value(x) for x in v.array_value.values)
-    return getattr(v, kind)
-
-
-def _attributes(pairs: Any) -> dict[str, Any]:
-    return {kv.key: _value(kv.value) for kv in pairs}
-
-
-class Collector(trace_service_pb2_grpc.TraceServiceServicer):
-    """Keeps every span exported to it."""
-
-    def __init__(self) -> None:
-        self.spans: list[Span] = []
-        self.num_exports = 0
-        self._lock = threading.Lock()
-
-    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - the gRPC method's name
-        with self._lock:
-            self.num_exports += 1
-            for resource_spans in request.resource_spans:
-                resource = _attributes(resource_spans.resource.attributes)
-                for scope in resource_spans.scope_spans:
-                    self.spans.extend(
-                        Span(s.name, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(), s.kind,
-                             s.start_time_unix_nano, s.end_time_unix_nano, _attributes(s.attributes), resource)
-                        for s in scope.spans
-                    )
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-    def wait_for(self, names: set[str], timeout: float = 20.0) -> list[Span]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                mine = [s for s in self.spans if s.trace_id == TRACE_ID]
-            if names <= {s.name for s in mine}:
-                return mine
-            time.sleep(0.1)
-        raise AssertionError(f"spans {names} not exported; got {[s.name for s in mine]}")
-
-
-def _start_collector() -> tuple[Collector, grpc.Server, int]:
-    collector = Collector()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    return collector, server, port
-
-
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Collector]]:
-    collector, grpc_server, port = _start_collector()
+    collector, grpc_server, port = start_collector()
     folder = tmp_path_factory.mktemp("traced")
     log_path = folder / "server.log"
     # A short batch delay (the SDK reads OTEL_BSP_SCHEDULE_DELAY) so that spans come at once.
@@ -199,7 +127,7 @@ def test_a_call_the_api_key_refuses_is_traced(traced) -> None:  # type: ignore[n
 def test_off_by_default_exports_nothing(tmp_path: Path) -> None:
     """No flag: the standard OTEL_* exporter variables pointing at a live collector change
     nothing, log lines carry no trace_id, and the server says tracing is off."""
-    collector, grpc_server, port = _start_collector()
+    collector, grpc_server, port = start_collector()
     endpoint = f"http://127.0.0.1:{port}"
     env = {"LLMSERVE_OTLP_TRACES_ENDPOINT": "", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}

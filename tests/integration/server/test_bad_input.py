@@ -9,10 +9,7 @@ from grpc_status import rpc_status
 from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-
-def _generate(address: str, *requests: pb.GenerateRequest) -> list[pb.GenerateResponse]:
-    with grpc.insecure_channel(address) as channel:
-        return list(pb_grpc.LLMServiceStub(channel).Generate(iter(requests), timeout=30))
+from tests.helpers import generate
 
 
 def _field_of(err: grpc.RpcError) -> str:
@@ -67,7 +64,7 @@ CASES = {
 def test_bad_generate_input_is_invalid_argument(server, case: str) -> None:  # type: ignore[no-untyped-def]
     request, field = CASES[case]
     with pytest.raises(grpc.RpcError) as err:
-        _generate(server.address, request)
+        generate(server.address, request, timeout=30)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
     assert _field_of(err.value) == field
     with Client(server.address, timeout=30) as client:  # the server keeps serving
@@ -94,7 +91,7 @@ def test_limits_on_stop_strings_and_embed_messages(server) -> None:  # type: ign
     too_long = pb.GenerateRequest(config=session_config(stop=["x" * 300]), input=make_input("hi"), end_of_turn=True)
     for request, field in ((too_many, "config.stopping.stop"), (too_long, "config.stopping.stop[0]")):
         with pytest.raises(grpc.RpcError) as err:
-            _generate(server.address, request)
+            generate(server.address, request, timeout=30)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert _field_of(err.value) == field
     with grpc.insecure_channel(server.address) as channel, pytest.raises(grpc.RpcError) as err:

@@ -10,19 +10,15 @@ import grpc
 import pytest
 from llmserve.client import Client, pb
 
-from tests.helpers import SessionStream
+from tests.helpers import SessionStream, busy_slots
 
 LONG = dict(max_tokens=1000, temperature=0, ignore_eos=True)
-
-
-def _busy_slots(client: Client) -> int:
-    return sum(slot.busy for slot in client.model_info().slots)
 
 
 def _wait_all_free(client: Client, timeout: float = 5.0) -> float:
     start = time.monotonic()
     while time.monotonic() - start < timeout:
-        if _busy_slots(client) == 0 and client.model_info().num_sessions_waiting == 0:
+        if busy_slots(client) == 0 and client.model_info().num_sessions_waiting == 0:
             return time.monotonic() - start
         time.sleep(0.01)
     raise AssertionError("slots still busy")
@@ -55,7 +51,7 @@ def test_cancelling_the_call_frees_the_slot(server) -> None:  # type: ignore[no-
         session = SessionStream(channel, **LONG)
         session.send("Write a very long story:")
         session.next_response()
-        assert _busy_slots(client) >= 1
+        assert busy_slots(client) >= 1
         session.call.cancel()
         waited = _wait_all_free(client)
         print(f"slot free {waited * 1000:.0f} ms after cancel")

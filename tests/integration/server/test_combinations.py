@@ -8,7 +8,7 @@
 Each checks the content, not only the status: the grammar holds, every token carries
 exactly `top_logprobs` alternatives, each sample ends once, the cached prefix grows, a
 reopened session continues from its saved history, and llama.cpp's KV holds exactly
-what the slots mirror (`chaos.kv_leaks`)."""
+what the slots mirror (`kv_leaks`, tests/soak/server_state.py)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ from pathlib import Path
 import grpc
 from llmserve.client import Client, pb
 
-from tests.conftest import start_server, stop_server
+from harness.metrics import metric
+from harness.server import start_server, stop_server
 from tests.greedy import parting
 from tests.helpers import SessionStream
-from tests.soak import chaos
+from tests.soak.server_state import kv_leaks
 
 PASSAGE = "Alice sent the report on Monday. Bob read the report on Tuesday. Carol signed the report on Friday."
 COPY = f"Text:\n{PASSAGE}\nRepeat the text above exactly.\nText:\n"
@@ -93,7 +94,7 @@ def test_speculation_grammar_samples_logprobs_and_a_named_session(tmp_path: Path
         assert stop_server(running) == 0
     assert turn3[0][2][0].usage.cached_tokens >= history - 1  # continued from the saved history
     assert drafts > 0, "no draft was proposed: speculation was not exercised"
-    assert chaos.kv_leaks(info) == []
+    assert kv_leaks(info) == []
     assert "session_save_failed" not in (tmp_path / "server.log").read_text()
 
 
@@ -128,7 +129,7 @@ def test_kvu_window_cells_taken_by_another_slot_and_a_named_session_reopened(tmp
         assert stop_server(running) == 0
     assert end2.usage.cached_tokens >= history - 1  # from the saved state, window and all
     parting(cold.logprobs, continued)
-    assert chaos.kv_leaks(info) == []
+    assert kv_leaks(info) == []
     log = (tmp_path / "server.log").read_text()
     assert "session_save_failed" not in log and "session_state_rejected" not in log
 
@@ -152,7 +153,7 @@ def test_a_context_shift_in_the_middle_of_speculation(tmp_path: Path) -> None:
             prompt = "Repeat after me forever: the cat sat on the mat. the cat sat on the mat. the cat sat on the mat."
             result = client.generate(prompt, max_tokens=3 * per_slot, temperature=0, ignore_eos=True)
             info = client.model_info()
-        shifts = chaos.metric(running.metrics_port, "llmserve_context_shifts_total")
+        shifts = metric(running.metrics_port, "llmserve_context_shifts_total")
     finally:
         assert stop_server(running) == 0
     end = result.turn_end
@@ -161,4 +162,4 @@ def test_a_context_shift_in_the_middle_of_speculation(tmp_path: Path) -> None:
     assert end.usage.draft_tokens > 0 and end.usage.accepted_draft_tokens > 0
     assert shifts >= 2
     assert all(s.num_cached_tokens <= per_slot for s in info.slots)
-    assert chaos.kv_leaks(info) == []
+    assert kv_leaks(info) == []

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from llmserve.client import pb
 
-from tests.conftest import RunningServer, start_server, stop_server
+from harness.server import RunningServer, start_server, stop_server
 from tests.helpers import SessionStream
 
 

@@ -8,13 +8,11 @@ import pytest
 from llmserve.client import Client, pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from harness.metrics import metric
+from tests.helpers import cosine
+
 OTHERS = [f"Sentence number {i} talks about topic {i * 7 % 13} in some detail." for i in range(15)]
 TEXT = "The quick brown fox jumps over the lazy dog."
-
-
-def _cos(a: list[float], b: list[float]) -> float:
-    va, vb = np.asarray(a), np.asarray(b)
-    return float(va @ vb / (np.linalg.norm(va) * np.linalg.norm(vb)))
 
 
 def test_alone_and_packed_with_fifteen_others_agree(server) -> None:  # type: ignore[no-untyped-def]
@@ -23,9 +21,9 @@ def test_alone_and_packed_with_fifteen_others_agree(server) -> None:  # type: ig
         packed = list(client.embed([*OTHERS[:7], TEXT, *OTHERS[7:]], batch_size=16))
     assert len(packed) == 16
     assert abs(np.linalg.norm(alone) - 1.0) < 1e-4  # L2-normalized by default
-    cosine = _cos(alone, packed[7])
-    print(f"cosine alone vs packed with 15 others: {cosine:.6f}")
-    assert cosine >= 0.995
+    similarity = cosine(alone, packed[7])
+    print(f"cosine alone vs packed with 15 others: {similarity:.6f}")
+    assert similarity >= 0.995
 
 
 def test_oversize_input_is_invalid_and_the_server_goes_on(server) -> None:  # type: ignore[no-untyped-def]
@@ -54,20 +52,15 @@ def test_two_hundred_inputs_come_back_in_order(server) -> None:  # type: ignore[
     with Client(server.address, timeout=60) as client:
         for i in (0, 77, 199):
             solo = next(client.embed([texts[i]]))
-            assert _cos(solo, list(responses[i].embedding)) > 0.99
+            assert cosine(solo, list(responses[i].embedding)) > 0.99
     assert responses[3].num_tokens > responses[0].num_tokens
 
 
 def test_a_cancelled_embed_call_leaves_no_work_behind(server) -> None:  # type: ignore[no-untyped-def]
     import time
-    import urllib.request
 
     def computed() -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith("llmserve_embeddings_total "):
-                    return float(line.split()[-1])
-        return 0.0
+        return metric(server.metrics_port, "llmserve_embeddings_total")
 
     before = computed()
     texts = [f"A text to embed, number {i}, about nothing in particular." for i in range(200)]

@@ -14,7 +14,7 @@ from llmserve.service.model.default_model import default_model_path
 from llmserve.service.model.embedder import HIDDEN_PIECE_TOKENS, Embedder
 from llmserve.service.model.tokenizer import Vocab, load_model
 
-from tests.conftest import RunningServer, start_server, stop_server
+from harness.server import RunningServer, start_server, stop_server
 
 LONG = "The river runs past the stone market, under the old bridge and out to the harbor. " * 16
 

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from llmserve.client import Client, pb
 
-from tests.conftest import RunningServer, free_port, start_server, stop_server
+from harness.server import RunningServer, free_port, start_server, stop_server
+from tests.helpers import cosine
 from tools.embedding_model import convert, hf_model_dir
 
 # Varied on purpose: accents, CJK, Cyrillic, emoji, code, SQL, URLs, shouting, whitespace.
@@ -73,11 +74,6 @@ def _reference() -> tuple[np.ndarray, list[list[int]]]:
     return np.asarray(vectors), ids
 
 
-def _cos(a: object, b: object) -> float:
-    va, vb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return float(va @ vb / (np.linalg.norm(va) * np.linalg.norm(vb)))
-
-
 def _embed_error(client: Client, inputs: list[pb.Input], **options: bool) -> grpc.RpcError:
     request = pb.EmbedRequest(options=pb.EmbedOptions(**options), inputs=inputs)
     with pytest.raises(grpc.RpcError) as err:
@@ -102,7 +98,7 @@ def test_parity_with_sentence_transformers(client: Client) -> None:
     reference, reference_ids = _reference()
     ours = np.asarray(list(client.embed(SENTENCES)))
     assert ours.shape == (20, 384)
-    cosines = [_cos(a, b) for a, b in zip(ours, reference)]
+    cosines = [cosine(a, b) for a, b in zip(ours, reference)]
     print(f"cosine to sentence-transformers over 20 sentences: min {min(cosines):.6f}, mean {np.mean(cosines):.6f}")
     assert min(cosines) >= 0.99
     # The same tokens as the Hugging Face tokenizer, from the embedding model's own vocabulary.
@@ -128,7 +124,7 @@ def test_long_inputs_are_refused_or_truncated_never_run(client: Client) -> None:
     (cut,) = list(client.stub.Embed(iter([request]), timeout=60))
     assert (cut.num_tokens, cut.truncated) == (512, True)
     exact = next(client.embed([[cls] + [word] * 510 + [SEP]]))
-    assert _cos(cut.embedding, exact) > 0.9999
+    assert cosine(cut.embedding, exact) > 0.9999
 
 
 def test_two_full_inputs_share_one_ubatch_without_mixing(client: Client) -> None:
@@ -136,10 +132,10 @@ def test_two_full_inputs_share_one_ubatch_without_mixing(client: Client) -> None
     b = client.tokenize(" ".join(["rivers run to the sea"] * 200), embedding_model=True)[:511] + [SEP]
     alone = [next(client.embed([a])), next(client.embed([b]))]
     together = list(client.embed([a, b], batch_size=2))  # 1,024 tokens: one ubatch, two sequences
-    cosines = [_cos(x, y) for x, y in zip(alone, together)]
+    cosines = [cosine(x, y) for x, y in zip(alone, together)]
     print(f"two 512-token inputs, alone vs in one ubatch: cosines {cosines}")
     assert min(cosines) > 0.9999
-    assert _cos(together[0], together[1]) < 0.9
+    assert cosine(together[0], together[1]) < 0.9
 
 
 @pytest.mark.parametrize("ids", [[30522], [-1], [2**31 - 1], [262143], [101, 7592, 99999, SEP]])
@@ -165,7 +161,7 @@ def test_embed_and_generate_run_together(minilm_server: RunningServer, client: C
     vectors = list(client.embed(texts))
     thread.join(timeout=120)
     assert len(vectors) == 200 and all(len(v) == 384 for v in vectors)
-    assert _cos(vectors[123], solo) > 0.9999
+    assert cosine(vectors[123], solo) > 0.9999
     assert len(generated) == 1 and generated[0]
     ids = client.tokenize("Hello world", embedding_model=True)
     assert ids[0] == 101 and ids[-1] == 102, ids  # MiniLM's [CLS] and [SEP] (BERT's ids), not gemma's BOS
@@ -224,7 +220,7 @@ def test_a_generative_gguf_as_embedding_model_is_mean_pooled(server, tmp_path) -
             emb = other.model_info().embedding_model
             assert (emb.separate, emb.pooling_type, emb.n_embd) == (True, "mean", 640)
             text = SENTENCES[2]
-            assert _cos(next(other.embed([text])), next(shared.embed([text]))) > 0.9999
+            assert cosine(next(other.embed([text])), next(shared.embed([text]))) > 0.9999
     finally:
         stop_server(running)
 

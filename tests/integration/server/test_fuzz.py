@@ -178,7 +178,7 @@ def invalid_generate_requests(draw):  # type: ignore[no-untyped-def]
     return request, _mutations(draw, request)
 
 
-def _generate(server, request: pb.GenerateRequest) -> tuple[str, tuple[str, ...], list[pb.GenerateResponse]]:  # type: ignore[no-untyped-def]
+def _outcome(server, request: pb.GenerateRequest) -> tuple[str, tuple[str, ...], list[pb.GenerateResponse]]:  # type: ignore[no-untyped-def]
     """The status, the fields its BadRequest names, and the responses."""
     responses: list[pb.GenerateResponse] = []
     with grpc.insecure_channel(server.address) as channel:
@@ -193,7 +193,7 @@ def _generate(server, request: pb.GenerateRequest) -> tuple[str, tuple[str, ...]
 @SETTINGS
 @given(request=valid_generate_requests())
 def test_valid_generate_requests_are_served(server, request: pb.GenerateRequest) -> None:  # type: ignore[no-untyped-def]
-    status, fields, responses = _generate(server, request)
+    status, fields, responses = _outcome(server, request)
     assert status == "OK", (status, fields, request)
     ends = [r.turn_end for r in responses if r.HasField("turn_end")]
     assert sorted(e.index for e in ends) == list(range(max(request.config.n, 1))), request
@@ -204,7 +204,7 @@ def test_valid_generate_requests_are_served(server, request: pb.GenerateRequest)
 @given(case=invalid_generate_requests())
 def test_an_invalid_value_is_refused_naming_its_field(server, case: tuple[pb.GenerateRequest, str]) -> None:  # type: ignore[no-untyped-def]
     request, field = case
-    status, fields, responses = _generate(server, request)
+    status, fields, responses = _outcome(server, request)
     assert (status, responses) == ("INVALID_ARGUMENT", []), (status, fields, field, request)
     assert field in fields, (fields, field, request)
 

@@ -4,7 +4,6 @@ Generate session of one turn gives, with the same validation and statuses."""
 from __future__ import annotations
 
 import json
-import urllib.request
 
 import grpc
 import pytest
@@ -14,7 +13,8 @@ from llmserve.client import Client, make_input, pb, session_config
 from llmserve.client.results import collect
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.integration.ops.test_health_reflection import _buf
+from harness.metrics import scrape
+from tests.helpers import buf_curl
 
 PROMPT = "List three colours:"
 
@@ -70,16 +70,15 @@ def test_one_shot_calls_are_counted(server) -> None:  # type: ignore[no-untyped-
     with Client(server.address, timeout=120) as client:
         client.generate_text("Hi", max_tokens=2)
         list(client.stream_once("Hi", max_tokens=2))
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
+    page = scrape(server.metrics_port)
     for rpc in ("GenerateOnce", "GenerateText"):
-        assert f'llmserve_requests_total{{code="OK",rpc="{rpc}"}}' in text
+        assert page.has("llmserve_requests_total", code="OK", rpc=rpc), rpc
 
 
 def test_buf_curl_calls_generate_once(server) -> None:  # type: ignore[no-untyped-def]
     request = {"config": {"sampling": {"temperature": 0}, "stopping": {"maxTokens": 4}}, "input": {"text": "Hello"}}
-    out = _buf("-d", json.dumps(request), f"http://{server.address}/llmserve.v1.LLMService/GenerateOnce")
+    out = buf_curl("-d", json.dumps(request), f"http://{server.address}/llmserve.v1.LLMService/GenerateOnce")
     messages = [json.loads(chunk) for chunk in out.replace("}\n{", "}\x00{").split("\x00")]
     assert messages[-1]["turnEnd"]["usage"]["completionTokens"] == 4
-    text = _buf("-d", json.dumps(request), f"http://{server.address}/llmserve.v1.LLMService/GenerateText")
+    text = buf_curl("-d", json.dumps(request), f"http://{server.address}/llmserve.v1.LLMService/GenerateText")
     assert json.loads(text)["samples"][0]["turnEnd"]["usage"]["completionTokens"] == 4

@@ -13,17 +13,12 @@ import pytest
 from llmserve.client import make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.conftest import RunningServer, start_server, stop_server
-from tests.helpers import SessionStream
-from tests.soak import chaos
+from harness.metrics import metric
+from harness.server import RunningServer, rss_kb, start_server, stop_server
+from tests.helpers import SessionStream, generate_turn
+from tests.soak.server_state import kv_leaks, wait_until_idle
 
 EOG_IDS = (1, 106, 212)
-
-
-def _generate(address: str, config: pb.SessionConfig, text: str = "Answer:", timeout: float = 60):  # type: ignore[no-untyped-def]
-    with grpc.insecure_channel(address) as channel:
-        request = pb.GenerateRequest(config=config, input=make_input(text), end_of_turn=True)
-        return list(pb_grpc.LLMServiceStub(channel).Generate(iter([request]), timeout=timeout))
 
 
 def _yes_grammar(**stopping: object) -> pb.SessionConfig:
@@ -57,7 +52,7 @@ def _two_samples() -> pb.SessionConfig:
     ids=["ignore_eos", "min_tokens", "logit_bias_eog", "n2"],
 )
 def test_1_grammar_that_can_only_end_while_ending_is_forbidden(server: RunningServer, make_config) -> None:  # type: ignore[no-untyped-def]
-    responses = _generate(server.address, make_config())
+    responses = generate_turn(server.address, make_config(), "Answer:")
     ends = [r.turn_end for r in responses if r.HasField("turn_end")]
     texts: dict[int, str] = {}
     for r in responses:
@@ -81,10 +76,10 @@ def test_2_3_schema_repetitions_are_refused_by_name(server: RunningServer, schem
     config = session_config(max_tokens=4)
     config.constraint.json_schema = json.dumps(schema)
     with pytest.raises(grpc.RpcError) as err:
-        _generate(server.address, config, timeout=10)
+        generate_turn(server.address, config, "Answer:", timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert where in err.value.details() and "1000" in err.value.details()
-    assert _generate(server.address, session_config(max_tokens=2), "Hi", timeout=10)  # still serving
+    assert generate_turn(server.address, session_config(max_tokens=2), "Hi", timeout=10)  # still serving
 
 
 def test_2_deep_grammar_crashes_only_the_grammar_worker(server: RunningServer) -> None:
@@ -92,10 +87,10 @@ def test_2_deep_grammar_crashes_only_the_grammar_worker(server: RunningServer) -
     config = session_config(max_tokens=4)
     config.constraint.grammar = "root ::= " + "(" * 20000 + '"a"' + ")" * 20000
     with pytest.raises(grpc.RpcError) as err:
-        _generate(server.address, config, timeout=30)
+        generate_turn(server.address, config, "Answer:", timeout=30)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "grammar" in err.value.details()
-    assert _generate(server.address, session_config(max_tokens=2), "Hi", timeout=10)
+    assert generate_turn(server.address, session_config(max_tokens=2), "Hi", timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +113,7 @@ def test_4_streams_without_a_first_message_do_not_take_admission(small_server: R
 
         idle = [stub.Generate(silent(), timeout=30) for _ in range(8)]
         time.sleep(0.3)
-        assert _generate(small_server.address, session_config(max_tokens=2), "Hi", timeout=10)
+        assert generate_turn(small_server.address, session_config(max_tokens=2), "Hi", timeout=10)
         codes = []
         for call in idle:
             with pytest.raises(grpc.RpcError) as err:
@@ -126,7 +121,7 @@ def test_4_streams_without_a_first_message_do_not_take_admission(small_server: R
             codes.append(err.value.code())
         gate.set()
     assert set(codes) == {grpc.StatusCode.DEADLINE_EXCEEDED}
-    assert chaos.metric(small_server.metrics_port, "llmserve_sessions") == 0
+    assert metric(small_server.metrics_port, "llmserve_sessions") == 0
 
 
 def test_5_empty_turns_after_context_full_never_grow_the_slot(small_server: RunningServer) -> None:
@@ -140,9 +135,9 @@ def test_5_empty_turns_after_context_full_never_grow_the_slot(small_server: Runn
         s.close()
         list(s.call)
     assert set(reasons) == {pb.FINISH_REASON_CONTEXT_FULL}
-    info = chaos.wait_until_idle(small_server.address)
+    info = wait_until_idle(small_server.address)
     assert all(slot.num_cached_tokens <= 256 for slot in info.slots)
-    assert chaos.kv_leaks(info) == []
+    assert kv_leaks(info) == []
 
 
 def test_6_a_second_queued_turn_is_refused(server: RunningServer) -> None:
@@ -155,13 +150,13 @@ def test_6_a_second_queued_turn_is_refused(server: RunningServer) -> None:
 
 
 def test_7_prompt_logprobs_keep_memory_bounded(server: RunningServer) -> None:
-    before = chaos.rss_kb(server.process.pid)
+    before = rss_kb(server.process.pid)
     config = session_config(max_tokens=2)
     config.output.prompt_logprobs = True
     text = " ".join(f"w{i % 50}" for i in range(650))  # about 1,300 tokens
-    responses = _generate(server.address, config, text, timeout=300)
+    responses = generate_turn(server.address, config, text, timeout=300)
     scored = sum(len(r.prompt_logprobs.tokens) for r in responses if r.HasField("prompt_logprobs"))
-    grown_mib = (chaos.rss_kb(server.process.pid) - before) / 1024
+    grown_mib = (rss_kb(server.process.pid) - before) / 1024
     print(f"{scored} prompt tokens scored; RSS grew {grown_mib:.0f} MiB")
     assert scored > 1000 and grown_mib < 256
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -14,8 +13,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llmserve.client import pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from harness.metrics import counted
+from harness.server import RunningServer, start_server, stop_server
 from tests import certs
-from tests.conftest import RunningServer, start_server, stop_server
 
 API_KEY = "s3cret-key"
 
@@ -106,11 +106,8 @@ def test_missing_or_wrong_api_key_is_unauthenticated(tls_server: RunningServer, 
 
 def test_refused_calls_are_counted(tls_server: RunningServer, pki: Pki) -> None:
     def refused() -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{tls_server.metrics_port}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        sample = ('grpc_server_handled_total{grpc_code="UNAUTHENTICATED",grpc_method="GetModelInfo",'
-                  'grpc_service="llmserve.v1.LLMService",grpc_type="unary"} ')
-        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(sample))
+        return counted(tls_server.metrics_port, "grpc_server_handled_total", grpc_code="UNAUTHENTICATED",
+                       grpc_method="GetModelInfo", grpc_service="llmserve.v1.LLMService", grpc_type="unary")
 
     before = refused()
     with _secure(tls_server.address, _server_ca(tls_server), pki.client) as channel:

@@ -17,7 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llmserve.client import Client
 
-from tests.conftest import READINESS, free_port
+from harness.server import READINESS, free_port
 from tools.embedding_model import convert
 
 MINILM = "minilm"  # replaced by the converted all-MiniLM-L6-v2 GGUF's path

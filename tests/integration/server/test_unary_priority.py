@@ -19,7 +19,7 @@ from grpc_status import rpc_status
 from llmserve.client import pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.conftest import RunningServer, start_server, stop_server
+from harness.server import RunningServer, start_server, stop_server
 from tests.helpers import DecodingStream
 
 OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]

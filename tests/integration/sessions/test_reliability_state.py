@@ -11,7 +11,7 @@ import pytest
 from llmserve.client import make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.conftest import CHAT_SERVER_ARGS, RunningServer, start_server, stop_server
+from harness.server import CHAT_SERVER_ARGS, RunningServer, start_server, stop_server
 from tests.helpers import SessionStream
 
 

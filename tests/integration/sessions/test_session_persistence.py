@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
 from llmserve.client import Client
 
-from tests.conftest import RunningServer, start_server, stop_server
+from harness.metrics import counted
+from harness.server import RunningServer, start_server, stop_server
 from tests.greedy import parting
 from tests.helpers import SessionStream
 
@@ -18,14 +18,6 @@ TURN1 = "Question: Which planet is known as the red planet?\nAnswer:"
 TURN2 = "\nQuestion: And which one has the great red spot?\nAnswer:"
 TURN3 = "\nQuestion: Which planet is closest to the sun?\nAnswer:"
 GREEDY = dict(max_tokens=10, temperature=0, ignore_eos=True, top_logprobs=4)
-
-
-def _metric(server: RunningServer, sample: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(sample + " "):
-                return float(line.split()[-1])
-    return 0.0
 
 
 def _start(directory: Path, log: Path, extra: list[str] | None = None) -> RunningServer:
@@ -66,7 +58,7 @@ def test_session_survives_a_restart(tmp_path: Path, fresh_server: RunningServer)
             _, g3, end3 = s.read_turn()
             turn3 = s.turn_logprobs
             s.close()
-            hits = _metric(server, 'llmserve_session_cache_total{result="hit"}')
+            hits = counted(server.metrics_port, 'llmserve_session_cache_total{result="hit"}')
     finally:
         assert stop_server(server) == 0
     with Client(fresh_server.address, timeout=60) as client:

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from llmserve.client import Client
 
-from tests.conftest import RunningServer, start_server, stop_server
+from harness.server import RunningServer, start_server, stop_server
 
 
 @pytest.fixture(scope="module")

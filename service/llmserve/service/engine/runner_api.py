@@ -1,7 +1,7 @@
 """What the engine needs from a model runner: the `Runner` protocol.
 
 `model.runner.LlamaRunner` implements it over llama.cpp; the unit tests implement
-it with deterministic logits and no llama_cpp (tests/unit/fake_runner.py), so the
+it with deterministic logits and no llama_cpp (tests/unit/engine/fake_runner.py), so the
 session table, the step, stop handling, multi-turn, cancel and n > 1 run on the
 CPU in milliseconds. Executor thread only.
 """

@@ -1,0 +1,147 @@
+"""One KV stream per slot: llama.cpp's ubatch split (split_equal, sequential; modelled in
+tests/unit/engine/fake_runner.py) and the rules that keep steps in few ubatches and drafts
+window-safe (pure, and end to end on the fake runner)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from llmserve.service.config import PrefillSettings, SpeculationSettings
+from llmserve.service.engine.allocator import SlotAllocator
+from llmserve.service.engine.executor import Executor
+from llmserve.service.engine.scheduler import Scheduler, SeqDemand, StepPlan
+
+from .engine_harness import ListSink, assert_kv_mirrors_slots, make, params, run_until, turn_ends
+from .fake_runner import BOS, FakeRunner, split_equal
+
+
+def split_rows(rows: list[tuple[int, int]], n_ubatch: int) -> list[list[tuple[int, int]]]:
+    return [[rows[i] for i in ubatch] for ubatch in split_equal(rows, n_ubatch)]
+
+
+def batch_rows(plan: StepPlan, demands: dict[int, SeqDemand], positions: dict[int, int]) -> list[tuple[int, int]]:
+    """The rows GenerationStep builds for `plan` with one stream per slot (sequence-id order)."""
+    drafts = dict(plan.drafts)
+    keyed = [(key, 1 + drafts.get(key, 0)) for key in plan.decode] + list(plan.prefill)
+    rows: list[tuple[int, int]] = []
+    for key, n in sorted(keyed, key=lambda row: demands[row[0]].seq_id):
+        seq = demands[key].seq_id
+        rows += [(seq, positions[seq] + j) for j in range(n)]
+    return rows
+
+
+demand_lists = st.lists(
+    st.tuples(st.integers(0, 7), st.booleans(), st.integers(1, 40), st.integers(0, 16), st.booleans()),
+    min_size=1, max_size=6, unique_by=lambda t: t[0],
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(demand_lists, st.sampled_from([8, 16, 64, 512]))
+def test_a_granted_draft_never_starts_a_later_ubatch_past_its_first_draft_row(raw, n_ubatch) -> None:
+    # The rejected-draft hazard: a ubatch holding a sequence's rows from position a on frees
+    # that sequence's cells up to a - n_swa. After rejecting every draft the next token sits
+    # at n + 1 and needs n + 2 - n_swa on, so no ubatch may start its rows past n + 1.
+    demands = {
+        key: SeqDemand(key, decoding, 0 if decoding else num_prefill, num_draft if decoding else 0, seq_id=key,
+                       window_at_risk=True)
+        for key, decoding, num_prefill, num_draft, _ in raw
+    }
+    positions = {key: 600 for key in demands}
+    scheduler = Scheduler(512, n_ubatch, 4, prefill_budget=None, max_draft_rows=16, per_slot_streams=True)
+    plan = scheduler.plan(list(demands.values()), [])
+    rows = batch_rows(plan, demands, positions)
+    for key, _ in plan.drafts:
+        seq = demands[key].seq_id
+        starts = [min(pos for s, pos in ub if s == seq) for ub in split_rows(rows, n_ubatch) if any(s == seq for s, _ in ub)]
+        assert all(a <= positions[seq] + 1 for a in starts), (plan, starts)
+
+
+def test_a_neighbours_prompt_holds_a_long_sequences_draft_back_but_not_a_far_ones() -> None:
+    # 7 draft rows: with the decode row a multiple of four (step_costs), all of a lone stream's
+    scheduler = Scheduler(512, 512, 4, prefill_budget=None, max_draft_rows=16, per_slot_streams=True)
+    near = scheduler.plan([SeqDemand(1, True, 0, 7, seq_id=3, window_at_risk=True, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=4)], [])
+    assert near.drafts == () and near.prefill == ((2, 100),)  # the prompt goes on, the draft waits
+    short = scheduler.plan([SeqDemand(1, True, 0, 7, seq_id=3, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=4)], [])
+    assert short.drafts == ((1, 7),)  # a sequence shorter than the window loses no cell
+    far = scheduler.plan([SeqDemand(1, True, 0, 7, seq_id=3, window_at_risk=True, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=5)], [])
+    assert far.drafts == ((1, 7),)
+    unified = Scheduler(512, 512, 4, prefill_budget=None, max_draft_rows=16)
+    assert unified.plan([SeqDemand(1, True, 0, 7, seq_id=3, window_at_risk=True, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=4)],
+                        []).drafts == ((1, 7),)  # one buffer: drafts lead the batch, in its first ubatch
+
+
+def test_busy_slots_stay_together_so_a_decode_step_is_one_ubatch() -> None:
+    busy_ids = []
+    for together in (True, False):
+        alloc = SlotAllocator(num_slots=8, n_ctx_per_slot=100, keep_busy_together=together)
+        slots = [alloc.allocate([]) for _ in range(8)]
+        for seq_id in (4, 0, 6, 2, 7, 1, 5, 3):  # least recently used first: 4, 0, 6, ...
+            slots[seq_id].append([100 + seq_id])  # no prefix anyone will share
+            alloc.free(slots[seq_id])
+        busy_ids.append(sorted(alloc.allocate([1]).seq_id for _ in range(3)))
+    assert busy_ids == [[4, 5, 6], [0, 4, 6]]  # next to a busy slot, else LRU; plain LRU scatters
+    assert [len(split_equal([(i, 0) for i in ids], 512)) for ids in busy_ids] == [1, 3]  # ubatches of a decode step
+
+
+def test_while_sequences_decode_a_step_carries_at_most_two_prompts() -> None:
+    # Each prompt chunk past the decode rows' ubatch is a ubatch of its own (a pass over
+    # every weight): five short prompts arriving at once go two per step, oldest first.
+    per_slot = Scheduler(512, 512, 4, prefill_budget=256, per_slot_streams=True)
+    decoding = [SeqDemand(k, True, 0, seq_id=k) for k in range(10, 15)]
+    demands = [*decoding, *(SeqDemand(k, False, 20, seq_id=k) for k in range(1, 6))]
+    plan = per_slot.plan(demands, [])
+    assert [key for key, _ in plan.prefill] == [1, 2] and dict(plan.prefill) == {1: 20, 2: 20}
+    alone = per_slot.plan(demands[5:], [])  # nothing decodes: every prompt, all of -b
+    assert len(alone.prefill) == 5
+    burst = per_slot.plan(demands[4:], [])  # five prompts behind one stream: as many as fit
+    assert len(burst.prefill) == 5
+    unified = Scheduler(512, 512, 4, prefill_budget=256)
+    assert len(unified.plan(demands, []).prefill) == 5  # one ubatch holds them all
+
+
+def test_a_new_session_fills_the_hole_a_finished_one_left() -> None:
+    alloc = SlotAllocator(num_slots=8, n_ctx_per_slot=100, keep_busy_together=True)
+    slots = [alloc.allocate([]) for _ in range(5)]  # 0..4 busy
+    alloc.free(slots[2])  # the most recently used idle slot, between two busy ones
+    assert alloc.allocate([7]).seq_id == 2  # not LRU slot 5: 0..4 stay one run
+
+
+# A long sequence (past the fake's 8-token window) whose first draft is rejected at once
+# (the n-gram (30, 31) drafts 50, 51, ...; the model says 32), in the step where its
+# neighbour's prompt chunk would share the ubatch: split that way, the draft's tail ubatch
+# would free a cell the next token needs (the fake fails any such row).
+LONG_A = (BOS, 30, 31, 50, 51, 52, 53, 54, 55, 30)
+LONG_B = (BOS, *(3 + i % 25 for i in range(59)))
+
+
+def run_pair(spec: SpeculationSettings, guard: bool = True) -> tuple[list[int], list[int], FakeRunner, Executor]:
+    # price_drafts=False: the window rule, whatever rows would cost
+    executor, runner = make(2, n_swa=8, prefill=PrefillSettings(prefill_budget=3), speculation=spec, price_drafts=False)
+    executor.scheduler.per_slot_streams = guard  # False: rows still in id order, drafts not held back
+    sinks = [ListSink(), ListSink()]
+    for sink, prompt in zip(sinks, (LONG_A, LONG_B)):
+        executor.add_input(executor.open_session(params(max_tokens=6, ignore_eos=True), sink), prompt, True)
+    run_until(executor, lambda: all(turn_ends(s)() for s in sinks))
+    assert_kv_mirrors_slots(executor, runner)
+    return sinks[0].token_ids(), sinks[1].token_ids(), runner, executor
+
+
+SPEC_LONG = SpeculationSettings(spec_type="ngram-simple", draft_max=8, spec_ngram_size_n=2)
+
+
+def test_a_long_sequence_next_to_a_prefilling_one_drafts_without_losing_window_cells() -> None:
+    plain_a, plain_b, _, _ = run_pair(SpeculationSettings(spec_type="none"))
+    spec_a, spec_b, runner, executor = run_pair(SPEC_LONG)
+    assert (spec_a, spec_b) == (plain_a, plain_b) and spec_a == list(range(31, 37))
+    for slot, _ in executor.table.slot_states():
+        assert runner.holds_window(slot.seq_id, len(slot.tokens))
+
+
+def test_without_the_rule_that_draft_loses_a_window_cell() -> None:
+    try:
+        run_pair(SPEC_LONG, guard=False)
+    except AssertionError as exc:
+        assert "attends to cells already dropped" in str(exc)
+    else:
+        raise AssertionError("the split draft kept its window: the scenario no longer tests the rule")
