@@ -151,7 +151,7 @@ def _mutations(draw, r: pb.GenerateRequest) -> str:  # type: ignore[no-untyped-d
         c.request_id = draw(st.text(min_size=129, max_size=200))
         return "config.request_id"
     if kind == "grammar":
-        c.constraint.grammar = draw(st.sampled_from(["", "root ::= (((", 'root ::= "a" | ', "root ::= undefined_rule"]))
+        c.constraint.grammar = draw(st.sampled_from(["", "root ::= (((", "root ::= [a-", "root ::= undefined_rule"]))
         return "config.constraint.grammar"
     if kind == "schema":
         c.constraint.json_schema = draw(st.sampled_from(["", "{", "not json"]))
