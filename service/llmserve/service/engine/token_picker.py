@@ -60,16 +60,10 @@ class TokenPicker:
         self.profile.sample_s += time.perf_counter() - t0
         if token is None:
             return self._nothing_allowed(s)
-        now = time.monotonic()
-        if turn.t_first_token is None:
-            turn.t_first_token = now
-        else:
-            self.metrics.itl.labels(s.params.surface).observe(now - s.t_last_token)
-        s.t_last_token = now
-        turn.completion_tokens += 1
-        turn.held_ids.append(token)
-        if lp is not None:
-            turn.held_logprobs.append(token_logprob(lp, token, output.top_logprobs or 0, self._text))
+        logprob = token_logprob(lp, token, output.top_logprobs or 0, self._text) if lp is not None else None
+        gap = s.record_picked(token, logprob)
+        if gap is not None:
+            self.metrics.itl.labels(s.params.surface).observe(gap)
         if token in self._eog and not stopping.ignore_eos:
             return TurnFinish(FinishReason.STOP, token)
         if token in stopping.stop_token_ids:
@@ -88,7 +82,7 @@ class TokenPicker:
             discard = self.kv.shift(s.slot, self.shift_keep)
             self.metrics.context_shifts.inc()
             log.info("context_shift", seq_id=s.slot.seq_id, keep=self.shift_keep, discard=discard)
-        s.next_token = token
+        s.continue_with(token)
         return None
 
     def _nothing_allowed(self, s: Sample) -> TurnFinish:
