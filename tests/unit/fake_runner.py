@@ -10,7 +10,8 @@ With `n_swa`, the fake splits each batch into ubatches as llama.cpp does (`split
 with one KV stream per slot, chunks of `n_ubatch` with a unified buffer) and, before
 placing each ubatch, drops every cell that has left the window of its sequence's next
 position (what llama.cpp's find_slot may reuse), then checks that every row still has
-the window it attends to.
+the window it attends to. Its steps cost what llama.cpp's on the CPU do (`costs`: the fake
+batches as llama.cpp does, so the scheduler prices drafts for it as for the real runner).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 from llmserve.service.domain.model_meta import ModelMeta
 from llmserve.service.domain.requests import SamplingParams
 from llmserve.service.model.batch_arrays import BatchArrays
+from llmserve.service.model.step_costs import LLAMA_CPU_COSTS
 
 N_VOCAB = 64
 EOG = 1
@@ -117,6 +119,7 @@ class FakeRunner:
     meta = META
     n_vocab = N_VOCAB
     can_shift = True
+    costs = LLAMA_CPU_COSTS
 
     def __init__(self, n_batch: int = 256, n_swa: int = 0, per_slot: bool = True, n_ubatch: int | None = None) -> None:
         """`per_slot`: ubatches as with one KV stream per slot (the executor's default)."""
