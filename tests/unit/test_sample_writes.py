@@ -29,7 +29,10 @@ def _sample_attributes() -> tuple[set[str], set[str]]:
     names: set[str] = set()
     lists: set[str] = set()
     for node in ast.walk(_class(ENGINE / "sample.py", "Sample")):
-        targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        else:
+            targets = node.targets if isinstance(node, ast.Assign) else []
         for target in targets:
             if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
                 names.add(target.attr)

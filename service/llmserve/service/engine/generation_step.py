@@ -138,8 +138,9 @@ class GenerationStep:
         status = self.runner.decode()
         t2 = time.perf_counter()
         rows = [(e.sample.slot.seq_id if e.sample.slot else -1, len(e.tokens) + len(e.draft)) for e in entries]
-        output = StepOutput(tuple(entries), num_tokens=self.runner.batch.num_tokens, fill_s=t1 - t0, decode_s=t2 - t1,
-                            t_decoded=t2, num_ubatches=self.runner.costs.num_ubatches(rows, self.n_ubatch, self.order_by_seq_id))
+        num_ubatches = self.runner.costs.num_ubatches(rows, self.n_ubatch, self.order_by_seq_id)
+        output = StepOutput(tuple(entries), num_tokens=self.runner.batch.num_tokens, num_ubatches=num_ubatches,
+                            fill_s=t1 - t0, decode_s=t2 - t1, t_decoded=t2)
         if status != 0:
             log.error("decode_failed", status=status, num_tokens=output.num_tokens)
             return replace(output, error=f"llama_decode failed with status {status}")

@@ -108,7 +108,8 @@ class Scheduler:
         wants_generation = any(d.decode_token or d.num_prefill for d in demands)
         wants_embedding = bool(embed_sizes)
         if wants_embedding and (not wants_generation or not state.last_was_embedding):
-            return StepPlan(num_embed=self._pack_embeddings(embed_sizes), next_state=replace(state, last_was_embedding=True))
+            num_embed = self._pack_embeddings(embed_sizes)
+            return StepPlan(num_embed=num_embed, next_state=replace(state, last_was_embedding=True))
         state = replace(state, last_was_embedding=False)
         if not wants_generation:
             return StepPlan(next_state=state)
@@ -123,7 +124,8 @@ class Scheduler:
             count += 1
         return max(count, 1)  # inputs are validated to fit one ubatch
 
-    def _plan_generation(self, demands: Sequence[SeqDemand], prefill_budget: int | None, state: PlannerState) -> StepPlan:
+    def _plan_generation(self, demands: Sequence[SeqDemand], prefill_budget: int | None,
+                         state: PlannerState) -> StepPlan:
         decode = tuple(d.key for d in demands if d.decode_token)
         drafts = self._grant_drafts([d for d in demands if d.decode_token and d.num_draft > 0], len(decode))
         if self.per_slot_streams:

@@ -38,13 +38,14 @@ MAX_BACKLOG = 64
 class Session:
     def __init__(self, key: int, params: SessionParams, sink: EventSink, n_ctx_per_slot: int,
                  deadline: float | None = None, sampler: TokenSampler | None = None,
-                 speculation: SeqSpeculation | None = None) -> None:
-        """`sampler`, `speculation`: the main sample's (see `Sample`)."""
+                 speculation: SeqSpeculation | None = None, t_open: float | None = None) -> None:
+        """`sampler`, `speculation`: the main sample's (see `Sample`); `t_open`: when the
+        stream opened (None: now)."""
         self.key = key
         self.params = params
         self.sink = sink
         self.deadline = deadline
-        self.t_open = time.monotonic()
+        self.t_open = time.monotonic() if t_open is None else t_open
         self.restore: SavedSession | None = None  # a saved session waiting for a slot
         self.conversation: Conversation | None = None  # read when a named session is saved
         self.grammar: object | None = None  # the compiled constraint its samplers clone

@@ -71,7 +71,7 @@ class SessionTable:
                 self._release(session)
 
     def _open(self, command: Open) -> None:
-        params = command.params
+        params, t_open = command.params, time.monotonic()
         try:
             sampler = self._sampler(params.sampling, params.stopping.ignore_eos, command.grammar)
         except GrammarError as exc:  # the transport checks first; this is the backstop
@@ -80,7 +80,7 @@ class SessionTable:
                 self.store.settle(params.session_id)
             return
         session = Session(command.key, params, command.sink, self.n_ctx_per_slot, command.deadline, sampler,
-                          self._speculation())
+                          self._speculation(), t_open)
         session.grammar = command.grammar
         session.restore, session.conversation = command.restore, command.conversation
         self.sessions[command.key] = session
@@ -125,8 +125,8 @@ class SessionTable:
         none whose call's deadline is before `no_drafts_after` (draft steps are the slow ones)."""
         if self.verifier is not None:
             for s in self.samples.values():
-                deadline = s.session.deadline
-                if s.slot is not None and not s.session.paused and s.generating and (deadline or no_drafts_after) >= no_drafts_after:
+                in_time = (s.session.deadline or no_drafts_after) >= no_drafts_after
+                if s.slot is not None and not s.session.paused and s.generating and in_time:
                     self.verifier.propose(s)
                 else:
                     s.set_draft([])
