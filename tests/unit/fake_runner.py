@@ -10,8 +10,9 @@ With `n_swa`, the fake splits each batch into ubatches as llama.cpp does (`split
 with one KV stream per slot, chunks of `n_ubatch` with a unified buffer) and, before
 placing each ubatch, drops every cell that has left the window of its sequence's next
 position (what llama.cpp's find_slot may reuse), then checks that every row still has
-the window it attends to. Its steps cost what llama.cpp's on the CPU do (`costs`: the fake
-batches as llama.cpp does, so the scheduler prices drafts for it as for the real runner).
+the window it attends to. Its cost model (`FakeCosts`) prices a step as llama.cpp's CPU
+kernels do, so the scheduler grants drafts as it would for the real runner, and counts
+ubatches by the fake's own split.
 """
 
 from __future__ import annotations
@@ -71,6 +72,21 @@ def split_equal(rows: list[tuple[int, int]], n_ubatch: int) -> list[list[int]]:
     return ubatches
 
 
+class FakeCosts:
+    """`runner_api.StepCosts` of the fake: llama.cpp's CPU step costs (model/step_costs.py),
+    and as many ubatches as the fake's decode makes of a batch."""
+
+    base_rows = LLAMA_CPU_COSTS.base_rows
+
+    def step_cost(self, num_rows: int) -> float:
+        return LLAMA_CPU_COSTS.step_cost(num_rows)
+
+    def num_ubatches(self, rows: Sequence[tuple[int, int]], n_ubatch: int, per_slot_streams: bool) -> int:
+        if not per_slot_streams:
+            return -(-sum(n for _, n in rows) // n_ubatch)
+        return len(split_equal([(seq, pos) for seq, n in rows for pos in range(n)], n_ubatch))
+
+
 class FakeBatch(BatchArrays):
     """The real runner's fill (model/batch_arrays.py) without the llama_batch struct: the
     fake decode reads the arrays."""
@@ -119,7 +135,7 @@ class FakeRunner:
     meta = META
     n_vocab = N_VOCAB
     can_shift = True
-    costs = LLAMA_CPU_COSTS
+    costs = FakeCosts()
 
     def __init__(self, n_batch: int = 256, n_swa: int = 0, per_slot: bool = True, n_ubatch: int | None = None) -> None:
         """`per_slot`: ubatches as with one KV stream per slot (the executor's default)."""
