@@ -138,9 +138,9 @@ class SessionTable:
             for e in output.entries:
                 if e.sample.slot is not None:
                     self.kv.clear(e.sample.slot)
-            for session in dict.fromkeys(e.sample.session for e in output.entries):
-                if session.key in self.sessions:  # not failed already
-                    self.fail(session, "INTERNAL", output.error)
+            for key in dict.fromkeys(e.sample.session.key for e in output.entries):
+                if key in self.sessions:  # not failed already
+                    self.fail(self.sessions[key], "INTERNAL", output.error)
             return
         for e in output.entries:
             if e.is_decode:
