@@ -15,7 +15,7 @@ ready rows are sampled). Executor thread only.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import structlog
@@ -139,12 +139,13 @@ class GenerationStep:
         t2 = time.perf_counter()
         rows = [(e.sample.slot.seq_id if e.sample.slot else -1, len(e.tokens) + len(e.draft)) for e in entries]
         num_ubatches = self.runner.costs.num_ubatches(rows, self.n_ubatch, self.order_by_seq_id)
-        output = StepOutput(tuple(entries), num_tokens=self.runner.batch.num_tokens, num_ubatches=num_ubatches,
-                            fill_s=t1 - t0, decode_s=t2 - t1, t_decoded=t2)
-        if status != 0:
-            log.error("decode_failed", status=status, num_tokens=output.num_tokens)
-            return replace(output, error=f"llama_decode failed with status {status}")
-        return replace(output, ready=self._collect(entries))
+        num_tokens = self.runner.batch.num_tokens
+        error = f"llama_decode failed with status {status}" if status != 0 else ""
+        if error:
+            log.error("decode_failed", status=status, num_tokens=num_tokens)
+        ready = () if error else self._collect(entries)
+        return StepOutput(tuple(entries), ready, error, num_tokens=num_tokens, num_ubatches=num_ubatches,
+                          fill_s=t1 - t0, decode_s=t2 - t1, t_decoded=t2)
 
     def _fill(self, plan: StepPlan, samples: dict[int, Sample]) -> list[BatchEntry]:
         batch = self.runner.batch

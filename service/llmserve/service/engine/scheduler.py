@@ -25,7 +25,7 @@ tests feed it the same from a fake runner. `plan` is a pure function of them and
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from .draft_pricing import best_draft_length, worth_drafting
 from .runner_api import StepCosts
@@ -109,8 +109,8 @@ class Scheduler:
         wants_embedding = bool(embed_sizes)
         if wants_embedding and (not wants_generation or not state.last_was_embedding):
             num_embed = self._pack_embeddings(embed_sizes)
-            return StepPlan(num_embed=num_embed, next_state=replace(state, last_was_embedding=True))
-        state = replace(state, last_was_embedding=False)
+            return StepPlan(num_embed=num_embed, next_state=PlannerState(True, state.num_plans, state.prefill_since))
+        state = PlannerState(False, state.num_plans, state.prefill_since)
         if not wants_generation:
             return StepPlan(next_state=state)
         return self._plan_generation(demands, self.prefill_budget if prefill_budget is None else prefill_budget, state)
@@ -147,7 +147,7 @@ class Scheduler:
         since = {d.key: state.prefill_since.get(d.key, num_plans) for d in waiting}
         prefill = _share_prefill(waiting, since, budget, max_prompts)
         return StepPlan(decode=decode, prefill=tuple(prefill), drafts=tuple(drafts),
-                        next_state=replace(state, num_plans=num_plans, prefill_since=since))
+                        next_state=PlannerState(state.last_was_embedding, num_plans, since))
 
     def _grant_drafts(self, wanting: list[SeqDemand], num_decoding: int) -> list[tuple[int, int]]:
         # Unified cache: decode and draft rows lead the batch and stay in its first ubatch:
