@@ -10,7 +10,9 @@ With `n_swa`, the fake splits each batch into ubatches as llama.cpp does (`split
 with one KV stream per slot, chunks of `n_ubatch` with a unified buffer) and, before
 placing each ubatch, drops every cell that has left the window of its sequence's next
 position (what llama.cpp's find_slot may reuse), then checks that every row still has
-the window it attends to.
+the window it attends to. Its cost model (`FakeCosts`) prices a step as llama.cpp's CPU
+kernels do, so the scheduler grants drafts as it would for the real runner, and counts
+ubatches by the fake's own split.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 from llmserve.service.domain.model_meta import ModelMeta
 from llmserve.service.domain.requests import SamplingParams
 from llmserve.service.model.batch_arrays import BatchArrays
+from llmserve.service.model.step_costs import LLAMA_CPU_COSTS
 
 N_VOCAB = 64
 EOG = 1
@@ -67,6 +70,21 @@ def split_equal(rows: list[tuple[int, int]], n_ubatch: int) -> list[list[int]]:
             used[i] = True
         ubatches.append(ubatch)
     return ubatches
+
+
+class FakeCosts:
+    """`runner_api.StepCosts` of the fake: llama.cpp's CPU step costs (model/step_costs.py),
+    and as many ubatches as the fake's decode makes of a batch."""
+
+    base_rows = LLAMA_CPU_COSTS.base_rows
+
+    def step_cost(self, num_rows: int) -> float:
+        return LLAMA_CPU_COSTS.step_cost(num_rows)
+
+    def num_ubatches(self, rows: Sequence[tuple[int, int]], n_ubatch: int, per_slot_streams: bool) -> int:
+        if not per_slot_streams:
+            return -(-sum(n for _, n in rows) // n_ubatch)
+        return len(split_equal([(seq, pos) for seq, n in rows for pos in range(n)], n_ubatch))
 
 
 class FakeBatch(BatchArrays):
@@ -117,6 +135,7 @@ class FakeRunner:
     meta = META
     n_vocab = N_VOCAB
     can_shift = True
+    costs = FakeCosts()
 
     def __init__(self, n_batch: int = 256, n_swa: int = 0, per_slot: bool = True, n_ubatch: int | None = None) -> None:
         """`per_slot`: ubatches as with one KV stream per slot (the executor's default)."""

@@ -48,7 +48,7 @@ def test_a_granted_draft_never_starts_a_later_ubatch_past_its_first_draft_row(ra
         for key, decoding, num_prefill, num_draft, _ in raw
     }
     positions = {key: 600 for key in demands}
-    scheduler = Scheduler(512, n_ubatch, 4, prefill_budget=None, max_draft_rows=16, per_slot_streams=True)
+    scheduler = Scheduler(512, n_ubatch, 4, prefill_budget=None, max_draft_rows=16, per_slot_streams=True, costs=FakeRunner.costs)
     plan = scheduler.plan(list(demands.values()), [])
     rows = batch_rows(plan, demands, positions)
     for key, _ in plan.drafts:
@@ -59,14 +59,14 @@ def test_a_granted_draft_never_starts_a_later_ubatch_past_its_first_draft_row(ra
 
 def test_a_neighbours_prompt_holds_a_long_sequences_draft_back_but_not_a_far_ones() -> None:
     # 7 draft rows: with the decode row a multiple of four (step_costs), all of a lone stream's
-    scheduler = Scheduler(512, 512, 4, prefill_budget=None, max_draft_rows=16, per_slot_streams=True)
+    scheduler = Scheduler(512, 512, 4, prefill_budget=None, max_draft_rows=16, per_slot_streams=True, costs=FakeRunner.costs)
     near = scheduler.plan([SeqDemand(1, True, 0, 7, seq_id=3, window_at_risk=True, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=4)], [])
     assert near.drafts == () and near.prefill == ((2, 100),)  # the prompt goes on, the draft waits
     short = scheduler.plan([SeqDemand(1, True, 0, 7, seq_id=3, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=4)], [])
     assert short.drafts == ((1, 7),)  # a sequence shorter than the window loses no cell
     far = scheduler.plan([SeqDemand(1, True, 0, 7, seq_id=3, window_at_risk=True, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=5)], [])
     assert far.drafts == ((1, 7),)
-    unified = Scheduler(512, 512, 4, prefill_budget=None, max_draft_rows=16)
+    unified = Scheduler(512, 512, 4, prefill_budget=None, max_draft_rows=16, costs=FakeRunner.costs)
     assert unified.plan([SeqDemand(1, True, 0, 7, seq_id=3, window_at_risk=True, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=4)],
                         []).drafts == ((1, 7),)  # one buffer: drafts lead the batch, in its first ubatch
 
@@ -92,9 +92,9 @@ def test_while_sequences_decode_a_step_carries_at_most_two_prompts() -> None:
     demands = [*decoding, *(SeqDemand(k, False, 20, seq_id=k) for k in range(1, 6))]
     plan = per_slot.plan(demands, [])
     assert [key for key, _ in plan.prefill] == [1, 2] and dict(plan.prefill) == {1: 20, 2: 20}
-    alone = per_slot.plan(demands[5:], [])  # nothing decodes: every prompt, all of -b
+    alone = per_slot.plan(demands[5:], [], state=plan.next_state)  # nothing decodes: every prompt, all of -b
     assert len(alone.prefill) == 5
-    burst = per_slot.plan(demands[4:], [])  # five prompts behind one stream: as many as fit
+    burst = per_slot.plan(demands[4:], [], state=alone.next_state)  # five prompts behind one stream: as many as fit
     assert len(burst.prefill) == 5
     unified = Scheduler(512, 512, 4, prefill_budget=256)
     assert len(unified.plan(demands, []).prefill) == 5  # one ubatch holds them all

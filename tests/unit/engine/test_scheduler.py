@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from llmserve.service.engine.scheduler import Scheduler, SeqDemand, StepPlan
+from llmserve.service.engine.scheduler import PlannerState, Scheduler, SeqDemand, StepPlan
 
 
 @dataclass
@@ -59,8 +59,10 @@ def test_prompts_finish_one_after_another_not_all_together() -> None:
     sched = Scheduler(n_batch=64, n_ubatch=64, max_embed_seqs=4, prefill_budget=40)
     left = {k: 400 for k in (1, 2, 3, 4)}
     finished: dict[int, int] = {}
+    state = PlannerState()  # what each plan leaves for the next, as the executor's step keeps it
     for step in range(1, 100):
-        plan = sched.plan([*DECODING, *(SeqDemand(k, False, n) for k, n in left.items() if n)], [])
+        plan = sched.plan([*DECODING, *(SeqDemand(k, False, n) for k, n in left.items() if n)], [], state=state)
+        state = plan.next_state
         assert sum(n for _, n in plan.prefill) == 40
         for key, n in plan.prefill:
             left[key] -= n
@@ -73,8 +75,8 @@ def test_prompts_finish_one_after_another_not_all_together() -> None:
 
 def test_a_short_prompt_is_not_queued_behind_a_long_one() -> None:
     sched = Scheduler(n_batch=64, n_ubatch=64, max_embed_seqs=4, prefill_budget=40)
-    sched.plan([*DECODING, SeqDemand(1, False, 1000)], [])  # the long prompt came first
-    plan = sched.plan([*DECODING, SeqDemand(1, False, 960), SeqDemand(2, False, 12)], [])
+    first = sched.plan([*DECODING, SeqDemand(1, False, 1000)], [])  # the long prompt came first
+    plan = sched.plan([*DECODING, SeqDemand(1, False, 960), SeqDemand(2, False, 12)], [], state=first.next_state)
     assert dict(plan.prefill) == {1: 28, 2: 12}  # the short one done in one step, the oldest keeps the rest
 
 
@@ -82,11 +84,12 @@ def test_the_oldest_prompt_always_gets_an_equal_share() -> None:
     """Short prompts arriving every step cannot starve a long one: the oldest waiting prompt
     gets at least budget / (prompts waiting)."""
     sched = Scheduler(n_batch=64, n_ubatch=64, max_embed_seqs=4, prefill_budget=32)
-    long_left, key = 200, 100
+    long_left, key, state = 200, 100, PlannerState()
     for _ in range(200):
         short = [SeqDemand(key + i, False, 8) for i in range(3)]  # 24 tokens of new short prompts each step
         key += 3
-        plan = dict(sched.plan([*DECODING, SeqDemand(1, False, long_left), *short], []).prefill)
+        step = sched.plan([*DECODING, SeqDemand(1, False, long_left), *short], [], state=state)
+        plan, state = dict(step.prefill), step.next_state
         assert plan[1] >= 32 // 4
         long_left -= plan[1]
         if not long_left:
@@ -99,10 +102,12 @@ def test_simulation_every_sequence_completes_and_batches_stay_bounded() -> None:
     seqs = [FakeSeq(k, rng.randint(1, 300), rng.randint(1, 40)) for k in range(1, 17)]
     runner = FakeRunner(seqs)
     sched = Scheduler(n_batch=64, n_ubatch=64, max_embed_seqs=8)
+    state = PlannerState()
     for _ in range(10_000):
         if not runner.seqs:
             break
-        plan = sched.plan([s.demand() for s in runner.seqs.values()], [])
+        plan = sched.plan([s.demand() for s in runner.seqs.values()], [], state=state)
+        state = plan.next_state
         assert not plan.is_empty
         assert plan.num_tokens <= 64
         decoding = {s.key for s in runner.seqs.values() if s.decoding}
@@ -115,9 +120,10 @@ def test_embedding_steps_alternate_with_generation_and_pack_one_ubatch() -> None
     sched = Scheduler(n_batch=32, n_ubatch=32, max_embed_seqs=3)
     gen = [SeqDemand(1, True, 0)]
     sizes = [10, 10, 10, 10]
-    kinds = []
+    kinds, state = [], PlannerState()
     for _ in range(4):
-        plan = sched.plan(gen, sizes)
+        plan = sched.plan(gen, sizes, state=state)
+        state = plan.next_state
         kinds.append("embed" if plan.is_embedding else "gen")
         if plan.is_embedding:
             assert plan.num_embed == 3  # three fit 32 tokens; max 3 sequences
@@ -133,9 +139,10 @@ def test_prefill_budget_caps_prompts_only_while_others_decode() -> None:
     alone = scheduler.plan([SeqDemand(1, False, 1400)], [])
     assert alone.prefill == ((1, 512),)  # nothing decodes: the whole batch
     two = [SeqDemand(1, True, 0), SeqDemand(4, True, 0)]
-    busy = scheduler.plan([*two, SeqDemand(2, False, 1400), SeqDemand(3, False, 1400)], [])
+    busy = scheduler.plan([*two, SeqDemand(2, False, 1400), SeqDemand(3, False, 1400)], [], state=alone.next_state)
     assert busy.prefill == ((2, 64),)  # the oldest (a tie: the lower key) first, then the closest to done: the same
-    burst = scheduler.plan([SeqDemand(1, True, 0), *(SeqDemand(k, False, 150) for k in range(10, 16))], [])
+    burst = scheduler.plan([SeqDemand(1, True, 0), *(SeqDemand(k, False, 150) for k in range(10, 16))], [],
+                           state=busy.next_state)
     assert sum(n for _, n in burst.prefill) == 6 * 64  # six prompts wait behind one stream: six times the cap
     pacer = PrefillPacer(max_itl_s=0.5)
     assert pacer.budget() == pacer.min_tokens  # nothing measured yet

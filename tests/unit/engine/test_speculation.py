@@ -8,12 +8,15 @@ from dataclasses import replace
 from llmserve.service.config import SpeculationSettings
 from llmserve.service.domain.events import FinishReason, TurnEndEvent
 from llmserve.service.domain.requests import SamplingParams
-from llmserve.service.engine.scheduler import Scheduler, SeqDemand, worth_drafting
+from llmserve.service.engine.draft_pricing import worth_drafting
+from llmserve.service.engine.scheduler import Scheduler, SeqDemand
 from llmserve.service.engine.speculation import START_ODDS, NgramIndex, SeqSpeculation
-from llmserve.service.engine.ubatches import num_ubatches
+from llmserve.service.model.ubatches import num_ubatches
 
 from .engine_harness import GREEDY, ListSink, assert_kv_mirrors_slots, make, one_turn, params, run_until, turn_ends
-from .fake_runner import BOS
+from .fake_runner import BOS, FakeRunner
+
+COSTS = FakeRunner.costs  # what the runner's steps cost prices the drafts
 
 SPEC = SpeculationSettings(spec_type="ngram-simple", draft_max=16, spec_ngram_size_n=2, spec_max_rows=16)
 # The fake model continues with last + 1: after 10..20 and again 10, 11, it samples 12;
@@ -77,7 +80,7 @@ def test_adaptive_length_and_rest() -> None:
 
 
 def test_scheduler_grants_draft_rows_within_the_budget() -> None:
-    scheduler = Scheduler(64, 64, 4, prefill_budget=None, max_draft_rows=8)
+    scheduler = Scheduler(64, 64, 4, prefill_budget=None, max_draft_rows=8, costs=COSTS)
     one = scheduler.plan([SeqDemand(1, True, 0, 12, draft_acceptance=0.3, draft_odds=0.99)], [])
     assert one.drafts == ((1, 7),)  # a lone stream: priced by its per-token odds, not the share (8 rows: step_costs)
     assert scheduler.plan([SeqDemand(1, True, 0, 12, draft_acceptance=0.99, draft_odds=0.3)], []).drafts == ()
@@ -98,19 +101,19 @@ def test_scheduler_grants_draft_rows_within_the_budget() -> None:
 def test_three_or_four_decoding_draft_equal_lengths_that_share_one_ubatch() -> None:
     # One KV stream per slot: split_equal puts consecutive sequences with equal rows in one
     # ubatch, so equal drafts cost no ubatch of their own (priced as one: 0.95 drafted nothing).
-    scheduler = Scheduler(512, 512, 4, prefill_budget=None, max_draft_rows=64, per_slot_streams=True)
+    scheduler = Scheduler(512, 512, 4, prefill_budget=None, max_draft_rows=64, per_slot_streams=True, costs=COSTS)
     four = scheduler.plan([SeqDemand(k, True, 0, 16, seq_id=k, draft_acceptance=0.95) for k in (1, 2, 3, 4)], [])
     assert len(four.drafts) == 4 and len({n for _, n in four.drafts}) == 1 and four.drafts[0][1] >= 4
     assert num_ubatches([(key, 1 + n) for key, n in sorted(four.drafts)], 512, True) == 1
     short = scheduler.plan([SeqDemand(k, True, 0, 3 if k == 2 else 16, seq_id=k, draft_acceptance=0.99) for k in (1, 2, 3)], [])
     assert sorted(short.drafts) == [(1, 3), (2, 3), (3, 3)]  # as long as the shortest proposal
-    assert worth_drafting(0.95, 4, 16, True) == 0
+    assert worth_drafting(COSTS, 0.95, 4, 16, True) == 0
 
 
 def test_two_or_three_decoding_draft_to_a_multiple_of_four_rows() -> None:
     # Per-slot streams: equal drafts share one ubatch, and a step of 2 (or 3) rows costs
     # nearly what one of 4 (or 12) does (step_costs), so their lengths fill the groups of four.
-    scheduler = Scheduler(512, 512, 4, prefill_budget=None, max_draft_rows=64, per_slot_streams=True)
+    scheduler = Scheduler(512, 512, 4, prefill_budget=None, max_draft_rows=64, per_slot_streams=True, costs=COSTS)
     for keys in ((1, 2), (1, 2, 3)):
         plan = scheduler.plan([SeqDemand(k, True, 0, 16, seq_id=k, draft_acceptance=0.9) for k in keys], [])
         lengths = {n for _, n in plan.drafts}
@@ -123,14 +126,14 @@ def test_two_or_three_decoding_draft_to_a_multiple_of_four_rows() -> None:
 
 
 def test_draft_rows_are_granted_only_where_they_pay() -> None:
-    assert worth_drafting(0.3, 1, 16, False) == 0  # a lone stream whose drafts miss: none
-    assert worth_drafting(0.9, 1, 16, False) >= 8  # a lone stream that copies: long drafts
-    assert worth_drafting(0.9, 4, 16, True) == 0  # four streams, a ubatch of its own: not at 0.9
-    assert worth_drafting(0.99, 4, 16, True) == 16
+    assert worth_drafting(COSTS, 0.3, 1, 16, False) == 0  # a lone stream whose drafts miss: none
+    assert worth_drafting(COSTS, 0.9, 1, 16, False) >= 8  # a lone stream that copies: long drafts
+    assert worth_drafting(COSTS, 0.9, 4, 16, True) == 0  # four streams, a ubatch of its own: not at 0.9
+    assert worth_drafting(COSTS, 0.99, 4, 16, True) == 16
     for num_decoding in (1, 2, 4):  # never shorter for better drafts, never longer for busier steps
-        lengths = [worth_drafting(a / 20, num_decoding, 16, num_decoding > 1) for a in range(21)]
+        lengths = [worth_drafting(COSTS, a / 20, num_decoding, 16, num_decoding > 1) for a in range(21)]
         assert lengths == sorted(lengths)
-    assert all(worth_drafting(a / 20, 2, 16, True) <= worth_drafting(a / 20, 1, 16, False) for a in range(21))
+    assert all(worth_drafting(COSTS, a / 20, 2, 16, True) <= worth_drafting(COSTS, a / 20, 1, 16, False) for a in range(21))
 
 
 def test_speculative_greedy_output_equals_plain_output() -> None:

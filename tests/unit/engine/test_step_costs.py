@@ -1,6 +1,8 @@
-"""Draft lengths by what a step of so many rows costs (engine/step_costs.py)."""
+"""Draft lengths (engine/draft_pricing.py) by what a step of so many rows costs the llama.cpp
+runner on the CPU (model/step_costs.py)."""
 
-from llmserve.service.engine.step_costs import best_draft_length, step_cost
+from llmserve.service.engine.draft_pricing import best_draft_length
+from llmserve.service.model.step_costs import LLAMA_CPU_COSTS, step_cost
 
 
 def test_rows_past_a_multiple_of_four_cost_more_than_the_next_four() -> None:
@@ -10,9 +12,9 @@ def test_rows_past_a_multiple_of_four_cost_more_than_the_next_four() -> None:
 
 
 def test_a_lone_stream_drafts_to_a_multiple_of_four_rows() -> None:
-    lengths = [best_draft_length(a / 100, 16) for a in range(0, 100)]
+    lengths = [best_draft_length(LLAMA_CPU_COSTS, a / 100, 16) for a in range(0, 100)]
     assert all((1 + k) % 4 == 0 for k in lengths if k), lengths
     assert lengths == sorted(lengths)  # never shorter for better odds
-    assert best_draft_length(0.5, 16) == 0  # a 1-token draft at even odds would double the step
-    assert best_draft_length(0.99, 16) == 15  # 16 rows, not 17 (a gemv more for one token)
-    assert best_draft_length(0.99, 6) == 3  # 5 to 7 rows cost more a token than 4
+    assert best_draft_length(LLAMA_CPU_COSTS, 0.5, 16) == 0  # a 1-token draft at even odds would double the step
+    assert best_draft_length(LLAMA_CPU_COSTS, 0.99, 16) == 15  # 16 rows, not 17 (a gemv more for one token)
+    assert best_draft_length(LLAMA_CPU_COSTS, 0.99, 6) == 3  # 5 to 7 rows cost more a token than 4

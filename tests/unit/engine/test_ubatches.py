@@ -1,8 +1,8 @@
-"""engine/ubatches.py mirrors llama.cpp's split of a batch into ubatches."""
+"""model/ubatches.py mirrors llama.cpp's split of a batch into ubatches."""
 
 from __future__ import annotations
 
-from llmserve.service.engine.ubatches import num_ubatches
+from llmserve.service.model.ubatches import num_ubatches
 
 
 def test_per_slot_streams_split_by_runs_of_consecutive_ids() -> None:

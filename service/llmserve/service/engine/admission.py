@@ -35,8 +35,7 @@ import structlog
 
 from ..domain.errors import FailureKind
 from ..metrics import Metrics
-from .allocator import Slot, SlotAllocator
-from .sample import Sample
+from .allocator import SlotAllocator
 from .session import Session
 from .slot_kv import SlotKV
 
@@ -123,7 +122,7 @@ class Admission:
         num_history, generating = main.slot.num_confirmed, main.generating
         for sample in session.samples:
             if sample.slot is not None:
-                self._free(_give_up_slot(sample))
+                self.kv.free(sample.give_up_slot())
         for slot in session.reserved:
             self.allocator.free(slot)
         session.reserved.clear()
@@ -135,17 +134,11 @@ class Admission:
                  num_samples=len(session.samples),
                  reason="its client stopped reading" if session.paused else "idle between turns")
 
-    def _free(self, slot: Slot) -> None:
-        if slot.shifted:  # positions moved: the cells are no prefix of anything
-            self.kv.clear(slot)
-            slot.shifted = False
-        self.allocator.free(slot)
-
     def _reattach(self, session: Session) -> None:
         """A preempted session gets its slots back: each sample one (reusing what it still
         caches of its history), and the session's reserved slots for samples yet to fork."""
         session.preempted_history = None
-        matched = [_take_slot(x, self.allocator.allocate(x.pending)) for x in session.samples]
+        matched = [x.reattach(self.allocator.allocate(x.pending)) for x in session.samples]
         session.reserved = [self.allocator.allocate(()) for _ in range(session.params.num_samples - len(session.samples))]
         s = session.main
         log.info("session_resumed", request_id=s.params.request_id, num_cached=matched[0], num_prefill=len(s.pending),
@@ -176,36 +169,3 @@ class Admission:
             return None
         return max(min(deadlines) - time.monotonic() - deadline_margin_s, 0.0)
 
-
-def _give_up_slot(s: Sample) -> Slot:
-    """Preemption by recompute of one sample: the history its slot holds, then a token
-    sampled but not yet decoded, go back in front of its pending input, counted as seen
-    by the sampler. Returns the slot, to be freed."""
-    slot = s.slot
-    assert slot is not None
-    history = slot.tokens[: slot.num_confirmed]
-    sampled = [s.next_token] if s.next_token is not None else []
-    # Everything before the old pending input has been through the sampler already.
-    s.num_accepted_ahead += len(history) + len(sampled)
-    s.pending[:0] = [*history, *sampled]
-    s.next_token = None
-    s.draft = []
-    if s.turn is None or s.turn.t_first_token is None:
-        s.turn_cached = 0  # the coming turn's cached tokens: what the slot still holds at reattach
-    s.slot = None
-    return slot
-
-
-def _take_slot(s: Sample, slot: Slot) -> int:
-    """A preempted sample gets `slot`: confirm what it still caches of the history, keeping
-    at least one token to decode for the logits the turn samples from next. Returns how
-    many tokens it caches."""
-    s.slot = slot
-    matched = slot.match(s.pending[:-1])
-    del s.pending[:matched]
-    s.num_accepted_ahead = max(0, s.num_accepted_ahead - matched)
-    if s.turn is None or s.turn.t_first_token is None:
-        s.turn_cached += matched
-        if s.turn is not None:
-            s.turn.cached_tokens = s.turn_cached
-    return matched

@@ -29,8 +29,8 @@ class DraftVerifier:
 
     def propose(self, s: Sample) -> int:
         """Set `s.draft` for the coming step; returns its length."""
-        s.draft = []
         if s.speculation is None or s.next_token is None or s.slot is None or s.turn is None:
+            s.set_draft([])
             return 0
         # Room: the slot must hold the decode token and every draft token, with one cell
         # to spare (a context shift never happens mid-draft); max_tokens counts them all.
@@ -38,7 +38,7 @@ class DraftVerifier:
         max_tokens = s.params.stopping.max_tokens
         if max_tokens is not None:
             room = min(room, max_tokens - s.turn.completion_tokens - 1)
-        s.draft = s.speculation.propose(s.slot.tokens, s.next_token, room)
+        s.set_draft(s.speculation.propose(s.slot.tokens, s.next_token, room))
         return len(s.draft)
 
     def demand(self, s: Sample) -> SeqDemand:
@@ -69,12 +69,10 @@ class DraftVerifier:
             finish = self.picker.pick(s, ready.logits if i == 0 else self.runner.logits_row(row), row)
             if finish is not None or i == len(ready.draft) or s.next_token != ready.draft[i]:
                 break
-            s.slot.append([ready.draft[i]])  # decoded in this step's row i + 1: already in the KV
-            s.next_token = None
+            s.record_decode(ready.draft[i])  # accepted: decoded in this step's row i + 1, already in the KV
             num_accepted += 1
         self.runner.seq_rm(s.slot.seq_id, len(s.slot.tokens), -1)  # the rows not kept
-        s.turn.num_drafted += len(ready.draft)
-        s.turn.num_accepted += num_accepted
+        s.turn.record_drafts(len(ready.draft), num_accepted)
         self.metrics.spec_draft_tokens.inc(len(ready.draft))
         self.metrics.spec_accepted_tokens.inc(num_accepted)
         if s.speculation is not None:

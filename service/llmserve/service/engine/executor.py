@@ -30,9 +30,9 @@ from .allocator import SlotAllocator
 from .chat import Conversation
 from .commands import STOP, AddInput, Cancel, Close, DropEmbeds, Embed, Open
 from .draft_verifier import DraftVerifier
-from .generation_step import GenerationStep, StepProfile
+from .generation_step import GenerationStep, StepOutput, StepProfile
 from .runner_api import Runner
-from .scheduler import PrefillPacer, Scheduler, StepPlan
+from .scheduler import PlannerState, PrefillPacer, Scheduler, StepPlan
 from .session_store import SessionStore
 from .session_table import SessionTable
 from .slot_kv import SlotKV
@@ -43,8 +43,7 @@ DRAFT_FREE_STEPS = 10  # no drafts this close to a call's deadline: a lone strea
 
 
 class InjectedFault(BaseException):
-    """Test only: `LLMSERVE_INJECT_FAULT=die:<request_id>` kills the executor thread when that
-    session opens; `stall:<request_id>` blocks it (supervision tests: the process exits)."""
+    """Test only: `LLMSERVE_INJECT_FAULT=die:<request_id>` kills the thread (faults.py; `stall:` blocks it)."""
 
 
 @dataclass(frozen=True)
@@ -77,16 +76,16 @@ class Executor:
         per_slot_streams = not config.kv_cache.kv_unified
         allocator = SlotAllocator(config.n_parallel, config.n_ctx_per_slot, keep_busy_together=per_slot_streams)
         kv = SlotKV(runner, allocator)
-        picker = TokenPicker(runner, kv, self.metrics, self.profile, config.context_shift.shift_keep)
+        picker = TokenPicker(runner, kv, self.metrics, config.context_shift.shift_keep)
         spec = config.speculation
         verifier = DraftVerifier(runner, picker, spec, self.metrics) if spec.enabled else None
         self.table = SessionTable(runner, allocator, kv, picker, self._keys, store, verifier)
-        self.generation = GenerationStep(runner, kv, self.profile, order_by_seq_id=per_slot_streams,
-                                         n_ubatch=config.n_ubatch)
+        self.generation = GenerationStep(runner, kv, order_by_seq_id=per_slot_streams, n_ubatch=config.n_ubatch)
         max_draft_rows = spec.spec_max_rows if spec.enabled else 0
         fixed_budget = config.prefill.prefill_budget or None  # 0: paced, a budget per step from the PrefillPacer
         self.scheduler = Scheduler(config.n_batch, config.n_ubatch, config.max_embed_seqs, fixed_budget, max_draft_rows,
-                                   per_slot_streams)
+                                   per_slot_streams, runner.costs)
+        self.planner = PlannerState()  # what the last plan left for the next (step() keeps it)
         self.pacer = PrefillPacer(None if (ms := config.prefill.max_itl_ms) is None else ms / 1000) if fixed_budget is None else None
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._embeds: deque[tuple[EmbedInput, EventSink]] = deque()
@@ -200,8 +199,8 @@ class Executor:
             self.table.fail_key(getattr(command, "key", -1), FailureKind.INTERNAL, "internal error in the executor")
 
     def step(self) -> bool:
-        """One iteration of the loop; False when there was nothing to do. Each line is a
-        phase and its comment says what it changes; `demands()` and `plan` only read."""
+        """One iteration of the loop; False when there was nothing to do. Each line is a phase, its comment
+        says what it changes; `demands()`, `plan` and the fill only read (the planner's state is kept here)."""
         table = self.table
         table.expire_deadlines(self._deadline_margin_s)  # sessions out of time end
         table.expire_readers(self.config.reader_timeout_s)  # and streams nobody reads
@@ -211,16 +210,18 @@ class Executor:
         table.propose_drafts(time.monotonic() + DRAFT_FREE_STEPS * self._step_s)  # speculation: drafts for the generating sequences
         embed_sizes = self._embed_sizes()
         budget = self.pacer.budget() if self.pacer is not None else None
-        plan = self.scheduler.plan(table.demands(), embed_sizes, budget)
+        plan = self.scheduler.plan(table.demands(), embed_sizes, budget, self.planner)
+        self.planner = plan.next_state  # embedding/generation turns, since when each prompt waits
         if plan.is_empty:
             return False
-        start = time.perf_counter()
+        start, output = time.perf_counter(), None  # output: a generation step's
         if plan.is_embedding:
             self._run_embeddings(plan.num_embed)
         else:
+            self.generation.cut_stale_tails(plan, table.samples)  # prefilling slots' stale KV cut (or history requeued)
             output = self.generation.run(plan, table.samples)  # fill, decode, collect
             table.postprocess(output)  # record what entered the KV, sample, end turns
-        self._account(plan, embed_sizes, start)
+        self._account(plan, embed_sizes, start, output)
         return True
 
     @property
@@ -231,14 +232,15 @@ class Executor:
         """Token counts of the embedding inputs a step could take."""
         return [len(item.tokens) for item, _ in itertools.islice(self._embeds, self.scheduler.max_embed_seqs)]
 
-    def _account(self, plan: StepPlan, embed_sizes: list[int], start: float) -> None:
+    def _account(self, plan: StepPlan, embed_sizes: list[int], start: float, output: StepOutput | None) -> None:
         """After a step: its time to the pacer, the deadline margin, metrics and profile."""
         elapsed = time.perf_counter() - start
-        if plan.is_embedding:
+        if output is None:
             kind, num_tokens = "embed", sum(embed_sizes[: plan.num_embed])
         else:
             kind, num_tokens = "generate", plan.num_tokens
-            self.profile.post_s += time.perf_counter() - self.profile.t_decoded  # collect and postprocess
+            post_s = time.perf_counter() - output.t_decoded  # collect and postprocess
+            self.profile.add_step(output, post_s, self.table.picker.sample_s)  # the one writer of the profile
         self._num_steps += 1
         if self.pacer is not None and not plan.is_embedding:
             num_prefill = sum(n for _, n in plan.prefill)

@@ -4,11 +4,12 @@ and which rows are to be sampled.
 Rows: a decode token (and any draft tokens) per generating sequence, a prompt chunk
 per prefilling one; in sequence-id order with one KV stream per slot, else decode
 rows first; logits are requested only for rows that are sampled (or when prompt logprobs are
-asked). Nothing changes after the decode here: the step returns a `StepOutput` and the
-session table applies it (`SessionTable.postprocess`: slots record what entered the KV,
-prompt tokens feed the sampler, prompt logprobs go out, ready rows are sampled).
-Before the decode, filling may find a slot whose stale cells could not be cut: its KV
-is dropped and its history queued to prefill again. Executor thread only.
+asked). Before the fill, `cut_stale_tails` cuts what each prefilling slot caches past its
+history (where that cut fails, the KV is dropped and the history queued to prefill again).
+`run` changes no sample: it returns a `StepOutput` (with its timings, which the executor
+adds to its `StepProfile`) and the session table applies it (`SessionTable.postprocess`:
+slots record what entered the KV, prompt tokens feed the sampler, prompt logprobs go out,
+ready rows are sampled). Executor thread only.
 """
 
 from __future__ import annotations
@@ -23,23 +24,35 @@ from .runner_api import Runner
 from .sample import Sample
 from .scheduler import StepPlan
 from .slot_kv import SlotKV
-from .ubatches import num_ubatches
 
 log = structlog.get_logger("llmserve.step")
 
 
 @dataclass
 class StepProfile:
-    """Where a generation step's time goes (seconds, summed over steps)."""
+    """Where a generation step's time goes (seconds, summed over steps). The executor's
+    record, written by `add_step` alone."""
 
     steps: int = 0
     tokens: int = 0
-    ubatches: int = 0  # graph runs llama_decode made of the steps' batches (engine/ubatches.py)
+    ubatches: int = 0  # graph runs llama_decode made of the steps' batches (Runner.costs.num_ubatches)
     fill_s: float = 0.0  # building the batch
     decode_s: float = 0.0  # llama_decode
     sample_s: float = 0.0  # sampler chains
     post_s: float = 0.0  # everything after the decode, sampling included
     t_decoded: float = 0.0  # perf_counter() when the last decode returned
+
+    def add_step(self, output: StepOutput, post_s: float, sample_s: float) -> None:
+        """One generation step: its batch and decode (`output`), the time after its decode
+        (`post_s`), and the sampler chains' time so far (`sample_s`: `TokenPicker.sample_s`)."""
+        self.steps += 1
+        self.tokens += output.num_tokens
+        self.ubatches += output.num_ubatches
+        self.fill_s += output.fill_s
+        self.decode_s += output.decode_s
+        self.t_decoded = output.t_decoded
+        self.post_s += post_s
+        self.sample_s = sample_s
 
     def as_dict(self) -> dict[str, float]:
         total = self.fill_s + self.decode_s + self.post_s
@@ -84,6 +97,11 @@ class StepOutput:
     entries: tuple[BatchEntry, ...] = ()  # what the batch held, in batch order
     ready: tuple[ReadyRow, ...] = ()
     error: str = ""  # the decode failed: every entry's sequence is to be dropped
+    num_tokens: int = 0  # the batch's rows
+    num_ubatches: int = 0  # graph runs the runner makes of them
+    fill_s: float = 0.0  # building the batch
+    decode_s: float = 0.0
+    t_decoded: float = 0.0  # perf_counter() when the decode returned
 
 
 def _by_seq_id(rows: list[tuple[int, int]], samples: dict[int, Sample]) -> list[tuple[int, int]]:
@@ -96,34 +114,38 @@ def _by_seq_id(rows: list[tuple[int, int]], samples: dict[int, Sample]) -> list[
 
 
 class GenerationStep:
-    def __init__(self, runner: Runner, kv: SlotKV, profile: StepProfile, order_by_seq_id: bool = False,
-                 n_ubatch: int = 512) -> None:
+    def __init__(self, runner: Runner, kv: SlotKV, order_by_seq_id: bool = False, n_ubatch: int = 512) -> None:
         """`order_by_seq_id`: rows in sequence-id order (one KV stream per slot); else decode
         and draft rows lead the batch (a unified cache: they stay in its first ubatch)."""
         self.runner = runner
         self.kv = kv
-        self.profile = profile
         self.order_by_seq_id = order_by_seq_id
         self.n_ubatch = n_ubatch
 
+    def cut_stale_tails(self, plan: StepPlan, samples: dict[int, Sample]) -> None:
+        """Before the fill: each prefilling slot's KV loses what it caches past the history;
+        where it cannot, the KV is dropped and the sample's history queued to prefill again."""
+        for key, _ in plan.prefill:
+            s = samples[key]
+            assert s.slot is not None
+            s.prefill_again(self.kv.trim_stale_tail(s.slot))
+
     def run(self, plan: StepPlan, samples: dict[int, Sample]) -> StepOutput:
+        """Fill the batch (reads the samples), decode, collect."""
         t0 = time.perf_counter()
         entries = self._fill(plan, samples)
         t1 = time.perf_counter()
         status = self.runner.decode()
         t2 = time.perf_counter()
-        profile = self.profile
-        profile.steps += 1
-        profile.tokens += self.runner.batch.num_tokens
         rows = [(e.sample.slot.seq_id if e.sample.slot else -1, len(e.tokens) + len(e.draft)) for e in entries]
-        profile.ubatches += num_ubatches(rows, self.n_ubatch, self.order_by_seq_id)
-        profile.fill_s += t1 - t0
-        profile.decode_s += t2 - t1
-        profile.t_decoded = t2
-        if status != 0:
-            log.error("decode_failed", status=status, num_tokens=self.runner.batch.num_tokens)
-            return StepOutput(tuple(entries), error=f"llama_decode failed with status {status}")
-        return StepOutput(tuple(entries), self._collect(entries))
+        num_ubatches = self.runner.costs.num_ubatches(rows, self.n_ubatch, self.order_by_seq_id)
+        num_tokens = self.runner.batch.num_tokens
+        error = f"llama_decode failed with status {status}" if status != 0 else ""
+        if error:
+            log.error("decode_failed", status=status, num_tokens=num_tokens)
+        ready = () if error else self._collect(entries)
+        return StepOutput(tuple(entries), ready, error, num_tokens=num_tokens, num_ubatches=num_ubatches,
+                          fill_s=t1 - t0, decode_s=t2 - t1, t_decoded=t2)
 
     def _fill(self, plan: StepPlan, samples: dict[int, Sample]) -> list[BatchEntry]:
         batch = self.runner.batch
@@ -145,7 +167,6 @@ class GenerationStep:
                     batch.logits[first : row + 1] = 1  # every draft row is verified
                 entries.append(BatchEntry(s, [s.next_token], first, first, True, draft))
                 continue
-            s.prefill_again(self.kv.trim_stale_tail(s.slot))
             chunk = s.pending[:n]
             wants_logits = s.turn is not None and n == len(s.pending)
             first = batch.num_tokens

@@ -1,9 +1,11 @@
-"""What the engine needs from a model runner: the `Runner` protocol.
+"""What the engine needs from a model runner: the `Runner` protocol, and its cost model.
 
 `model.runner.LlamaRunner` implements it over llama.cpp; the unit tests implement
 it with deterministic logits and no llama_cpp (tests/unit/engine/fake_runner.py), so the
 session table, the step, stop handling, multi-turn, cancel and n > 1 run on the
-CPU in milliseconds. Executor thread only.
+CPU in milliseconds. What a step costs is the runner's knowledge too (`StepCosts`: the
+backend's kernels, the model's size): the scheduler prices drafts by it, the step counts
+ubatches by it. Executor thread only.
 """
 
 from __future__ import annotations
@@ -58,10 +60,27 @@ class Batch(Protocol):
         ...
 
 
+class StepCosts(Protocol):
+    """What a decode step costs this backend and model, in units of a one-row step: ratios,
+    not times, so a sequence's drafts do not depend on the machine's speed or other calls."""
+
+    base_rows: float  # the linear view: a step of c rows costs about base_rows + c
+
+    def step_cost(self, num_rows: int) -> float:
+        """A one-ubatch step of `num_rows` rows."""
+        ...
+
+    def num_ubatches(self, rows: Sequence[tuple[int, int]], n_ubatch: int, per_slot_streams: bool) -> int:
+        """How many ubatches (graph runs) one decode's batch becomes; `rows`: (sequence id,
+        tokens) in batch order; `per_slot_streams`: one KV stream per slot."""
+        ...
+
+
 class Runner(Protocol):
     meta: ModelMeta
     n_vocab: int
     batch: Batch
+    costs: StepCosts
 
     @property
     def can_shift(self) -> bool: ...

@@ -1,47 +1,43 @@
-"""One sequence's decoding state: a sample of a Generate session's turns.
+"""One KV sequence's decoding state: a sample of a Generate session's turns.
 
-A `Sample` holds what one KV sequence needs to generate: its slot, the input not yet in
-the KV (prefilled incrementally, always keeping the last token back until the end of the
-turn so that its logits can be requested), the sampler, the speculation state and
-draft, the next token, the turn under way, the saved logits and the timings. A session
-(`session.py`) has one sample, `Session.main`, that holds its history across turns; a
-turn with n > 1 adds forked samples on reserved slots that live for that turn only.
-When a turn ends the last sampled token, which never entered the KV, becomes the first
-pending token of the next turn so that the KV always mirrors the transcript. Only the
-executor thread touches these objects.
+Its slot, the input not yet in the KV (prefilled incrementally, the last token kept back until
+the turn's end so that its logits can be requested), sampler, speculation state and draft, next
+token, the turn under way, saved logits, timings. A session (`session.py`) has one, `main`,
+holding its history across turns; a turn with n > 1 forks more on reserved slots for that turn.
+A turn's last sampled token, which never entered the KV, is the next turn's first pending one:
+the KV mirrors the transcript. A sample owns its writes: other modules call the methods below,
+named for what they record (tests/unit/test_sample_writes.py). Executor thread only.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import numpy as np
 
-from ..domain.events import EventSink, FinishReason, TokenEvent, TurnEndEvent
+from ..domain.events import EventSink, FinishReason, TokenLogprob
 from ..domain.requests import SessionParams
 from ..domain.snapshots import SavedSession
 from .allocator import Slot, common_prefix_length
 from .runner_api import TokenSampler
 from .speculation import SeqSpeculation
-from .textstream import TextStream
 from .turn import Turn, TurnFinish
 
-# Events a session may have waiting in its sink before the executor pauses it:
-# a client that stops reading holds up only its own sequence.
-MAX_BACKLOG = 64
 PROMPT_LOGPROBS_CHUNK = 32
+SessionT = TypeVar("SessionT")  # the session a sample belongs to (session.py, which imports this module)
 
 
-class Sample:
-    def __init__(self, key: int, session_key: int, index: int, params: SessionParams, sink: EventSink,
-                 n_ctx_per_slot: int, t_open: float) -> None:
+class Sample(Generic[SessionT]):
+    def __init__(self, key: int, session: SessionT, index: int, params: SessionParams, sink: EventSink,
+                 n_ctx_per_slot: int, t_open: float, sampler: TokenSampler | None = None,
+                 speculation: SeqSpeculation | None = None) -> None:
         """`key`: what plans and steps address it by (the main sample's is its session's);
-        `session_key`: the session it belongs to (no reference: session.py imports this
-        module); `index`: the sample's index in the turn's n outputs; `params`: a forked
-        sample's have its own seed."""
+        `index`: in the turn's n outputs; `params`: a forked sample's have its own seed, and
+        `sampler` is made from them; `speculation`: drafting state (None: no speculation)."""
         self.key = key
-        self.session_key = session_key
+        self.session = session
         self.index = index
         self.params = params
         self.sink = sink
@@ -53,8 +49,8 @@ class Sample:
         self.t_slot = 0.0  # when the slot was attached
         self.queue_ms = 0.0
         self.slot: Slot | None = None
-        self.sampler: TokenSampler | None = None
-        self.speculation: SeqSpeculation | None = None  # drafting state (None: no speculation)
+        self.sampler = sampler
+        self.speculation = speculation
         self.draft: list[int] = []  # proposed for the coming step
         self.pending: list[int] = []  # input not yet in the KV
         self.next_token: int | None = None  # sampled, waits to be decoded
@@ -64,21 +60,17 @@ class Sample:
         self.num_accepted_ahead = 0  # leading pending tokens the sampler already accepted
         self.overflowed = False  # the upcoming turn's input does not fit the context
 
-    def fork(self, key: int, index: int, params: SessionParams, slot: Slot, sampler: TokenSampler) -> Sample:
-        """Another sample of this turn (n > 1) on `slot`, which already holds a copy of the KV;
-        `sampler` was made from `params`."""
+    def fork(self, key: int, index: int, params: SessionParams, slot: Slot, sampler: TokenSampler) -> Sample[SessionT]:
+        """Another sample of this turn (n > 1) on `slot`, which holds a copy of the KV already."""
         assert self.turn is not None
-        forked = Sample(key, self.session_key, index, params, self.sink, self.n_ctx_per_slot, self.t_open)
+        speculation = SeqSpeculation(self.speculation.settings) if self.speculation is not None else None
+        forked = Sample(key, self.session, index, params, self.sink, self.n_ctx_per_slot, self.t_open, sampler,
+                        speculation)
         forked.slot = slot
-        forked.sampler = sampler
         sampler.accept(slot.tokens)
         forked.turn = self.turn.fork()
         forked.queue_ms, forked.t_slot = self.queue_ms, self.t_slot
-        if self.speculation is not None:
-            forked.speculation = SeqSpeculation(self.speculation.settings)
         return forked
-
-    # ---------------------------------------------------------------- input
 
     @property
     def num_context_tokens(self) -> int:
@@ -159,14 +151,7 @@ class Sample:
     def begin_turn(self) -> None:
         if self.sampler is not None:
             self.sampler.begin_turn()
-        now = time.monotonic()
-        self.turn = Turn(
-            text=TextStream(self.params.stopping.stop),
-            prompt_tokens=self.turn_input,
-            cached_tokens=self.turn_cached,
-            t_end_of_input=now,
-            t_ready=now,
-        )
+        self.turn = Turn.begin(self.params.stopping.stop, self.turn_input, self.turn_cached)
         self._keep_a_token_for_logits()
 
     def _keep_a_token_for_logits(self) -> None:
@@ -184,15 +169,9 @@ class Sample:
             self.turn.cached_tokens = self.turn_cached
             self.turn.t_ready = max(self.turn.t_end_of_input, time.monotonic())
 
-    # ------------------------------------------------------------- scheduling
-
     @property
     def generating(self) -> bool:
         return self.next_token is not None
-
-    @property
-    def paused(self) -> bool:
-        return self.sink.backlog >= MAX_BACKLOG
 
     @property
     def num_prefill_ready(self) -> int:
@@ -206,7 +185,57 @@ class Sample:
         # rows x vocabulary floats (1 MiB a row for 262k), so those prompts go in chunks.
         return min(ready, PROMPT_LOGPROBS_CHUNK) if self.params.output.prompt_logprobs else ready
 
-    # ----------------------------------------------------- after each decode
+    def drop_input(self) -> None:
+        """The turn's input does not fit the context: it never enters the KV."""
+        self.pending.clear()
+
+    def set_draft(self, draft: list[int]) -> None:
+        """Speculation: the tokens proposed for the coming step ([]: none)."""
+        self.draft = draft
+
+    def take_ready_logits(self) -> np.ndarray | None:
+        """The saved logits the turn's first token is sampled from, once."""
+        logits, self.ready_logits = self.ready_logits, None
+        return logits
+
+    def give_up_slot(self) -> Slot:
+        """Preemption by recompute: its slot's history and a token sampled but not yet decoded
+        go back in front of its pending input, seen by the sampler. Returns the slot, to free."""
+        slot = self.slot
+        assert slot is not None
+        history = slot.tokens[: slot.num_confirmed]
+        sampled = [self.next_token] if self.next_token is not None else []
+        # Everything before the old pending input has been through the sampler already.
+        self.num_accepted_ahead += len(history) + len(sampled)
+        self.pending[:0] = [*history, *sampled]
+        self.next_token = None
+        self.draft = []
+        if self.turn is None or self.turn.t_first_token is None:
+            self.turn_cached = 0  # the coming turn's cached tokens: what the slot still holds at reattach
+        self.slot = None
+        return slot
+
+    def reattach(self, slot: Slot) -> int:
+        """After preemption, `slot`: confirm what it caches of the history but a token to decode
+        for the logits the turn samples from next. Returns how many tokens it caches."""
+        self.slot = slot
+        matched = slot.match(self.pending[:-1])
+        del self.pending[:matched]
+        self.num_accepted_ahead = max(0, self.num_accepted_ahead - matched)
+        if self.turn is None or self.turn.t_first_token is None:
+            self.turn_cached += matched
+            if self.turn is not None:
+                self.turn.cached_tokens = self.turn_cached
+        return matched
+
+    def leave(self) -> Slot | None:
+        """Done (a forked sample's turn, or the session, ended): the sampler is freed; returns
+        the slot it held, if any."""
+        if self.sampler is not None:
+            self.sampler.free()
+            self.sampler = None
+        slot, self.slot = self.slot, None
+        return slot
 
     def record_decode(self, token: int) -> None:
         """The sampled token entered the KV."""
@@ -215,9 +244,8 @@ class Sample:
         self.next_token = None
 
     def record_prefill(self, tokens: list[int], logits: np.ndarray | None) -> int:
-        """A prompt chunk entered the KV: it leaves `pending` and the sampler sees it (but
-        the leading tokens it already saw: returns how many). `logits`: of its last row,
-        kept for the next turn that ends its prompt here."""
+        """A prompt chunk entered the KV: it leaves `pending`, the sampler sees it but the leading
+        tokens it saw (returns how many); `logits` (its last row's) wait for a prompt ending here."""
         assert self.slot is not None and self.sampler is not None
         self.slot.append(tokens)
         if logits is not None:
@@ -228,60 +256,38 @@ class Sample:
         self.sampler.accept(tokens[num_seen:])
         return num_seen
 
-    # ---------------------------------------------------------------- output
+    def keep_prompt_logits(self, row: np.ndarray | None) -> None:
+        """Prompt logprobs: the last evaluated row, which scores the next chunk's first token."""
+        self.prompt_logits = row
+
+    def record_picked(self, token: int, logprob: TokenLogprob | None) -> float | None:
+        """A token picked for the turn, held for output. Returns the seconds since the turn's last (None: first)."""
+        assert self.turn is not None
+        now = time.monotonic()
+        gap = None if self.turn.t_first_token is None else now - self.t_last_token
+        self.t_last_token = now
+        self.turn.record_token(token, logprob, now)
+        return gap
+
+    def continue_with(self, token: int) -> None:
+        """The turn goes on: the picked `token` waits to be decoded."""
+        self.next_token = token
 
     def emit_tokens(self, text: str) -> None:
-        turn = self.turn
-        assert turn is not None
-        if text or turn.held_ids:
-            self.sink.put(TokenEvent(text, tuple(turn.held_ids), tuple(turn.held_logprobs), index=self.index))
-            turn.held_ids.clear()
-            turn.held_logprobs.clear()
-
-    def end_unforked(self, finish: TurnFinish, index: int) -> None:
-        """This (the main) sample's turn ends before the turn's other samples forked from it
-        (a deadline or a cancel during the prompt): sample `index` ends with it, having
-        generated nothing, so every sample of the turn has its turn end."""
-        turn = self.turn
-        assert turn is not None
-        now = time.monotonic()
-        self.sink.put(TurnEndEvent(
-            finish_reason=finish.reason, prompt_tokens=turn.prompt_tokens, cached_tokens=turn.cached_tokens,
-            completion_tokens=0, queue_ms=self.queue_ms, ttft_ms=0.0, prompt_ms=0.0, decode_ms=0.0,
-            seed=(self.params.sampling.seed + index) % 0xFFFFFFFF, message=finish.message, index=index, final=False,
-            t_queued=now, t_slot=now, t_ready=now, t_first_token=now, t_end=now,
-        ))
+        assert self.turn is not None
+        if (event := self.turn.take_held(text, self.index)) is not None:
+            self.sink.put(event)
 
     def finish_turn(self, finish: TurnFinish, final: bool) -> None:
         """Send the rest of the text and the turn end (`final`: the last of the turn's
         samples to end); get ready for the next turn."""
         turn = self.turn
         assert turn is not None
-        reason = finish.reason
-        if reason != FinishReason.STOP_SEQUENCE:
-            self.emit_tokens(turn.text.flush())
-        elif turn.held_ids:
-            self.emit_tokens("")
-        now = time.monotonic()
-        first = turn.t_first_token if turn.t_first_token is not None else now
-        decode_ms = (now - first) * 1000.0
-        if self.slot is None:  # ended while waiting for a slot: no prefill, no decode
-            t_queued, t_slot, t_ready = self.t_open, now, now
-        else:  # the turn that got the slot waited queue_ms; later turns hold it
-            t_slot = self.t_slot if self.queue_ms else turn.t_ready
-            t_queued, t_ready = t_slot - self.queue_ms / 1000.0, turn.t_ready
-        self.sink.put(
-            TurnEndEvent(
-                finish_reason=reason, prompt_tokens=turn.prompt_tokens, cached_tokens=turn.cached_tokens,
-                completion_tokens=turn.completion_tokens, queue_ms=self.queue_ms,
-                ttft_ms=(first - turn.t_end_of_input) * 1000.0, prompt_ms=max(first - turn.t_ready, 0.0) * 1000.0,
-                decode_ms=decode_ms, seed=self.params.sampling.seed, matched_stop=finish.matched_stop,
-                message=finish.message, index=self.index, matched_stop_token_id=finish.matched_stop_token_id,
-                draft_tokens=turn.num_drafted, accepted_draft_tokens=turn.num_accepted,
-                final=final, t_queued=t_queued, t_slot=t_slot, t_ready=t_ready,
-                t_first_token=first, t_end=now,
-            )
-        )
+        # A stop sequence's held text is cut; its held ids still go out.
+        self.emit_tokens("" if finish.reason == FinishReason.STOP_SEQUENCE else turn.text.flush())
+        t_slot = None if self.slot is None else self.t_slot  # None: ended waiting for a slot
+        self.sink.put(turn.end_event(finish, self.index, self.params.sampling.seed, final, self.t_open, t_slot,
+                                     self.queue_ms))
         self.turn = None
         self.next_token = None
         self.prompt_logits = None
@@ -290,6 +296,5 @@ class Sample:
         self.turn_input = 0
         self.turn_cached = self.slot.num_confirmed if self.slot else 0
         if finish.last_token is not None:
-            # The transcript goes on from the last sampled token: it enters the KV
-            # with the next turn's input.
+            # The transcript goes on from it: it enters the KV with the next turn's input.
             self.pending.append(finish.last_token)

@@ -18,21 +18,20 @@ their own (never mixed with generation in one decode): several inputs packed int
 one ubatch, alternating fairly with generation steps when both are waiting.
 
 The executor feeds it `SeqDemand`s and the sizes of the queued embedding inputs;
-tests feed it the same from a fake runner.
+tests feed it the same from a fake runner. `plan` is a pure function of them and of the
+`PlannerState` the last plan left (`StepPlan.next_state`), which the caller keeps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-from .step_costs import best_draft_length
+from .draft_pricing import best_draft_length, worth_drafting
+from .runner_api import StepCosts
 
 MAX_DRAFTING_SEQS = 4  # more sequences decoding than this: no drafts (measured: verify rows then cost more than they save)
 MIN_ACCEPTANCE_BUSY = 0.85  # with 3-4 decoding only drafts that nearly always land pay for their rows (measured)
-# A decode step on CPU costs about STEP_BASE_ROWS rows' worth plus one per row (gemma-3-270m,
-# 2 threads: ~14 ms + ~6.8 ms per row, llama-batched-bench S_TG at 1/8/16 streams).
-STEP_BASE_ROWS = 2.0
 MAX_PROMPTS_WHILE_DECODING = 2  # per-slot streams: prompts one step carries beside decode rows
 
 
@@ -51,11 +50,21 @@ class SeqDemand:
 
 
 @dataclass(frozen=True)
+class PlannerState:
+    """What planning keeps from one step to the next."""
+
+    last_was_embedding: bool = False  # embedding and generation steps alternate while both wait
+    num_plans: int = 0  # plans of generation steps so far
+    prefill_since: Mapping[int, int] = field(default_factory=dict)  # key -> the plan its waiting prompt showed up in
+
+
+@dataclass(frozen=True)
 class StepPlan:
     decode: tuple[int, ...] = ()
     prefill: tuple[tuple[int, int], ...] = ()  # (key, num_tokens)
     num_embed: int = 0  # how many queued embedding inputs (from the front) to run
     drafts: tuple[tuple[int, int], ...] = ()  # (key, draft rows granted) for decoding keys
+    next_state: PlannerState = PlannerState()  # what the next plan starts from
 
     @property
     def is_empty(self) -> bool:
@@ -73,11 +82,15 @@ class StepPlan:
 class Scheduler:
     def __init__(
         self, n_batch: int, n_ubatch: int, max_embed_seqs: int, prefill_budget: int | None = None,
-        max_draft_rows: int = 0, per_slot_streams: bool = False,
+        max_draft_rows: int = 0, per_slot_streams: bool = False, costs: StepCosts | None = None,
     ) -> None:
         """`prefill_budget`: prompt tokens per step while sequences decode (None: no cap).
         `per_slot_streams`: one KV stream per slot (rows go in sequence-id order, see
-        `_drafts_kept_whole`)."""
+        `_drafts_kept_whole`). `costs`: the runner's, which price drafts (needed with
+        `max_draft_rows`)."""
+        if max_draft_rows and costs is None:
+            raise ValueError("drafts are priced by the runner's step costs")
+        self.costs = costs
         self.prefill_budget = prefill_budget
         self.per_slot_streams = per_slot_streams
         self.price_drafts = True  # grant only the draft rows that pay (worth_drafting); tests of the draft mechanics turn it off
@@ -85,23 +98,22 @@ class Scheduler:
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
         self.max_embed_seqs = max_embed_seqs
-        self._last_was_embedding = False
-        self._num_plans = 0
-        self._prefill_since: dict[int, int] = {}  # key -> the plan its waiting prompt first showed up in
 
-    def plan(self, demands: Sequence[SeqDemand], embed_sizes: Sequence[int], prefill_budget: int | None = None) -> StepPlan:
-        """Plan one step. `embed_sizes` are the token counts of queued embedding inputs;
-        `prefill_budget`: this step's cap on prompt tokens while others decode (the pacer's;
-        None: the scheduler's own)."""
+    def plan(self, demands: Sequence[SeqDemand], embed_sizes: Sequence[int], prefill_budget: int | None = None,
+             state: PlannerState = PlannerState()) -> StepPlan:
+        """Plan one step (reads only). `embed_sizes` are the token counts of queued embedding
+        inputs; `prefill_budget`: this step's cap on prompt tokens while others decode (the
+        pacer's; None: the scheduler's own); `state`: the last plan's `next_state` (a fresh
+        one for a first plan)."""
         wants_generation = any(d.decode_token or d.num_prefill for d in demands)
         wants_embedding = bool(embed_sizes)
-        if wants_embedding and (not wants_generation or not self._last_was_embedding):
-            self._last_was_embedding = True
-            return StepPlan(num_embed=self._pack_embeddings(embed_sizes))
-        self._last_was_embedding = False
+        if wants_embedding and (not wants_generation or not state.last_was_embedding):
+            num_embed = self._pack_embeddings(embed_sizes)
+            return StepPlan(num_embed=num_embed, next_state=PlannerState(True, state.num_plans, state.prefill_since))
+        state = PlannerState(False, state.num_plans, state.prefill_since)
         if not wants_generation:
-            return StepPlan()
-        return self._plan_generation(demands, self.prefill_budget if prefill_budget is None else prefill_budget)
+            return StepPlan(next_state=state)
+        return self._plan_generation(demands, self.prefill_budget if prefill_budget is None else prefill_budget, state)
 
     def _pack_embeddings(self, sizes: Sequence[int]) -> int:
         used = count = 0
@@ -112,7 +124,8 @@ class Scheduler:
             count += 1
         return max(count, 1)  # inputs are validated to fit one ubatch
 
-    def _plan_generation(self, demands: Sequence[SeqDemand], prefill_budget: int | None) -> StepPlan:
+    def _plan_generation(self, demands: Sequence[SeqDemand], prefill_budget: int | None,
+                         state: PlannerState) -> StepPlan:
         decode = tuple(d.key for d in demands if d.decode_token)
         drafts = self._grant_drafts([d for d in demands if d.decode_token and d.num_draft > 0], len(decode))
         if self.per_slot_streams:
@@ -130,32 +143,20 @@ class Scheduler:
         # Per-slot streams: each prompt chunk beyond the decode rows' ubatch is a ubatch of
         # its own, so a paced step carries at most two prompts (a burst: as many as fit).
         max_prompts = MAX_PROMPTS_WHILE_DECODING if paced and not outnumbered and self.per_slot_streams else None
-        prefill = self._share_prefill(waiting, budget, max_prompts)
-        return StepPlan(decode=decode, prefill=tuple(prefill), drafts=tuple(drafts))
-
-    def _share_prefill(self, waiting: list[SeqDemand], budget: int, max_prompts: int | None = None) -> list[tuple[int, int]]:
-        """The oldest waiting prompt gets at least an equal share; the rest of the budget
-        goes shortest-remaining first (ties: the older first), to `max_prompts` at most."""
-        self._num_plans += 1
-        since = {d.key: self._prefill_since.get(d.key, self._num_plans) for d in waiting}
-        self._prefill_since = since
-        if not waiting or budget <= 0:
-            return []
-        oldest = min(waiting, key=lambda d: (since[d.key], d.key))
-        granted = {oldest.key: min(oldest.num_prefill, max(budget // len(waiting), 1))}
-        left = budget - granted[oldest.key]
-        for d in sorted(waiting, key=lambda d: (d.num_prefill - granted.get(d.key, 0), since[d.key], d.key)):
-            extra = min(d.num_prefill - granted.get(d.key, 0), left)
-            if extra > 0 and (d.key in granted or max_prompts is None or len(granted) < max_prompts):
-                granted[d.key] = granted.get(d.key, 0) + extra
-                left -= extra
-        return list(granted.items())
+        num_plans = state.num_plans + 1
+        since = {d.key: state.prefill_since.get(d.key, num_plans) for d in waiting}
+        prefill = _share_prefill(waiting, since, budget, max_prompts)
+        return StepPlan(decode=decode, prefill=tuple(prefill), drafts=tuple(drafts),
+                        next_state=PlannerState(state.last_was_embedding, num_plans, since))
 
     def _grant_drafts(self, wanting: list[SeqDemand], num_decoding: int) -> list[tuple[int, int]]:
         # Unified cache: decode and draft rows lead the batch and stay in its first ubatch:
         # llama.cpp then places them all against the pre-step positions, so no cell a
         # rejected draft's sequence still needs can leave the sliding window (see
         # SlotKV.holds_window). Per-slot streams: see _drafts_kept_whole.
+        costs = self.costs
+        if costs is None:  # no drafts (max_draft_rows 0)
+            return []
         rows = self.max_draft_rows if num_decoding <= MAX_DRAFTING_SEQS else 0
         if num_decoding > 2:
             wanting = [d for d in wanting if d.draft_acceptance >= MIN_ACCEPTANCE_BUSY]
@@ -176,36 +177,36 @@ class Scheduler:
             # odds (measured on medians: c=1 extractive +14%, plain +22% over the share).
             cap = budget // num_decoding
             if num_decoding % 4:
-                k = min(best_draft_length(d.draft_odds if num_decoding == 1 else d.draft_acceptance,
+                k = min(best_draft_length(costs, d.draft_odds if num_decoding == 1 else d.draft_acceptance,
                                           min(d.num_draft, cap), num_decoding) for d in wanting)
             else:
-                k = min(min(worth_drafting(d.draft_acceptance, num_decoding, d.num_draft, False) for d in wanting), cap)
+                k = min(min(worth_drafting(costs, d.draft_acceptance, num_decoding, d.num_draft, False)
+                            for d in wanting), cap)
             return [(d.key, k) for d in wanting] if k > 0 else []
         # Two decoding and one drafting (or one buffer): fair shares, priced by the accepted
         # share (odds lost extractive c=4 26%), a ubatch of their own with per-slot streams.
         extra_ubatch = self.per_slot_streams and num_decoding > 1
-        wants = [(d.key, worth_drafting(d.draft_acceptance, num_decoding, d.num_draft, extra_ubatch)
+        wants = [(d.key, worth_drafting(costs, d.draft_acceptance, num_decoding, d.num_draft, extra_ubatch)
                   if self.price_drafts else d.num_draft) for d in wanting]
         return _fair_shares([(key, n) for key, n in wants if n > 0], budget)
 
 
-def worth_drafting(acceptance: float, num_decoding: int, max_rows: int, extra_ubatch: bool) -> int:
-    """How many draft rows pay for themselves (0: none). In row units: a step of c decode
-    rows costs STEP_BASE_ROWS + c and yields c tokens, so an accepted token is worth
-    (STEP_BASE_ROWS + c) / c rows; the k-th draft row lands with probability about
-    acceptance**k (the per-token odds; the accepted share undercounts them, so with it
-    this errs short) and costs one row, and with `extra_ubatch` (per-slot streams and
-    others decoding: the drafting sequence's rows become a ubatch of their own) the draft
-    costs another STEP_BASE_ROWS. The k with the largest expected gain, if positive."""
-    worth = (STEP_BASE_ROWS + num_decoding) / num_decoding
-    q = min(max(acceptance, 0.0), 0.999)
-    best, best_gain, expected = 0, 0.0, 0.0
-    for k in range(1, max_rows + 1):
-        expected += q**k
-        gain = expected * worth - k - (STEP_BASE_ROWS if extra_ubatch else 0.0)
-        if gain > best_gain:
-            best, best_gain = k, gain
-    return best
+def _share_prefill(waiting: list[SeqDemand], since: Mapping[int, int], budget: int,
+                   max_prompts: int | None = None) -> list[tuple[int, int]]:
+    """The oldest waiting prompt (`since`: the plan each showed up in) gets at least an equal
+    share; the rest of the budget goes shortest-remaining first (ties: the older first), to
+    `max_prompts` at most."""
+    if not waiting or budget <= 0:
+        return []
+    oldest = min(waiting, key=lambda d: (since[d.key], d.key))
+    granted = {oldest.key: min(oldest.num_prefill, max(budget // len(waiting), 1))}
+    left = budget - granted[oldest.key]
+    for d in sorted(waiting, key=lambda d: (d.num_prefill - granted.get(d.key, 0), since[d.key], d.key)):
+        extra = min(d.num_prefill - granted.get(d.key, 0), left)
+        if extra > 0 and (d.key in granted or max_prompts is None or len(granted) < max_prompts):
+            granted[d.key] = granted.get(d.key, 0) + extra
+            left -= extra
+    return list(granted.items())
 
 
 def _drafts_kept_whole(drafts: list[tuple[int, int]], demands: Sequence[SeqDemand]) -> list[tuple[int, int]]:

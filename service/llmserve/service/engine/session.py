@@ -8,7 +8,8 @@ n - 1 more samples when its prompt has been evaluated: each on a slot reserved w
 session was admitted, holding a copy of the main sample's KV; a forked sample lives for
 that turn, and its slot goes back to `reserved` for the next turn's fork. Preempted
 (`admission.py`), every sample and reserved slot gives its slot up at once, and gets one
-back at once. Only the executor thread touches these objects.
+back at once. Its samples share its sink: they pause together (`paused`). Only the executor
+thread touches these objects.
 """
 
 from __future__ import annotations
@@ -24,24 +25,33 @@ from ..domain.snapshots import SavedSession
 from .allocator import Slot, SlotAllocator
 from .chat import Conversation, SavedChat
 from .runner_api import TokenSampler
-from .sample import MAX_BACKLOG, Sample
+from .sample import Sample
 from .slot_kv import SlotKV
+from .speculation import SeqSpeculation
 from .turn import TurnFinish
+
+# Events a session may have waiting in its sink before the executor pauses it:
+# a client that stops reading holds up only its own samples.
+MAX_BACKLOG = 64
 
 
 class Session:
     def __init__(self, key: int, params: SessionParams, sink: EventSink, n_ctx_per_slot: int,
-                 deadline: float | None = None) -> None:
+                 deadline: float | None = None, sampler: TokenSampler | None = None,
+                 speculation: SeqSpeculation | None = None, t_open: float | None = None) -> None:
+        """`sampler`, `speculation`: the main sample's (see `Sample`); `t_open`: when the
+        stream opened (None: now)."""
         self.key = key
         self.params = params
         self.sink = sink
         self.deadline = deadline
-        self.t_open = time.monotonic()
+        self.t_open = time.monotonic() if t_open is None else t_open
         self.restore: SavedSession | None = None  # a saved session waiting for a slot
         self.conversation: Conversation | None = None  # read when a named session is saved
         self.grammar: object | None = None  # the compiled constraint its samplers clone
         self.later: deque[tuple[tuple[int, ...], bool, bool]] = deque()  # input sent during a turn
-        self.samples = [Sample(key, key, 0, params, sink, n_ctx_per_slot, self.t_open)]
+        self.samples: list[Sample[Session]] = [
+            Sample(key, self, 0, params, sink, n_ctx_per_slot, self.t_open, sampler, speculation)]
         self.reserved: list[Slot] = []  # slots held for the other samples until they fork
         self.samples_open = 0  # samples of the current turn still generating
         self.forked = False  # the current turn's other samples forked (or there are none)
@@ -49,12 +59,13 @@ class Session:
         self.t_paused: float | None = None  # since when its client has read nothing (paused)
 
     @property
-    def main(self) -> Sample:
+    def main(self) -> Sample[Session]:
         """The sample that holds the stream's history (index 0)."""
         return self.samples[0]
 
     @property
     def paused(self) -> bool:
+        """Its client stopped reading: its events pile up unread."""
         return self.sink.backlog >= MAX_BACKLOG
 
     @property
@@ -74,7 +85,7 @@ class Session:
         self.main.begin_turn()
 
     def fork_samples(self, keys: Iterator[int], kv: SlotKV,
-                     make_sampler: Callable[[SamplingParams, bool], TokenSampler]) -> list[Sample]:
+                     make_sampler: Callable[[SamplingParams, bool], TokenSampler]) -> list[Sample[Session]]:
         """First logits of a turn with n > 1: copy the main sample's KV into the reserved
         slots, one more sample on each (seed + its index). [] unless the turn forks now."""
         main = self.main
@@ -95,54 +106,44 @@ class Session:
         self.forked = True
         return forked
 
-    def end_turn(self, sample: Sample, finish: TurnFinish, kv: SlotKV) -> bool:
+    def end_turn(self, sample: Sample[Session], finish: TurnFinish, kv: SlotKV) -> bool:
         """`sample`'s turn ended. A forked sample leaves: its slot goes back to `reserved`,
         where the next turn's sample forks again. True if it left."""
         if sample is self.main and not self.forked:  # ended before the others forked: they end too
-            for index in range(1, self.params.num_samples):
-                sample.end_unforked(finish, index)
-            self.forked = True
+            self._end_unforked(finish)
         sample.finish_turn(finish, final=self.samples_open == 1)
         self.samples_open -= 1
         if sample is self.main:
             return False
         self.samples.remove(sample)
-        if sample.slot is not None:
-            _forget_shifted(sample.slot, kv)
-            self.reserved.append(sample.slot)
-            sample.slot = None
-        _free_sampler(sample)
+        slot = sample.leave()
+        if slot is not None:
+            kv.forget_shifted(slot)
+            self.reserved.append(slot)
         return True
+
+    def _end_unforked(self, finish: TurnFinish) -> None:
+        """The main sample's turn ends before the turn's other samples forked from it (a
+        deadline or a cancel during the prompt): each of them ends with it, having generated
+        nothing, so every sample of the turn has its turn end."""
+        main = self.main
+        assert main.turn is not None
+        for index in range(1, self.params.num_samples):
+            seed = (main.params.sampling.seed + index) % 0xFFFFFFFF
+            self.sink.put(main.turn.unforked_end(finish, index, seed, main.queue_ms))
+        self.forked = True
 
     def release(self, kv: SlotKV, allocator: SlotAllocator) -> None:
         """The stream is gone: free every slot now (forked samples', reserved, the main
         one); their KV stays as a prefix cache."""
         for sample in self.samples[1:]:
-            if sample.slot is not None:
-                _forget_shifted(sample.slot, kv)
-                allocator.free(sample.slot)
-                sample.slot = None
-            _free_sampler(sample)
+            if (slot := sample.leave()) is not None:
+                kv.free(slot)
         del self.samples[1:]
         for slot in self.reserved:
             allocator.free(slot)
         self.reserved.clear()
-        main = self.main
-        if main.slot is not None:
-            _forget_shifted(main.slot, kv)
-            allocator.free(main.slot)
-            main.slot = None
-        _free_sampler(main)
+        if (slot := self.main.leave()) is not None:
+            kv.free(slot)
         self.grammar = None
 
-
-def _forget_shifted(slot: Slot, kv: SlotKV) -> None:
-    if slot.shifted:  # positions moved: not a prefix of anything any more
-        kv.clear(slot)
-        slot.shifted = False
-
-
-def _free_sampler(sample: Sample) -> None:
-    if sample.sampler is not None:
-        sample.sampler.free()
-        sample.sampler = None

@@ -22,7 +22,7 @@ from .allocator import Slot, SlotAllocator
 from .commands import AddInput, Cancel, Close, Open
 from .draft_verifier import DraftVerifier
 from .generation_step import StepOutput
-from .prompt_logprobs import score_prompt_chunk
+from .logprobs import score_prompt_chunk
 from .runner_api import Runner, TokenSampler
 from .sample import Sample
 from .scheduler import SeqDemand
@@ -44,7 +44,7 @@ class SessionTable:
         self.n_ctx_per_slot = allocator.n_ctx_per_slot
         self.picker, self.keys = picker, keys
         self.sessions: dict[int, Session] = {}
-        self.samples: dict[int, Sample] = {}  # every session's samples: the main one has the session's key
+        self.samples: dict[int, Sample[Session]] = {}  # every session's samples: the main one has the session's key
         self.waiting: deque[Session] = deque()
         self.admission = Admission(allocator, kv, self.sessions, self.waiting, picker.metrics)
         self._eog = tuple(runner.meta.eog_token_ids)
@@ -71,17 +71,17 @@ class SessionTable:
                 self._release(session)
 
     def _open(self, command: Open) -> None:
-        params = command.params
-        session = Session(command.key, params, command.sink, self.n_ctx_per_slot, command.deadline)
-        session.grammar = command.grammar
-        session.main.speculation = self._speculation()
+        params, t_open = command.params, time.monotonic()
         try:
-            session.main.sampler = self._sampler(params.sampling, params.stopping.ignore_eos, command.grammar)
+            sampler = self._sampler(params.sampling, params.stopping.ignore_eos, command.grammar)
         except GrammarError as exc:  # the transport checks first; this is the backstop
             command.sink.put(SessionFailed(FailureKind.INVALID, str(exc)))
             if params.session_id and self.store is not None:
                 self.store.settle(params.session_id)
             return
+        session = Session(command.key, params, command.sink, self.n_ctx_per_slot, command.deadline, sampler,
+                          self._speculation(), t_open)
+        session.grammar = command.grammar
         session.restore, session.conversation = command.restore, command.conversation
         self.sessions[command.key] = session
         self.samples[command.key] = session.main
@@ -103,7 +103,7 @@ class SessionTable:
             return
         session.begin_turn()
         if main.overflowed or main.num_context_tokens > self.n_ctx_per_slot:
-            main.pending.clear()
+            main.drop_input()
             message = f"history plus input exceed the slot context of {self.n_ctx_per_slot} tokens"
             self._finish(main, TurnFinish(FinishReason.CONTEXT_FULL, None, message=message))
         elif not main.pending and main.num_context_tokens == 0:
@@ -117,7 +117,7 @@ class SessionTable:
         return [
             v.demand(s) if v and s.generating else SeqDemand(s.key, s.generating, s.num_prefill_ready, seq_id=s.slot.seq_id)
             for s in self.samples.values()
-            if s.slot is not None and not s.paused
+            if s.slot is not None and not s.session.paused
         ]
 
     def propose_drafts(self, no_drafts_after: float) -> None:
@@ -125,11 +125,11 @@ class SessionTable:
         none whose call's deadline is before `no_drafts_after` (draft steps are the slow ones)."""
         if self.verifier is not None:
             for s in self.samples.values():
-                deadline = session.deadline if (session := self.sessions.get(s.session_key)) else None
-                if s.slot is not None and not s.paused and s.generating and (deadline or no_drafts_after) >= no_drafts_after:
+                in_time = (s.session.deadline or no_drafts_after) >= no_drafts_after
+                if s.slot is not None and not s.session.paused and s.generating and in_time:
                     self.verifier.propose(s)
                 else:
-                    s.draft = []
+                    s.set_draft([])
 
     def postprocess(self, output: StepOutput) -> None:
         """Apply a step's output: record what entered each slot, sample every ready row
@@ -138,8 +138,8 @@ class SessionTable:
             for e in output.entries:
                 if e.sample.slot is not None:
                     self.kv.clear(e.sample.slot)
-            for key in dict.fromkeys(e.sample.session_key for e in output.entries):
-                if key in self.sessions:
+            for key in dict.fromkeys(e.sample.session.key for e in output.entries):
+                if key in self.sessions:  # not failed already
                     self.fail(self.sessions[key], FailureKind.INTERNAL, output.error)
             return
         for e in output.entries:
@@ -163,7 +163,7 @@ class SessionTable:
     def sample_ready(self) -> None:
         """Turns whose whole prompt is cached with its saved logits: first token, no decode."""
         for s in [s for s in self.samples.values() if s.ready_logits is not None]:
-            logits, s.ready_logits = s.ready_logits, None
+            logits = s.take_ready_logits()
             if s.turn is None or s.slot is None:
                 continue
             if s.prefill_again(self.kv.trim_stale_tail(s.slot)):
@@ -177,7 +177,7 @@ class SessionTable:
             self._finish(s, finish)
 
     def _finish(self, sample: Sample, finish: TurnFinish) -> None:
-        session = self.sessions[sample.session_key]
+        session = sample.session
         if session.end_turn(sample, finish, self.kv):  # a forked sample lives for one turn
             self.samples.pop(sample.key, None)
         self._accept_later(session)
@@ -188,7 +188,7 @@ class SessionTable:
 
     def _fork(self, sample: Sample) -> list[Sample]:
         """The first logits of a turn: with n > 1 its main sample forks the others."""
-        session = self.sessions[sample.session_key]
+        session = sample.session
         if sample is not session.main:
             return []
         forked = session.fork_samples(self.keys, self.kv, lambda sampling, ignore_eos: self._sampler(
@@ -260,7 +260,7 @@ class SessionTable:
 
     def slot_states(self) -> Iterator[tuple[Slot, bool]]:
         """Every slot, and whether the sample on it is paused (its client stopped reading)."""
-        paused = {s.slot.seq_id for s in self.samples.values() if s.slot is not None and s.paused}
+        paused = {s.slot.seq_id for s in self.samples.values() if s.slot is not None and s.session.paused}
         for slot in self.allocator.slots:
             yield slot, slot.seq_id in paused
 
@@ -273,7 +273,7 @@ class SessionTable:
         (max_tokens, else the slot's room), ascending: when slots free, as the limits tell.
         Other slots are free, or admission would take them for a new call (paused, idle)."""
         return tuple(sorted(_tokens_left(x) for s in self.sessions.values() for x in s.samples
-                            if x.turn is not None and x.slot is not None and not x.paused))
+                            if x.turn is not None and x.slot is not None and not s.paused))
 
     # ------------------------------------------------------------ deadlines
 

@@ -2,8 +2,8 @@
 
 The allocator only mirrors what the KV holds; these keep the two in step when a
 turn forks into n samples, when a named session is restored or saved, when a
-stale cached tail is cut, on a context shift, and when a slot's KV must be
-dropped. Executor thread only.
+stale cached tail is cut, on a context shift, when a slot's KV must be dropped,
+and when a sample leaves its slot. Executor thread only.
 """
 
 from __future__ import annotations
@@ -33,6 +33,18 @@ class SlotKV:
     def clear(self, slot: Slot) -> None:
         self.runner.seq_rm(slot.seq_id, -1, -1)
         slot.reset()
+
+    def forget_shifted(self, slot: Slot) -> None:
+        """A slot its sample leaves: after a context shift its positions moved, so its cells
+        are no prefix of anything and are dropped."""
+        if slot.shifted:
+            self.clear(slot)
+            slot.shifted = False
+
+    def free(self, slot: Slot) -> None:
+        """Its session is done with `slot`: it goes idle, its KV a prefix cache (unless shifted)."""
+        self.forget_shifted(slot)
+        self.allocator.free(slot)
 
     def holds_window(self, slot: Slot) -> bool:
         """Whether the KV holds every cell the slot's next token attends to.

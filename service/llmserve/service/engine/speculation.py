@@ -33,7 +33,8 @@ MAX_MISSES = 3  # drafts in a row with nothing accepted before a sequence rests
 REST_TOKENS = 32  # tokens it then generates without drafting
 START_ODDS = 0.8  # a new sequence's per-token draft odds (the same for every sequence)
 # The shortest draft proposed after a miss: with its decode row four rows, the shortest a lone
-# stream's step pays for (step_costs); shorter proposals were never granted, so never grew.
+# stream's step pays for (the runner's step costs, model/step_costs.py); shorter proposals
+# were never granted, so never grew.
 MIN_PROPOSAL = 3
 
 

@@ -17,7 +17,6 @@ import structlog
 
 from ..domain.events import FinishReason
 from ..metrics import Metrics
-from .generation_step import StepProfile
 from .logprobs import log_softmax, token_logprob
 from .runner_api import Runner
 from .sample import Sample
@@ -29,12 +28,12 @@ log = structlog.get_logger("llmserve.token_picker")
 
 class TokenPicker:
     def __init__(
-        self, runner: Runner, kv: SlotKV, metrics: Metrics, profile: StepProfile, shift_keep: int | None = None
+        self, runner: Runner, kv: SlotKV, metrics: Metrics, shift_keep: int | None = None
     ) -> None:
         self.runner = runner
         self.kv = kv
         self.metrics = metrics
-        self.profile = profile
+        self.sample_s = 0.0  # time in the sampler chains, summed (the executor's StepProfile reads it)
         # Context shift: tokens kept at the start (BOS at least); None: CONTEXT_FULL instead.
         self.shift_keep = None if shift_keep is None else max(shift_keep, int(runner.meta.add_bos))
         self._eog = frozenset(runner.meta.eog_token_ids)
@@ -57,19 +56,13 @@ class TokenPicker:
             token = s.sampler.sample_from(logits)
         else:
             token = s.sampler.sample(row, logits)
-        self.profile.sample_s += time.perf_counter() - t0
+        self.sample_s += time.perf_counter() - t0
         if token is None:
             return self._nothing_allowed(s)
-        now = time.monotonic()
-        if turn.t_first_token is None:
-            turn.t_first_token = now
-        else:
-            self.metrics.itl.labels(s.params.surface).observe(now - s.t_last_token)
-        s.t_last_token = now
-        turn.completion_tokens += 1
-        turn.held_ids.append(token)
-        if lp is not None:
-            turn.held_logprobs.append(token_logprob(lp, token, output.top_logprobs or 0, self._text))
+        logprob = token_logprob(lp, token, output.top_logprobs or 0, self._text) if lp is not None else None
+        gap = s.record_picked(token, logprob)
+        if gap is not None:
+            self.metrics.itl.labels(s.params.surface).observe(gap)
         if token in self._eog and not stopping.ignore_eos:
             return TurnFinish(FinishReason.STOP, token)
         if token in stopping.stop_token_ids:
@@ -88,7 +81,7 @@ class TokenPicker:
             discard = self.kv.shift(s.slot, self.shift_keep)
             self.metrics.context_shifts.inc()
             log.info("context_shift", seq_id=s.slot.seq_id, keep=self.shift_keep, discard=discard)
-        s.next_token = token
+        s.continue_with(token)
         return None
 
     def _nothing_allowed(self, s: Sample) -> TurnFinish:

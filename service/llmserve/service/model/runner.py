@@ -1,10 +1,11 @@
 """The llama.cpp runner: every ctypes call on the model and contexts lives here.
 
 Owns the model, the generation llama_context (one KV stream per slot unless
-`kv_unified`), the numpy-backed batch, and with embeddings on an `Embedder` (a context of
+`kv_unified`), the numpy-backed batch, with embeddings on an `Embedder` (a context of
 its own: on the generative model, stopping before the LM head, or on a separate
-`--embedding-model`). Apart from the tokenizers (vocab.py), which only read
-immutable vocabularies, it is used by the executor thread alone.
+`--embedding-model`), and the cost model of its steps (`step_costs.py`). Apart from the
+tokenizers (vocab.py), which only read immutable vocabularies, it is used by the executor
+thread alone.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .batch import BatchBuffer
 from .embedder import Embedder
 from .grammar_compiler import CompiledGrammar
 from .sampler import Sampler
+from .step_costs import LLAMA_CPU_COSTS
 from .tokenizer import Vocab, load_model
 
 # ggml.h enum ggml_log_level
@@ -83,6 +85,7 @@ class LlamaRunner:
             )
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.batch = BatchBuffer(config.n_batch)
+        self.costs = LLAMA_CPU_COSTS  # what a step costs (runner_api.StepCosts): llama.cpp's CPU kernels, measured
         self.meta = self.tokenizer.read_meta(Path(config.model_path))
         self.embedder = self._embedder() if config.embeddings else None
 

@@ -4,7 +4,7 @@ every layer's weights, so a step's cost grows with their number, not only its to
 A unified KV cache splits simply: `n_ubatch` tokens each. With one KV stream per slot
 llama.cpp uses `split_equal(sequential=true)` (llama-batch.cpp): one ubatch takes a run of
 sequences with consecutive ids (in batch order), the same number of tokens from each.
-This mirrors it, for the step profile and the slot allocator's choices.
+This mirrors it, for the step profile (`step_costs.LlamaCpuCosts.num_ubatches`).
 """
 
 from __future__ import annotations

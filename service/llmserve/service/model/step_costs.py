@@ -1,5 +1,6 @@
-"""What a one-ubatch decode step costs by its number of rows, and the draft length that
-makes the most of it.
+"""What a decode step costs llama.cpp on the CPU by its rows and ubatches: the cost model
+`LlamaRunner.costs` gives the engine (`runner_api.StepCosts`). Another model or backend
+brings its own: these numbers were measured for gemma-3-270m Q4_K_M on a 2-core machine.
 
 llama.cpp's CPU kernels for repacked weights (`ggml-cpu/repack.cpp`: the Q4_K and Q4_0
 tensors of a Q4_K_M model on x86 and ARM) multiply a ubatch's rows four at a time (a
@@ -16,10 +17,17 @@ and a sequence's drafts stay independent of the machine's speed and of other cal
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from .ubatches import num_ubatches
+
 SMALL_STEPS = (1.0, 2.1, 2.6)  # 1-3 rows: a gemv each
 FIRST_GROUP = 2.7  # four rows: one gemm over every weight
 NEXT_GROUP = 1.3  # each further four rows
 LEFTOVER = (0.0, 1.35, 1.9, 2.2)  # rows past a multiple of four: gemvs
+# The linear view: a decode step costs about STEP_BASE_ROWS rows' worth plus one per row
+# (gemma-3-270m, 2 threads: ~14 ms + ~6.8 ms per row, llama-batched-bench S_TG at 1/8/16 streams).
+STEP_BASE_ROWS = 2.0
 
 
 def step_cost(num_rows: int) -> float:
@@ -30,17 +38,16 @@ def step_cost(num_rows: int) -> float:
     return FIRST_GROUP + NEXT_GROUP * (groups - 1) + LEFTOVER[leftover]
 
 
-def best_draft_length(odds: float, max_len: int, num_seqs: int = 1) -> int:
-    """The draft length k, the same for each of `num_seqs` decoding sequences whose rows
-    share one ubatch, that yields the most tokens per unit of step time: a k-th draft
-    token lands with probability about odds**k (each after all before it), so a step of
-    num_seqs * (1 + k) rows yields num_seqs * (1 + odds + ... + odds**k) tokens. 0: no
-    draft beats the decode rows alone."""
-    q = min(max(odds, 0.0), 0.999)
-    best, best_rate, expected = 0, 1.0 / step_cost(num_seqs), 1.0
-    for k in range(1, max_len + 1):
-        expected += q**k
-        rate = expected / step_cost(num_seqs * (1 + k))
-        if rate > best_rate:
-            best, best_rate = k, rate
-    return best
+class LlamaCpuCosts:
+    """`runner_api.StepCosts` for llama.cpp on the CPU (the measurements above)."""
+
+    base_rows = STEP_BASE_ROWS
+
+    def step_cost(self, num_rows: int) -> float:
+        return step_cost(num_rows)
+
+    def num_ubatches(self, rows: Sequence[tuple[int, int]], n_ubatch: int, per_slot_streams: bool) -> int:
+        return num_ubatches(rows, n_ubatch, per_slot_streams)
+
+
+LLAMA_CPU_COSTS = LlamaCpuCosts()
