@@ -25,12 +25,15 @@ from tests.helpers import DecodingStream
 OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 TEXT_4MB = ("The committee reviewed the proposal and postponed the vote until next week. " * 60_000)[: 4 << 20]
 MAX_GAP_S = 1.0  # the bound the issue sets; a decode step of this model takes ~15-40 ms here
-WINDOW_S = 20.0  # the gaps are measured until the calls are answered, at most this long
+WINDOW_S = 12.0  # the gaps are measured until the calls are answered, at most this long
+# The stream must outlast the window: 3,500 tokens ended inside a 20 s one on a quiet machine
+# (decoding ~170 tokens/s, the 8 calls not answered yet), leaving no chunk after it (gap inf).
+STREAM_TOKENS = 7000
 
 
 @pytest.fixture(scope="module")
 def heavy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    args = ["-np", "2", "-c", "8192", "-t", "2", "--max-message-bytes", str(32 << 20)]
+    args = ["-np", "2", "-c", "16384", "-t", "2", "--max-message-bytes", str(32 << 20)]  # 8,192 per slot
     running = start_server(args, tmp_path_factory.mktemp("heavy") / "server.log")
     yield running
     assert stop_server(running) == 0
@@ -55,7 +58,7 @@ def test_eight_4mb_tokenize_calls_keep_a_decoding_stream_under_a_second(heavy_se
     seconds); then the stream stops and the calls must all succeed."""
     with grpc.insecure_channel(heavy_server.address, options=OPTIONS) as channel:
         stub = pb_grpc.LLMServiceStub(channel)
-        stream = DecodingStream(stub)
+        stream = DecodingStream(stub, max_tokens=STREAM_TOKENS)
         time.sleep(1.0)
         quiet = stream.max_gap(time.monotonic() - 1.0, time.monotonic() - 0.3)
         with ThreadPoolExecutor(8) as pool:
