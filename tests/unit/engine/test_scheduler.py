@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from llmserve.service.engine.scheduler import PlannerState, Scheduler, SeqDemand, StepPlan
+from llmserve.service.engine.executor.scheduler import PlannerState, Scheduler, SeqDemand, StepPlan
 
 
 @dataclass
@@ -133,7 +133,7 @@ def test_embedding_steps_alternate_with_generation_and_pack_one_ubatch() -> None
 
 
 def test_prefill_budget_caps_prompts_only_while_others_decode() -> None:
-    from llmserve.service.engine.scheduler import PrefillPacer
+    from llmserve.service.engine.executor.scheduler import PrefillPacer
 
     scheduler = Scheduler(n_batch=512, n_ubatch=512, max_embed_seqs=4, prefill_budget=64)
     alone = scheduler.plan([SeqDemand(1, False, 1400)], [])

@@ -35,21 +35,21 @@ from .call import Call as Call  # a surface call's sessions and events, for the 
 from .call import SessionEnded as SessionEnded
 from .call import Usage as Usage  # a call's token counts, for the wings
 from .call_gate import CallGate
-from .chat import ChatMessage, Conversation
+from .chat.chat import ChatMessage, Conversation
+from .chat.tools import Tool as Tool  # tool calling, for the transport wings
+from .chat.tools import ToolChoice as ToolChoice
+from .chat.tools import ToolPlan as ToolPlan
+from .chat.tools import session_tools as session_tools
+from .chat.tools import with_preamble
 from .constraints import ConstraintCache
 from .embed_inputs import embed_input, embedding_model_info
-from .executor import Executor
+from .executor.executor import Executor
 from .loop_sink import LoopSink as LoopSink  # executor thread -> event loop, for the wings
 from .offload import OffloadPool
 from .session_claims import SessionClaims
 from .session_handle import SessionHandle
 from .session_store import SessionStore, model_fingerprint
 from .startup import chat_template, executor_config, log_loaded, runner_config
-from .tools import Tool as Tool  # tool calling, for the transport wings
-from .tools import ToolChoice as ToolChoice
-from .tools import ToolPlan as ToolPlan
-from .tools import session_tools as session_tools
-from .tools import with_preamble
 
 log = structlog.get_logger("llmserve.engine")
 

@@ -18,10 +18,10 @@ from ..domain.errors import Field, InvalidRequest, PreconditionFailed
 from ..domain.events import FinishReason, TokenEvent, TurnEndEvent
 from ..domain.model_meta import Limits
 from ..domain.snapshots import SavedSession
-from .chat import ChatMessage, Conversation
-from .executor import Executor
-from .tool_reply import ReplyReader
-from .tools import ToolPlan, as_generic_messages
+from .chat.chat import ChatMessage, Conversation
+from .chat.tool_reply import ReplyReader
+from .chat.tools import ToolPlan, as_generic_messages
+from .executor.executor import Executor
 
 MAX_TURNS_PENDING = 2  # the running turn and one queued behind it
 

@@ -20,14 +20,14 @@ verify rows cost real compute. A lone stream's drafts are priced by `DraftOdds`,
 per-token chance that a draft token lands once those before it did (a new sequence
 starts from the same odds: what it drafts depends on its own tokens only, so a fixed seed
 repeats run to run, batch shapes and their float rounding included); in busy steps, where a draft costs a ubatch of
-its own, by the accepted share of its recent drafts. Pure Python; executor thread only.
+its own, by the accepted share of its recent drafts. Pure Python.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..config import SpeculationSettings
+from ...config import SpeculationSettings
 
 MAX_MISSES = 3  # drafts in a row with nothing accepted before a sequence rests
 REST_TOKENS = 32  # tokens it then generates without drafting
