@@ -34,7 +34,6 @@ from ..model.tokenizer import Vocab
 from .call import Call as Call  # a surface call's sessions and events, for the wings
 from .call import SessionEnded as SessionEnded
 from .call import Usage as Usage  # a call's token counts, for the wings
-from .call_gate import CallGate
 from .chat.chat import ChatMessage, Conversation
 from .chat.tools import Tool as Tool  # tool calling, for the transport wings
 from .chat.tools import ToolChoice as ToolChoice
@@ -47,6 +46,7 @@ from .executor.executor import Executor
 from .loop_sink import LoopSink as LoopSink  # executor thread -> event loop, for the wings
 from .offload import OffloadPool
 from .session_claims import SessionClaims
+from .session_gate import SessionGate
 from .session_handle import SessionHandle
 from .session_store import SessionStore, model_fingerprint
 from .startup import chat_template, executor_config, log_loaded, runner_config
@@ -89,7 +89,7 @@ class Engine:
             )
         self._executor = Executor(runner, executor_config(config, runner.config.max_embed_seqs), metrics, self._store)
         self.named_sessions = SessionClaims(self._store)  # one stream per session id (claim, release)
-        self.calls = CallGate(config.n_parallel, config.max_queue, metrics.sessions.set)  # both surfaces' admission
+        self.session_gate = SessionGate(config.n_parallel, config.max_queue, metrics.sessions.set)  # both surfaces' admission
         embedder = runner.embedder  # None without embeddings
         self.embedding_model = embedding_model_info(embedder) if embedder is not None else None
         self.pooling = self.embedding_model.pooling if self.embedding_model else "none"
