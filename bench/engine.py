@@ -21,8 +21,8 @@ from llmserve.client.loadgen import PROMPTS
 from llmserve.service.config import SpeculationSettings
 from llmserve.service.domain.events import SessionFailed, TurnEndEvent
 from llmserve.service.domain.requests import SamplingParams, SessionParams, StoppingParams
-from llmserve.service.engine.executor import Executor, ExecutorConfig
-from llmserve.service.engine.generation_step import StepProfile
+from llmserve.service.engine.executor.executor import Executor, ExecutorConfig
+from llmserve.service.engine.executor.generation_step import StepProfile
 from llmserve.service.model.default_model import default_model_path
 from llmserve.service.model.runner import LlamaRunner, RunnerConfig
 

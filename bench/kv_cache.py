@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 from llmserve.service.config import KVCacheSettings
-from llmserve.service.engine.logprobs import log_softmax
+from llmserve.service.engine.executor.logprobs import log_softmax
 from llmserve.service.model.default_model import default_model_path
 from llmserve.service.model.runner import LlamaRunner, RunnerConfig
 

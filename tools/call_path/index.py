@@ -1,7 +1,7 @@
 """The service's source read with ast: modules, classes, functions and what each imported name is.
 
 Nothing is imported; module names come from the files under `service/llmserve/service`
-(`engine/executor.py` is `engine.executor`), so files may move without touching this tool.
+(`engine/executor/executor.py` is `engine.executor`), so files may move without touching this tool.
 """
 
 from __future__ import annotations

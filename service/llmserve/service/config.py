@@ -32,7 +32,7 @@ SPEC_TYPES = ("none", "ngram-simple")
 
 @dataclass(frozen=True)
 class SpeculationSettings:
-    """Speculative decoding (engine/speculation.py): read by the executor (its row budget),
+    """Speculative decoding (engine/executor/speculation.py): read by the executor (its row budget),
     the DraftVerifier and each sequence's SeqSpeculation. llama-server's flag names."""
 
     spec_type: str = "ngram-simple"  # none | ngram-simple; drafts only where their rows pay (Scheduler)

@@ -2,8 +2,8 @@
 
 | kind | target | where |
 |---|---|---|
-| `die` | a request id | engine/executor.py: the executor thread dies when that session opens |
-| `stall` | a request id | engine/executor.py: the executor thread blocks when that session opens |
+| `die` | a request id | engine/executor/executor.py: the executor thread dies when that session opens |
+| `stall` | a request id | engine/executor/executor.py: the executor thread blocks when that session opens |
 | `save_halfway` | a session id | engine/session_store.py: every save of it after the first fails halfway (ENOSPC) |
 | `slow_load` | seconds | process.py: the model load waits that long first |
 

@@ -29,7 +29,7 @@ def one_slot_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runnin
 
 def _keep_reading(holder: SessionStream) -> threading.Thread:
     """The holder's client reads its reply: a stream nobody reads would give its slot up
-    to the waiters (engine/admission.py), and the slot must stay busy here."""
+    to the waiters (engine/executor/admission.py), and the slot must stay busy here."""
 
     def read() -> None:
         try:

@@ -1,4 +1,4 @@
-"""Clients that stop reading do not lock the others out (issue 26, engine/admission.py).
+"""Clients that stop reading do not lock the others out (issue 26, engine/executor/admission.py).
 
 Measured before the fix (`-np 4`): four Generate streams asking for 2,000 tokens that
 were never read kept their four slots while paused; a fifth caller waited until its

@@ -1,5 +1,5 @@
 """Tool calling over gRPC against the real model: `SessionConfig.tools`, `tool_choice` and
-`parallel_tool_calls` hold the reply to the generic format (engine/tools.py). Whatever the
+`parallel_tool_calls` hold the reply to the generic format (engine/chat/tools.py). Whatever the
 model picks, a call's arguments validate against its function's schema; the chunks'
 `tool_calls` deltas add up to the turn end's calls; a tool's result goes back as a `tool`
 message on the next turn of the same session."""
@@ -15,7 +15,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from llmserve.client import pb
-from llmserve.service.engine.tools import MAX_PARALLEL_CALLS
+from llmserve.service.engine.chat.tools import MAX_PARALLEL_CALLS
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
 WEATHER = pb.Tool(name="get_weather", description="Current weather for a city", parameters=json.dumps({

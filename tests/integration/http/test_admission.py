@@ -1,5 +1,5 @@
 """Over the slots plus --max-queue, the HTTP API answers 429 with Retry-After (RateLimitError),
-and both surfaces count against the same limit (engine/call_gate.py)."""
+and both surfaces count against the same limit (engine/session_gate.py)."""
 
 from __future__ import annotations
 

@@ -150,7 +150,7 @@ def test_streamed_calls_reassemble_to_the_whole_shape(client: OpenAI, model: str
 
 
 def test_logprobs_beside_tools_are_served_as_over_grpc(client: OpenAI, model: str) -> None:
-    """One rule for both surfaces (engine/tools.py `ToolPlan`): they are the reply's sampled tokens'."""
+    """One rule for both surfaces (engine/chat/tools.py `ToolPlan`): they are the reply's sampled tokens'."""
     called = _create(client, model, tool_choice="required", logprobs=True).choices[0]
     assert called.finish_reason == "tool_calls", called
     _check_calls(called.message.tool_calls)

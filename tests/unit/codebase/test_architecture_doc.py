@@ -42,5 +42,5 @@ def test_every_glossary_word_names_a_real_type() -> None:
 
 
 def test_a_wrong_name_is_caught() -> None:
-    assert _missing([("engine/session.py", "Session"), ("engine/session.py", "Sample"), ("engine/nowhere.py", "X")]) == [
-        "engine/session.py Sample", "engine/nowhere.py X"]
+    assert _missing([("engine/executor/session.py", "Session"), ("engine/executor/session.py", "Sample"), ("engine/nowhere.py", "X")]) == [
+        "engine/executor/session.py Sample", "engine/nowhere.py X"]

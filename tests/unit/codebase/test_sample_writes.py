@@ -1,4 +1,4 @@
-"""A sample owns its writes (issue 40): outside engine/sample.py, no service module assigns,
+"""A sample owns its writes (issue 40): outside engine/executor/sample.py, no service module assigns,
 augments or deletes an attribute of a `Sample`, nor changes one of its lists in place; a
 `Turn`'s state is written in sample.py and turn.py alone. Code elsewhere calls a method named
 for what it records (give up a slot, accept a draft token, record a picked token, ...).
@@ -28,7 +28,7 @@ def _sample_attributes() -> tuple[set[str], set[str]]:
     """Every attribute `Sample` assigns on self, and of them those that hold a list."""
     names: set[str] = set()
     lists: set[str] = set()
-    for node in ast.walk(_class(ENGINE / "sample.py", "Sample")):
+    for node in ast.walk(_class(ENGINE / "executor" / "sample.py", "Sample")):
         if isinstance(node, ast.AnnAssign):
             targets = [node.target]
         else:
@@ -43,7 +43,7 @@ def _sample_attributes() -> tuple[set[str], set[str]]:
 
 
 def _turn_fields() -> tuple[set[str], set[str]]:
-    body = _class(ENGINE / "turn.py", "Turn").body
+    body = _class(ENGINE / "executor" / "turn.py", "Turn").body
     fields = [n for n in body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
     return ({n.target.id for n in fields},  # type: ignore[union-attr]
             {n.target.id for n in fields if ast.unparse(n.annotation).startswith("list")})  # type: ignore[union-attr]
@@ -103,10 +103,10 @@ def test_only_sample_py_writes_a_sample() -> None:
     turn_names, turn_lists = _turn_fields()
     problems = []
     for path in sorted(ENGINE.rglob("*.py")):
-        if path == ENGINE / "sample.py":
+        if path == ENGINE / "executor" / "sample.py":
             continue
         problems += _writes(path, names, lists)
-        if path != ENGINE / "turn.py":
+        if path != ENGINE / "executor" / "turn.py":
             problems += _writes(path, turn_names, turn_lists)
     assert not problems, "Sample/Turn attributes written outside sample.py (turn.py):\n" + "\n".join(problems)
 

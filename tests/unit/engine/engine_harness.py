@@ -9,8 +9,8 @@ from __future__ import annotations
 from llmserve.service.config import ContextShiftSettings, PrefillSettings, SpeculationSettings
 from llmserve.service.domain.events import SessionFailed, TokenEvent, TurnEndEvent
 from llmserve.service.domain.requests import SamplingParams, SessionParams, StoppingParams
-from llmserve.service.engine.executor import Executor, ExecutorConfig
-from llmserve.service.engine.session import MAX_BACKLOG
+from llmserve.service.engine.executor.executor import Executor, ExecutorConfig
+from llmserve.service.engine.executor.session import MAX_BACKLOG
 
 from .fake_runner import FakeRunner
 

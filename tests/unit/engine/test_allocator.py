@@ -1,6 +1,6 @@
 """Slot allocator: prefix reuse, LRU, trimming (pure, no llama_cpp)."""
 
-from llmserve.service.engine.allocator import SlotAllocator, common_prefix_length
+from llmserve.service.engine.executor.allocator import SlotAllocator, common_prefix_length
 
 
 def test_common_prefix_length() -> None:

@@ -18,7 +18,7 @@ from llmserve.service.domain.errors import Field, InvalidRequest, PreconditionFa
 from llmserve.service.domain.events import TurnEndEvent
 from llmserve.service.domain.model_meta import Limits
 from llmserve.service.domain.requests import SamplingParams
-from llmserve.service.engine.chat import ChatMessage, Conversation
+from llmserve.service.engine.chat.chat import ChatMessage, Conversation
 from llmserve.service.engine.session_handle import SessionHandle
 
 from .engine_harness import ListSink, RecordingStore, assert_kv_mirrors_slots, make, params

@@ -11,7 +11,7 @@ import pytest
 from llmserve.service.domain.errors import FailureKind
 from llmserve.service.domain.events import FinishReason, SessionFailed, TurnEndEvent
 from llmserve.service.domain.snapshots import SavedSession
-from llmserve.service.engine.chat import Conversation
+from llmserve.service.engine.chat.chat import Conversation
 
 from .engine_harness import ListSink, RecordingStore, assert_kv_mirrors_slots, make, params, run_until, turn_ends
 from .fake_runner import BOS

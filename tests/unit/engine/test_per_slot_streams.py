@@ -7,9 +7,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from llmserve.service.config import PrefillSettings, SpeculationSettings
-from llmserve.service.engine.allocator import SlotAllocator
-from llmserve.service.engine.executor import Executor
-from llmserve.service.engine.scheduler import Scheduler, SeqDemand, StepPlan
+from llmserve.service.engine.executor.allocator import SlotAllocator
+from llmserve.service.engine.executor.executor import Executor
+from llmserve.service.engine.executor.scheduler import Scheduler, SeqDemand, StepPlan
 
 from .engine_harness import ListSink, assert_kv_mirrors_slots, make, params, run_until, turn_ends
 from .fake_runner import BOS, FakeRunner, split_equal

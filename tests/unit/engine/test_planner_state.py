@@ -8,7 +8,7 @@ import ast
 import copy
 from pathlib import Path
 
-from llmserve.service.engine.scheduler import PlannerState, Scheduler, SeqDemand
+from llmserve.service.engine.executor.scheduler import PlannerState, Scheduler, SeqDemand
 
 from .fake_runner import FakeRunner
 

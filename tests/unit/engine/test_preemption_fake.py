@@ -1,5 +1,5 @@
 """A stream whose client stops reading gives up its slot to callers that wait
-(preemption by recompute, engine/admission.py), on the fake runner.
+(preemption by recompute, engine/executor/admission.py), on the fake runner.
 
 Issue 26: as many non-reading streams as slots locked every other caller out until its
 deadline while the server sat idle. Here a paused stream's slot goes to the waiter; the

@@ -1,7 +1,7 @@
 """A stream with n > 1 whose client stops reading gives up every slot it holds, its
 forked samples' and its reserved ones, to a caller that waits; read again, it gets them
 all back and each sample continues its reply token for token as without the preemption,
-its sampler fed each token once (engine/admission.py, on the fake runner).
+its sampler fed each token once (engine/executor/admission.py, on the fake runner).
 
 Issue 39: an unread n = 4 stream held all 4 slots of a `-np 4` server; another caller
 waited for `--reader-timeout` (forever with 0): preemption skipped sessions with n > 1.
@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from llmserve.service.domain.events import FinishReason, TurnEndEvent
 from llmserve.service.domain.requests import SamplingParams, SessionParams, StoppingParams
-from llmserve.service.engine.executor import Executor
+from llmserve.service.engine.executor.executor import Executor
 
 from .engine_harness import ReaderSink, assert_kv_mirrors_slots, make, run_until, steps, turn_ends
 from .fake_runner import BOS, FakeRunner

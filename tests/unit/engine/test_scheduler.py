@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from llmserve.service.engine.scheduler import PlannerState, Scheduler, SeqDemand, StepPlan
+from llmserve.service.engine.executor.scheduler import PlannerState, Scheduler, SeqDemand, StepPlan
 
 
 @dataclass
@@ -133,7 +133,7 @@ def test_embedding_steps_alternate_with_generation_and_pack_one_ubatch() -> None
 
 
 def test_prefill_budget_caps_prompts_only_while_others_decode() -> None:
-    from llmserve.service.engine.scheduler import PrefillPacer
+    from llmserve.service.engine.executor.scheduler import PrefillPacer
 
     scheduler = Scheduler(n_batch=512, n_ubatch=512, max_embed_seqs=4, prefill_budget=64)
     alone = scheduler.plan([SeqDemand(1, False, 1400)], [])
@@ -145,14 +145,14 @@ def test_prefill_budget_caps_prompts_only_while_others_decode() -> None:
                            state=busy.next_state)
     assert sum(n for _, n in burst.prefill) == 6 * 64  # six prompts wait behind one stream: six times the cap
     pacer = PrefillPacer(max_itl_s=0.5)
-    assert pacer.budget() == pacer.min_tokens  # nothing measured yet
+    assert pacer.budget() == pacer.min_chunk_tokens  # nothing measured yet
     for _ in range(20):
         pacer.observe(0.070, 8, 0)  # a decode-only step: 70 ms
         pacer.observe(0.070 + 0.002 * 100, 8, 100)  # 100 prompt tokens cost 2 ms each
     assert 205 <= pacer.budget() <= 225  # (500 - 70) / 2 = 215 tokens keep a step within 500 ms
     for _ in range(40):
         pacer.observe(0.600, 16, 0)  # decode steps alone exceed the bound: the smallest chunk
-    assert pacer.budget() == pacer.min_tokens
+    assert pacer.budget() == pacer.min_chunk_tokens
     auto = PrefillPacer()  # the default: the bound is AUTO_ITL_STEPS decode steps
     for _ in range(20):
         auto.observe(0.070, 8, 0)

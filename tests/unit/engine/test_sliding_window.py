@@ -12,7 +12,7 @@ import json
 
 from llmserve.service.domain.events import SessionFailed, TurnEndEvent
 from llmserve.service.domain.snapshots import SavedSession
-from llmserve.service.engine.executor import Executor
+from llmserve.service.engine.executor.executor import Executor
 
 from .engine_harness import ListSink, assert_kv_mirrors_slots, make, one_turn, params, run_until, turn_ends
 from .fake_runner import BOS, END_AFTER, EOG, FakeRunner

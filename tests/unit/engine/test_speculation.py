@@ -8,9 +8,9 @@ from dataclasses import replace
 from llmserve.service.config import SpeculationSettings
 from llmserve.service.domain.events import FinishReason, TurnEndEvent
 from llmserve.service.domain.requests import SamplingParams
-from llmserve.service.engine.draft_pricing import worth_drafting
-from llmserve.service.engine.scheduler import Scheduler, SeqDemand
-from llmserve.service.engine.speculation import START_ODDS, NgramIndex, SeqSpeculation
+from llmserve.service.engine.executor.draft_pricing import worth_drafting
+from llmserve.service.engine.executor.scheduler import Scheduler, SeqDemand
+from llmserve.service.engine.executor.speculation import START_ODDS, NgramIndex, SeqSpeculation
 from llmserve.service.model.ubatches import num_ubatches
 
 from .engine_harness import GREEDY, ListSink, assert_kv_mirrors_slots, make, one_turn, params, run_until, turn_ends

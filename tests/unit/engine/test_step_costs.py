@@ -1,7 +1,7 @@
-"""Draft lengths (engine/draft_pricing.py) by what a step of so many rows costs the llama.cpp
+"""Draft lengths (engine/executor/draft_pricing.py) by what a step of so many rows costs the llama.cpp
 runner on the CPU (model/step_costs.py)."""
 
-from llmserve.service.engine.draft_pricing import best_draft_length
+from llmserve.service.engine.executor.draft_pricing import best_draft_length
 from llmserve.service.model.step_costs import LLAMA_CPU_COSTS, step_cost
 
 

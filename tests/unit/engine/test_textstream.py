@@ -1,6 +1,6 @@
 """Incremental detokenization: UTF-8 hold-back and stop strings split across tokens."""
 
-from llmserve.service.engine.textstream import TextStream
+from llmserve.service.engine.executor.textstream import TextStream
 
 
 def test_incomplete_utf8_is_held_back() -> None:

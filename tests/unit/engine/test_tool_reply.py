@@ -1,4 +1,4 @@
-"""A generic-format reply read as it streams (engine/tool_reply.py): whatever the split into
+"""A generic-format reply read as it streams (engine/chat/tool_reply.py): whatever the split into
 pieces, the answer's text and the calls' deltas add up to the whole reply."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from llmserve.service.engine.tool_reply import ReplyReader, parse_reply  # parse_reply: spot checks below
+from llmserve.service.engine.chat.tool_reply import ReplyReader, parse_reply  # parse_reply: spot checks below
 
 CALL = '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris \\"X\\"", "days": [1, 2]}}}'
 CALLS = '{ "tool_calls": [ {"name": "a", "arguments": {"x": "}]"}} , {"name": "b", "arguments": {}} ] }'

@@ -1,5 +1,5 @@
-"""Tool calling's generic format (engine/tools.py): the reply schema, what the grammar
-converter makes of it, parsing whole replies (engine/tool_reply.py; streamed ones in
+"""Tool calling's generic format (engine/chat/tools.py): the reply schema, what the grammar
+converter makes of it, parsing whole replies (engine/chat/tool_reply.py; streamed ones in
 test_tool_reply.py), and tool messages for templates without tools."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import jsonschema
 import pytest
 from llmserve.service.domain.errors import Field, InvalidRequest
 from llmserve.service.domain.events import ToolCall
-from llmserve.service.engine.chat import ChatMessage
-from llmserve.service.engine.tool_reply import parse_reply
-from llmserve.service.engine.tools import (
+from llmserve.service.engine.chat.chat import ChatMessage
+from llmserve.service.engine.chat.tool_reply import parse_reply
+from llmserve.service.engine.chat.tools import (
     Tool,
     ToolChoice,
     as_generic_messages,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..domain.events import EventSink
 from ..domain.requests import EmbedInput, SessionParams
 from ..domain.snapshots import SavedSession
-from .chat import Conversation
+from .chat.chat import Conversation
 
 
 @dataclass(frozen=True)

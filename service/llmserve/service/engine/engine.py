@@ -34,22 +34,22 @@ from ..model.tokenizer import Vocab
 from .call import Call as Call  # a surface call's sessions and events, for the wings
 from .call import SessionEnded as SessionEnded
 from .call import Usage as Usage  # a call's token counts, for the wings
-from .call_gate import CallGate
-from .chat import ChatMessage, Conversation
+from .chat.chat import ChatMessage, Conversation
+from .chat.tools import Tool as Tool  # tool calling, for the transport wings
+from .chat.tools import ToolChoice as ToolChoice
+from .chat.tools import ToolPlan as ToolPlan
+from .chat.tools import session_tools as session_tools
+from .chat.tools import with_preamble
 from .constraints import ConstraintCache
 from .embed_inputs import embed_input, embedding_model_info
-from .executor import Executor
+from .executor.executor import Executor
 from .loop_sink import LoopSink as LoopSink  # executor thread -> event loop, for the wings
 from .offload import OffloadPool
 from .session_claims import SessionClaims
+from .session_gate import SessionGate
 from .session_handle import SessionHandle
 from .session_store import SessionStore, model_fingerprint
 from .startup import chat_template, executor_config, log_loaded, runner_config
-from .tools import Tool as Tool  # tool calling, for the transport wings
-from .tools import ToolChoice as ToolChoice
-from .tools import ToolPlan as ToolPlan
-from .tools import session_tools as session_tools
-from .tools import with_preamble
 
 log = structlog.get_logger("llmserve.engine")
 
@@ -89,7 +89,7 @@ class Engine:
             )
         self._executor = Executor(runner, executor_config(config, runner.config.max_embed_seqs), metrics, self._store)
         self.named_sessions = SessionClaims(self._store)  # one stream per session id (claim, release)
-        self.calls = CallGate(config.n_parallel, config.max_queue, metrics.sessions.set)  # both surfaces' admission
+        self.session_gate = SessionGate(config.n_parallel, config.max_queue, metrics.sessions.set)  # both surfaces' admission
         embedder = runner.embedder  # None without embeddings
         self.embedding_model = embedding_model_info(embedder) if embedder is not None else None
         self.pooling = self.embedding_model.pooling if self.embedding_model else "none"

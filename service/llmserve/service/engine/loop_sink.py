@@ -5,7 +5,7 @@ queue and returns at once, so a slow client never blocks the executor. A call wi
 several sessions (one per prompt) gives each a tagged sink of its own (`tagged`): their
 events share the first sink's queue, each with its tag, and each sink counts its own
 `backlog`, what the executor reads to pause a session nobody reads (the stalled-reader
-rule, engine/admission.py): one session's unread events never pause another. Code on the
+rule, engine/executor/admission.py): one session's unread events never pause another. Code on the
 loop thread (the request reader) uses `put_local`. Once the call is gone, `orphans_to`
 hands what still arrives (a closed session's last turn ends) to a handler instead.
 """

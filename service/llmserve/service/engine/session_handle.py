@@ -18,10 +18,10 @@ from ..domain.errors import Field, InvalidRequest, PreconditionFailed
 from ..domain.events import FinishReason, TokenEvent, TurnEndEvent
 from ..domain.model_meta import Limits
 from ..domain.snapshots import SavedSession
-from .chat import ChatMessage, Conversation
-from .executor import Executor
-from .tool_reply import ReplyReader
-from .tools import ToolPlan, as_generic_messages
+from .chat.chat import ChatMessage, Conversation
+from .chat.tool_reply import ReplyReader
+from .chat.tools import ToolPlan, as_generic_messages
+from .executor.executor import Executor
 
 MAX_TURNS_PENDING = 2  # the running turn and one queued behind it
 
@@ -78,14 +78,14 @@ class SessionHandle:
             self._session_tokens += len(tokens)
             self._check_sizes()
         if end_of_turn:
-            self._end_turn(tokens)
+            self._open_turn(tokens)
         elif tokens:
             self._executor.add_input(self.key, tokens, False)
 
     def end_input(self) -> None:
         """The client half-closed: input sent without end_of_turn runs as a last turn."""
         if self._turn_tokens:
-            self._end_turn(())
+            self._open_turn(())
 
     async def add_messages(self, messages: list[ChatMessage], end_of_turn: bool) -> None:
         """Chat messages: rendered with the conversation once no reply runs (else deferred)."""
@@ -114,7 +114,7 @@ class SessionHandle:
         self._turn_tokens = self._session_tokens = len(tokens)
         self._check_sizes()
         if end_of_turn:
-            self._end_turn(tokens, replace=True)
+            self._open_turn(tokens, replace=True)
         else:
             self._executor.add_input(self.key, tokens, False, replace=True)
 
@@ -138,7 +138,7 @@ class SessionHandle:
             field=Field.END_OF_TURN,
         )
 
-    def _end_turn(self, tokens: tuple[int, ...], replace: bool = False) -> None:
+    def _open_turn(self, tokens: tuple[int, ...], replace: bool = False) -> None:
         limits = self._limits
         if self._turn_tokens == 0 and not self._has_history:
             raise InvalidRequest("the turn has no input: send text or token ids", field=Field.INPUT)

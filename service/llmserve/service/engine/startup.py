@@ -11,8 +11,8 @@ import structlog
 from ..config import ServerConfig
 from ..domain.model_meta import ModelMeta
 from ..model.runner import RunnerConfig
-from .chat import ChatTemplate
-from .executor import ExecutorConfig
+from .chat.chat import ChatTemplate
+from .executor.executor import ExecutorConfig
 
 if TYPE_CHECKING:  # the model wing's classes, for type hints only
     from ..model.embedder import Embedder

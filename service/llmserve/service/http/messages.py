@@ -2,7 +2,7 @@
 
 Roles: system, user, assistant (with `tool_calls`, its content then optional) and tool
 (with `tool_call_id`). The session renders calls and results in tool calling's generic
-format (engine/tools.py). A key sent as `null` counts as not sent (the SDK sends back a
+format (engine/chat/tools.py). A key sent as `null` counts as not sent (the SDK sends back a
 reply's `refusal: null`).
 """
 

@@ -185,7 +185,7 @@ class HttpSurface:
         chat = replace(await parsed_body(request, engine, parse_chat), deadline=request_deadline(request))
         model = _known_model(chat.model, self._model_names(engine))
         params = replace(chat.session_params(request["request_id"], engine.limits), surface=SURFACE)
-        with engine.calls.admitted():  # open sessions of both surfaces: the slots plus --max-queue
+        with engine.session_gate.admitted():  # open sessions of both surfaces: the slots plus --max-queue
             responder = ChatResponder(engine, chat, params, model)
             return await (responder.stream(request) if chat.stream else responder.whole())
 
@@ -195,10 +195,10 @@ class HttpSurface:
         model = _known_model(completion.model, self._model_names(engine))
         params = replace(completion.session_params(request["request_id"], engine.limits), surface=SURFACE)
         num_prompts = len(completion.prompts)  # each prompt is a session of its own
-        if num_prompts > engine.calls.capacity:
-            raise ApiError(400, f"{num_prompts} prompts; one request may send up to {engine.calls.capacity}: the "
+        if num_prompts > engine.session_gate.capacity:
+            raise ApiError(400, f"{num_prompts} prompts; one request may send up to {engine.session_gate.capacity}: the "
                                 "slots plus --max-queue", param="prompt")
-        with engine.calls.admitted(num_prompts):
+        with engine.session_gate.admitted(num_prompts):
             responder = CompletionResponder(engine, completion, params, model)
             return await (responder.stream(request) if completion.stream else responder.whole())
 
@@ -207,7 +207,7 @@ class HttpSurface:
         body = await parsed_body(request, engine, parse_embeddings)
         embedder = embedding_model_of(engine, self._model_names(engine))
         model = _known_model(body.model, model_names(embedder, self._model_names(engine)))
-        with engine.calls.admitted():  # a place like a session's: the slots plus --max-queue
+        with engine.session_gate.admitted():  # a place like a session's: the slots plus --max-queue
             return web.Response(body=await embed(engine, embedder, body, model), content_type="application/json")
 
 

@@ -1,7 +1,7 @@
 """Tool calling on `/v1/chat/completions`: the body's fields → the engine's `ToolPlan`,
 and the engine's calls → OpenAI's shapes.
 
-`tools`, `tool_choice` and `parallel_tool_calls` → a `ToolPlan` (engine/tools.py). When a
+`tools`, `tool_choice` and `parallel_tool_calls` → a `ToolPlan` (engine/chat/tools.py). When a
 call is possible the session puts the preamble in the system message, holds the reply to
 the plan's schema and reads it as it streams into answer text and calls; this module only
 translates. `parallel_tool_calls` defaults to false, as llama-server's: a small model

@@ -148,7 +148,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     async def _session(self, engine: Engine, first, request_iterator, context, rpc: str):  # type: ignore[no-untyped-def]
         rid = request_id(context, first.config.request_id)
         bind_request(context, rpc, rid)
-        with engine.calls.admitted():  # open sessions of both surfaces: the slots plus --max-queue
+        with engine.session_gate.admitted():  # open sessions of both surfaces: the slots plus --max-queue
             async for response in self._run_session(engine, first, rid, request_iterator, context):
                 yield response
 

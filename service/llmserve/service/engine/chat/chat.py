@@ -17,8 +17,8 @@ from pathlib import Path
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ..domain.errors import Field, InvalidRequest
-from ..domain.events import ToolCall
+from ...domain.errors import Field, InvalidRequest
+from ...domain.events import ToolCall
 
 MAX_MESSAGES = 1024
 SavedChat = tuple[tuple[str, str], ...]  # (role, content) pairs, as a named session keeps them
@@ -35,7 +35,7 @@ def _raise_exception(message: str) -> None:
 @dataclass(frozen=True)
 class ChatMessage:
     """A message as a client sends it: with tools, an assistant's calls or a tool's result
-    (`tool_call_id`); the session renders those in the generic format (engine/tools.py)."""
+    (`tool_call_id`); the session renders those in the generic format (engine/chat/tools.py)."""
 
     role: str
     content: str

@@ -1,4 +1,4 @@
-"""A generic-format reply (engine/tools.py) read as it streams: the answer's text and the
+"""A generic-format reply (engine/chat/tools.py) read as it streams: the answer's text and the
 tool calls as they form.
 
 The reply is JSON the grammar holds to one of
@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from ..domain.events import ToolCall, ToolCallDelta
+from ...domain.events import ToolCall, ToolCallDelta
 from .tools import Reply, new_call_id
 
 _SPACE = " \t\n\r"

@@ -23,7 +23,7 @@ serves each sample as it is (issue 39: an unread n = 4 stream held all 4 slots f
 `--reader-timeout`, or forever with 0). A forked sample prefills its own history again
 (its slot may have kept it); a session preempted before its turn forked forks when its
 prompt ends, from the reserved slots it gets back. Nobody is preempted when all the
-candidates' slots together would not seat the waiting session. Executor thread only.
+candidates' slots together would not seat the waiting session.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from collections import deque
 
 import structlog
 
-from ..domain.errors import FailureKind
-from ..metrics import Metrics
+from ...domain.errors import FailureKind
+from ...metrics import Metrics
 from .allocator import SlotAllocator
 from .session import Session
 from .slot_kv import SlotKV

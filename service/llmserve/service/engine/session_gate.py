@@ -17,7 +17,7 @@ from ..domain.errors import Overloaded
 MAX_RETRY_AFTER_S = 30.0
 
 
-class CallGate:
+class SessionGate:
     def __init__(self, num_slots: int, max_queue: int, on_change: Callable[[int], None] = lambda n: None) -> None:
         """`on_change` is told the number of open sessions after each change (a gauge)."""
         self.num_slots = num_slots

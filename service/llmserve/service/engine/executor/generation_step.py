@@ -9,7 +9,7 @@ history (where that cut fails, the KV is dropped and the history queued to prefi
 `run` changes no sample: it returns a `StepOutput` (with its timings, which the executor
 adds to its `StepProfile`) and the session table applies it (`SessionTable.postprocess`:
 slots record what entered the KV, prompt tokens feed the sampler, prompt logprobs go out,
-ready rows are sampled). Executor thread only.
+ready rows are sampled).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import structlog
 
-from .runner_api import Runner
+from ..runner_api import Runner
 from .sample import Sample
 from .scheduler import StepPlan
 from .slot_kv import SlotKV

@@ -19,21 +19,21 @@ from dataclasses import dataclass
 import numpy as np
 import structlog
 
-from ..config import ContextShiftSettings, KVCacheSettings, PrefillSettings, SpeculationSettings
-from ..domain.errors import FailureKind
-from ..domain.events import EmbedResult, EventSink, SessionFailed
-from ..domain.requests import EmbedInput, SessionParams
-from ..domain.snapshots import ExecutorSnapshot, SavedSession, SlotSnapshot
-from ..faults import injected_fault
-from ..metrics import Metrics
+from ...config import ContextShiftSettings, KVCacheSettings, PrefillSettings, SpeculationSettings
+from ...domain.errors import FailureKind
+from ...domain.events import EmbedResult, EventSink, SessionFailed
+from ...domain.requests import EmbedInput, SessionParams
+from ...domain.snapshots import ExecutorSnapshot, SavedSession, SlotSnapshot
+from ...faults import injected_fault
+from ...metrics import Metrics
+from ..chat.chat import Conversation
+from ..commands import STOP, AddInput, Cancel, Close, DropEmbeds, Embed, Open
+from ..runner_api import Runner
+from ..session_store import SessionStore
 from .allocator import SlotAllocator
-from .chat import Conversation
-from .commands import STOP, AddInput, Cancel, Close, DropEmbeds, Embed, Open
 from .draft_verifier import DraftVerifier
 from .generation_step import GenerationStep, StepOutput, StepProfile
-from .runner_api import Runner
 from .scheduler import PlannerState, PrefillPacer, Scheduler, StepPlan
-from .session_store import SessionStore
 from .session_table import SessionTable
 from .slot_kv import SlotKV
 from .token_picker import TokenPicker

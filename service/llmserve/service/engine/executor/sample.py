@@ -6,7 +6,7 @@ token, the turn under way, saved logits, timings. A session (`session.py`) has o
 holding its history across turns; a turn with n > 1 forks more on reserved slots for that turn.
 A turn's last sampled token, which never entered the KV, is the next turn's first pending one:
 the KV mirrors the transcript. A sample owns its writes: other modules call the methods below,
-named for what they record (tests/unit/test_sample_writes.py). Executor thread only.
+named for what they record (tests/unit/codebase/test_sample_writes.py).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from ..domain.events import EventSink, FinishReason, TokenLogprob
-from ..domain.requests import SessionParams
-from ..domain.snapshots import SavedSession
+from ...domain.events import EventSink, FinishReason, TokenLogprob
+from ...domain.requests import SessionParams
+from ...domain.snapshots import SavedSession
+from ..runner_api import TokenSampler
 from .allocator import Slot, common_prefix_length
-from .runner_api import TokenSampler
 from .speculation import SeqSpeculation
 from .turn import Turn, TurnFinish
 

@@ -3,16 +3,16 @@
 The allocator only mirrors what the KV holds; these keep the two in step when a
 turn forks into n samples, when a named session is restored or saved, when a
 stale cached tail is cut, on a context shift, when a slot's KV must be dropped,
-and when a sample leaves its slot. Executor thread only.
+and when a sample leaves its slot.
 """
 
 from __future__ import annotations
 
 import structlog
 
-from ..domain.snapshots import SavedSession
+from ...domain.snapshots import SavedSession
+from ..runner_api import Runner
 from .allocator import Slot, SlotAllocator, common_prefix_length
-from .runner_api import Runner
 
 log = structlog.get_logger("llmserve.slot_kv")
 

@@ -12,7 +12,7 @@ response:
 Tools are constraints like any other: each tool's parameters are held to what every JSON
 schema is (domain/schema_checks.py: the compiler's bounds; with the tool's `strict`, what
 the converter would not enforce is refused), so a call's arguments always parse, and with
-`strict` always validate, against its function's schema. engine/tool_reply.py reads a
+`strict` always validate, against its function's schema. engine/chat/tool_reply.py reads a
 reply, as it streams, into text and `ToolCall`s with unique ids. Both surfaces (gRPC,
 OpenAI HTTP) use these; nothing here knows either.
 """
@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..domain.errors import Field, InvalidRequest
-from ..domain.events import ToolCall
-from ..domain.schema_checks import check_object_schema
+from ...domain.errors import Field, InvalidRequest
+from ...domain.events import ToolCall
+from ...domain.schema_checks import check_object_schema
 from .chat import ChatMessage
 
 MAX_TOOLS = 128

@@ -20,14 +20,14 @@ verify rows cost real compute. A lone stream's drafts are priced by `DraftOdds`,
 per-token chance that a draft token lands once those before it did (a new sequence
 starts from the same odds: what it drafts depends on its own tokens only, so a fixed seed
 repeats run to run, batch shapes and their float rounding included); in busy steps, where a draft costs a ubatch of
-its own, by the accepted share of its recent drafts. Pure Python; executor thread only.
+its own, by the accepted share of its recent drafts. Pure Python.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..config import SpeculationSettings
+from ...config import SpeculationSettings
 
 MAX_MISSES = 3  # drafts in a row with nothing accepted before a sequence rests
 REST_TOKENS = 32  # tokens it then generates without drafting
@@ -63,14 +63,14 @@ class NgramIndex:
                 if len(ends) > 2 * self.MAX_CANDIDATES:
                     del ends[: self.MAX_CANDIDATES]
 
-    def draft(self, last: int, max_tokens: int) -> list[int]:
+    def draft(self, last: int, max_draft_tokens: int) -> list[int]:
         """What followed an earlier occurrence of (history tail + `last`): of the latest
         few, the one whose preceding tokens match the history furthest back (the latest
         on a tie), so a copy follows its source, not the last place a short n-gram recurred.
         Copied as LZ77 copies: past the history's end the draft goes on from `last` and
         from itself, so an occurrence close to the end still drafts a repeating pattern."""
         n, tokens = self.size, self._tokens
-        if max_tokens <= 0 or len(tokens) < n:
+        if max_draft_tokens <= 0 or len(tokens) < n:
             return []
         key = (*tokens[len(tokens) - n + 1 :], last) if n > 1 else (last,)
         ends = self._ends.get(key)
@@ -84,9 +84,9 @@ class NgramIndex:
                 matched += 1
             if matched > best:
                 start, best = end, matched
-        draft = tokens[start : start + max_tokens]
+        draft = tokens[start : start + max_draft_tokens]
         base = len(tokens) + 1  # the index of draft[0] in history + last + draft
-        while len(draft) < max_tokens:
+        while len(draft) < max_draft_tokens:
             i = start + len(draft)
             draft.append(last if i == len(tokens) else draft[i - base])
         return draft

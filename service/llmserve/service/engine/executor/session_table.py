@@ -3,7 +3,7 @@
 Opening, input and turn ends, cancels, closes, admission to slots (priority, then FIFO), deadlines, forking
 a turn into n samples (`Session.fork_samples`), applying each step's output (recording what entered the KV,
 sampling the ready rows, ending turns), saving/restoring named sessions. `sessions` holds the streams by key,
-`samples` every sample by its key (what plans and steps address). Executor thread only."""
+`samples` every sample by its key (what plans and steps address)."""
 
 from __future__ import annotations
 
@@ -13,21 +13,21 @@ from collections.abc import Iterator
 
 import structlog
 
-from ..domain.errors import FailureKind, GrammarError
-from ..domain.events import FinishReason, SessionFailed
-from ..domain.requests import SamplingParams
-from ..domain.snapshots import SavedSession
+from ...domain.errors import FailureKind, GrammarError
+from ...domain.events import FinishReason, SessionFailed
+from ...domain.requests import SamplingParams
+from ...domain.snapshots import SavedSession
+from ..commands import AddInput, Cancel, Close, Open
+from ..runner_api import Runner, TokenSampler
+from ..session_store import SessionStore
 from .admission import Admission
 from .allocator import Slot, SlotAllocator
-from .commands import AddInput, Cancel, Close, Open
 from .draft_verifier import DraftVerifier
 from .generation_step import StepOutput
 from .logprobs import score_prompt_chunk
-from .runner_api import Runner, TokenSampler
 from .sample import Sample
 from .scheduler import SeqDemand
 from .session import Session
-from .session_store import SessionStore
 from .slot_kv import SlotKV
 from .speculation import SeqSpeculation
 from .token_picker import TokenPicker

@@ -5,7 +5,6 @@ turn going until `min_tokens`, the sampler chain, then the stopping rules (EOG,
 stop ids, stop strings through the text stream, max_tokens, the slot's context,
 or a context shift). The picker streams the text out through the sample and
 returns a `TurnFinish` when the turn is over; the session table applies it.
-Executor thread only.
 """
 
 from __future__ import annotations
@@ -15,10 +14,10 @@ import time
 import numpy as np
 import structlog
 
-from ..domain.events import FinishReason
-from ..metrics import Metrics
+from ...domain.events import FinishReason
+from ...metrics import Metrics
+from ..runner_api import Runner
 from .logprobs import log_softmax, token_logprob
-from .runner_api import Runner
 from .sample import Sample
 from .slot_kv import SlotKV
 from .turn import TurnFinish

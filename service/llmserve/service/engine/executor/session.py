@@ -19,12 +19,12 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from ..domain.events import EventSink
-from ..domain.requests import SamplingParams, SessionParams
-from ..domain.snapshots import SavedSession
+from ...domain.events import EventSink
+from ...domain.requests import SamplingParams, SessionParams
+from ...domain.snapshots import SavedSession
+from ..chat.chat import Conversation, SavedChat
+from ..runner_api import TokenSampler
 from .allocator import Slot, SlotAllocator
-from .chat import Conversation, SavedChat
-from .runner_api import TokenSampler
 from .sample import Sample
 from .slot_kv import SlotKV
 from .speculation import SeqSpeculation

@@ -3,7 +3,7 @@ cost model (`runner_api.StepCosts`). Pure; the scheduler asks (scheduler._grant_
 
 from __future__ import annotations
 
-from .runner_api import StepCosts
+from ..runner_api import StepCosts
 
 
 def best_draft_length(costs: StepCosts, odds: float, max_len: int, num_seqs: int = 1) -> int:

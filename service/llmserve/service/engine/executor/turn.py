@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..domain.events import FinishReason, TokenEvent, TokenLogprob, TurnEndEvent
+from ...domain.events import FinishReason, TokenEvent, TokenLogprob, TurnEndEvent
 from .textstream import TextStream
 
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..domain.events import PromptLogprobsEvent, TokenLogprob
-from .runner_api import Runner
+from ...domain.events import PromptLogprobsEvent, TokenLogprob
+from ..runner_api import Runner
 from .sample import Sample
 
 

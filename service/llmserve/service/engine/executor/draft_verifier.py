@@ -5,15 +5,15 @@
 decode row and each granted draft row in order with the sequence's sampler, through the
 same `TokenPicker` as any token (stop rules, logprobs, grammar), keeps the draft
 tokens the sampler picks, stops at the first it does not, and cuts the rejected
-rows from the KV before anything else can release the slot. Executor thread only.
+rows from the KV before anything else can release the slot.
 """
 
 from __future__ import annotations
 
-from ..config import SpeculationSettings
-from ..metrics import Metrics
+from ...config import SpeculationSettings
+from ...metrics import Metrics
+from ..runner_api import Runner
 from .generation_step import ReadyRow
-from .runner_api import Runner
 from .sample import Sample
 from .scheduler import SeqDemand
 from .token_picker import TokenPicker

@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..runner_api import StepCosts
 from .draft_pricing import best_draft_length, worth_drafting
-from .runner_api import StepCosts
 
 MAX_DRAFTING_SEQS = 4  # more sequences decoding than this: no drafts (measured: verify rows then cost more than they save)
 MIN_ACCEPTANCE_BUSY = 0.85  # with 3-4 decoding only drafts that nearly always land pay for their rows (measured)
@@ -267,10 +267,10 @@ class PrefillPacer:
     # steps, and the last prompt's finish varied more between runs than with the bound.
     AUTO_ITL_STEPS = 10
 
-    def __init__(self, max_itl_s: float | None = None, min_tokens: int = 32, max_tokens: int = 2048) -> None:
+    def __init__(self, max_itl_s: float | None = None, min_chunk_tokens: int = 32, max_chunk_tokens: int = 2048) -> None:
         self.max_itl_s = max_itl_s
-        self.min_tokens = min_tokens
-        self.max_tokens = max_tokens
+        self.min_chunk_tokens = min_chunk_tokens
+        self.max_chunk_tokens = max_chunk_tokens
         self.decode_step_s: float | None = None
         self.prefill_token_s: float | None = None
 
@@ -286,10 +286,10 @@ class PrefillPacer:
 
     def budget(self) -> int:
         if self.decode_step_s is None or not self.prefill_token_s:
-            return self.min_tokens
+            return self.min_chunk_tokens
         max_itl_s = self.max_itl_s if self.max_itl_s is not None else self.AUTO_ITL_STEPS * self.decode_step_s
         tokens = int((max_itl_s - self.decode_step_s) / self.prefill_token_s)
-        return max(self.min_tokens, min(tokens, self.max_tokens))
+        return max(self.min_chunk_tokens, min(tokens, self.max_chunk_tokens))
 
 
 def _ema(current: float | None, value: float, weight: float = 0.2) -> float:

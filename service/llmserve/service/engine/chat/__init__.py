@@ -1,0 +1,1 @@
+"""Conversations, chat templates and tool calling: the chat wing of the engine."""
