@@ -139,6 +139,7 @@ class DecodingStream:
         self._max_tokens = max_tokens
         self._stop = threading.Event()
         self.times: list[float] = []
+        self.turn_ended_at: float | None = None  # the turn's end: a gap after it is the test's fault
         self._call = stub.Generate(self._requests(), timeout=600)
         self._reader = threading.Thread(target=self._read)
         self._reader.start()
@@ -157,12 +158,18 @@ class DecodingStream:
             for response in self._call:
                 if response.HasField("chunk"):
                     self.times.append(time.monotonic())
+                elif response.HasField("turn_end"):
+                    self.turn_ended_at = time.monotonic()
         except grpc.RpcError:
             pass
 
     def max_gap(self, start: float, end: float) -> float:
         """The longest time without a chunk from `start` to `end`, counting from the chunk
-        before `start` to the one after `end` (inf when the stream got none after `end`)."""
+        before `start` to the one after `end` (inf when the stream got none after `end`).
+        A turn that ended before `end` is the measuring's fault, not the server's: it raises."""
+        assert self.turn_ended_at is None or self.turn_ended_at > end, (
+            f"the stream's turn ended {end - self.turn_ended_at:.1f} s before the measured window: "
+            f"{len(self.times)} chunks; give it more tokens")
         before = [t for t in self.times if t < start][-1:]
         after = [t for t in self.times if t > end][:1]
         window = before + [t for t in self.times if start <= t <= end] + after
