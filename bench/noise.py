@@ -3,7 +3,7 @@
     python -m bench.noise [--server llama-server|llmserve] [--rounds 3] [--out docs/benchmarks.md]
 
 Two servers of one build with the same flags, up at once, get exactly the load of
-bench.targets' plain rows (same prompts and levels, `--rounds` rounds, the order swapped
+bench.targets' plain rows (both workloads, same prompts and levels, `--rounds` rounds, the order swapped
 each round), and the same goals are applied to the first over the second. Any ratio away
 from 1.0 is noise: a goal that a server misses against itself is one that no build can be
 sure to meet on this machine, and one it meets by chance says how little a pass proves.
@@ -19,7 +19,7 @@ from llmserve.client import loadgen
 from llmserve.service.model.default_model import default_model_path
 
 from .servers import DEFAULT_BUILD, start_llama_server, start_llmserve, stop
-from .targets import LOGS, alternate, plain_rows, report
+from .targets import LOGS, PLAIN_WORKLOADS, alternate, plain_rows, report
 
 MARKER = "<!-- noise -->"
 
@@ -43,12 +43,16 @@ def main() -> None:
         first, url_a = start_llmserve(LOGS / "noise-a.log")
         second, url_b = start_llmserve(LOGS / "noise-b.log")
         run = loadgen.llmserve_level
+    rows = []
     try:
-        tps, ttft = alternate({"a": (run, url_a), "b": (run, url_b)}, args.rounds, label=f"{args.server} A/A")
+        for workload, prompts, num_requests in PLAIN_WORKLOADS:
+            tps, ttft = alternate({"a": (run, url_a), "b": (run, url_b)}, args.rounds, f"{args.server} A/A ({workload.name})",
+                                  prompts=prompts, num_requests=num_requests, workload=workload)
+            rows += plain_rows(tps, ttft, "a", "b", workload.name)
     finally:
         stop(first)
         stop(second)
-    report(plain_rows(tps, ttft, "a", "b"), f"Measured {started} to {time.strftime('%H:%M UTC', time.gmtime())} with "
+    report(rows, f"Measured {started} to {time.strftime('%H:%M UTC', time.gmtime())} with "
            f"`python -m bench.noise --server {args.server} --rounds {args.rounds}`: {args.server} against a second "
            f"{args.server}, same flags.", "| plain row, server A / server B | measured | goal | met by chance |",
            args.out, MARKER, missed="no")

@@ -3,9 +3,16 @@ driven with the same prompts, seeds and schedule (asyncio).
 
     llmserve bench --address 127.0.0.1:50051 [--peer-llama-server http://127.0.0.1:8080]
                             [--concurrency 1,4,8,16] [--rounds 3] [--max-tokens 64] [--embed]
+                            [--workload rounds|pool]
 
-Each concurrency level runs that many workers; each worker sends `rounds` one-turn
-requests (greedy, fixed seed, `max_tokens` new tokens with ignore_eos) back to back.
+Each concurrency level runs that many callers, `max_tokens` new tokens a request with
+ignore_eos, under one of two workloads (`WORKLOADS`):
+- `rounds` (bench.run's): each caller sends `rounds` one-turn requests back to back, greedy,
+  fixed seed; every prompt starts with its own `Request L.c.r.` head.
+- `pool`: the callers take the next of `rounds` x concurrency requests as each finishes;
+  prompts are one of 8 sentences with a distinct suffix (`<sentence> (#i)`: many requests
+  share a head and differ at the end, as one system prompt with many questions does);
+  temperature 0.8, top_k 40.
 Reported per level: aggregate generated tokens/s, TTFT p50/p99, inter-token latency
 p50/p99, errors. Embed: a fixed corpus of ~25-token texts, texts/s and tokens/s.
 """
@@ -17,97 +24,33 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import grpc
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
 from . import make_input, pb, session_config
-
-PROMPTS = [
-    "The capital of France is",
-    "Write a short poem about the ocean:",
-    "def merge_sort(items):",
-    "The three laws of thermodynamics are",
-    "Once upon a time in a distant galaxy,",
-    "A recipe for banana bread:",
-    "The main causes of the French Revolution were",
-    "In machine learning, overfitting means",
-]
-CORPUS = [
-    f"Document {i}: the {w} quarterly report describes revenue, costs, hiring plans and the outlook for next year."
-    for i, w in enumerate(["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth"] * 32)
-]
-
-
-@dataclass
-class LevelResult:
-    concurrency: int
-    wall_s: float = 0.0
-    tokens: int = 0
-    ttft_ms: list[float] = field(default_factory=list)
-    itl_ms: list[float] = field(default_factory=list)
-    errors: int = 0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.wall_s if self.wall_s else 0.0
-
-    def checked(self) -> LevelResult:
-        """This result, or RuntimeError when calls failed: a rate over the calls that were
-        left measures a lighter load than the one it is compared with."""
-        if self.errors:
-            raise RuntimeError(f"{self.errors} calls failed at concurrency {self.concurrency}: no figure from this level")
-        return self
-
-    def summary(self) -> dict[str, float]:
-        return {
-            "tokens_per_s": self.tokens_per_s,
-            "ttft_p50_ms": _pct(self.ttft_ms, 0.5),
-            "ttft_p99_ms": _pct(self.ttft_ms, 0.99),
-            "itl_p50_ms": _pct(self.itl_ms, 0.5),
-            "itl_p99_ms": _pct(self.itl_ms, 0.99),
-            "errors": float(self.errors),
-        }
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _prompt(level: int, worker: int, round_: int) -> str:
-    """Every request differs at its end, so each one prefills for real on both servers
-    (a repeated prompt would be served from a cache and flatter TTFT)."""
-    return f"Request {level}.{worker}.{round_}. {PROMPTS[(worker + round_) % len(PROMPTS)]}"
-
-
-class _Timer:
-    """Collects TTFT and inter-token gaps for one request."""
-
-    def __init__(self, result: LevelResult) -> None:
-        self.result = result
-        self.start = time.perf_counter()
-        self.last: float | None = None
-
-    def token(self) -> None:
-        now = time.perf_counter()
-        if self.last is None:
-            self.result.ttft_ms.append((now - self.start) * 1000)
-        else:
-            self.result.itl_ms.append((now - self.last) * 1000)
-        self.last = now
-
+from .workloads import (  # noqa: F401 - PROMPTS, CORPUS, PromptFn, _prompt: bench's names for them
+    CORPUS,
+    POOL,
+    PROMPTS,
+    ROUNDS,
+    WORKLOADS,
+    LevelResult,
+    PromptFn,
+    Workload,
+    _prompt,
+    _run_callers,
+    _Timer,
+)
 
 # ------------------------------------------------------------------ llmserve
 
 
-async def _llmserve_one(stub: pb_grpc.LLMServiceStub, prompt: str, max_tokens: int, result: LevelResult) -> None:
+async def _llmserve_one(stub: pb_grpc.LLMServiceStub, prompt: str, max_tokens: int, result: LevelResult,
+                        workload: Workload = ROUNDS) -> None:
     request = pb.GenerateRequest(
-        config=session_config(max_tokens=max_tokens, ignore_eos=True, temperature=0, seed=1),
+        config=session_config(max_tokens=max_tokens, ignore_eos=True, temperature=workload.temperature,
+                              top_k=workload.top_k, seed=1),
         input=make_input(prompt),
         end_of_turn=True,
     )
@@ -123,26 +66,21 @@ async def _llmserve_one(stub: pb_grpc.LLMServiceStub, prompt: str, max_tokens: i
         result.errors += 1
 
 
-PromptFn = Callable[[int, int, int], str]  # (level, worker, round) -> prompt
-
-
 async def llmserve_level(
-    address: str, concurrency: int, rounds: int, max_tokens: int, prompt: PromptFn | None = None
+    address: str, concurrency: int, rounds: int, max_tokens: int, prompt: PromptFn | None = None,
+    workload: Workload = ROUNDS,
 ) -> LevelResult:
-    """`concurrency` workers send `rounds` one-turn requests each; `prompt` picks them."""
-    prompt = prompt or _prompt
+    """One level of `workload` (`prompt`, when given, picks the prompts instead)."""
+    workload = workload.with_prompt(prompt)
     result = LevelResult(concurrency)
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.LLMServiceStub(channel)
         await _llmserve_one(stub, PROMPTS[0], 4, LevelResult(0))  # warm-up
 
-        async def worker(w: int) -> None:
-            for r in range(rounds):
-                await _llmserve_one(stub, prompt(concurrency, w, r), max_tokens, result)
+        async def send(caller: int, request: int) -> None:
+            await _llmserve_one(stub, workload.prompt(concurrency, caller, request), max_tokens, result, workload)
 
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(w) for w in range(concurrency)))
-        result.wall_s = time.perf_counter() - start
+        result.wall_s = await _run_callers(concurrency, rounds, workload.pool, send)
     return result
 
 
@@ -179,10 +117,11 @@ def peer_session(limit: int = 64):  # type: ignore[no-untyped-def]
                                  connector=aiohttp.TCPConnector(limit=limit, force_close=True))
 
 
-async def _peer_one(session, url: str, prompt: str, max_tokens: int, result: LevelResult) -> None:  # type: ignore[no-untyped-def]
+async def _peer_one(session, url: str, prompt: str, max_tokens: int, result: LevelResult,  # type: ignore[no-untyped-def]
+                    workload: Workload = ROUNDS) -> None:
     body = {
-        "prompt": prompt, "n_predict": max_tokens, "ignore_eos": True, "temperature": 0, "seed": 1,
-        "stream": True, "cache_prompt": True,
+        "prompt": prompt, "n_predict": max_tokens, "ignore_eos": True, "temperature": workload.temperature,
+        "top_k": workload.top_k, "seed": 1, "stream": True, "cache_prompt": True,
     }
     timer = _Timer(result)
     try:
@@ -202,20 +141,19 @@ async def _peer_one(session, url: str, prompt: str, max_tokens: int, result: Lev
 
 
 async def peer_level(
-    url: str, concurrency: int, rounds: int, max_tokens: int, prompt: PromptFn | None = None
+    url: str, concurrency: int, rounds: int, max_tokens: int, prompt: PromptFn | None = None,
+    workload: Workload = ROUNDS,
 ) -> LevelResult:
-    prompt = prompt or _prompt
+    """`llmserve_level` against llama-server's `/completion`."""
+    workload = workload.with_prompt(prompt)
     result = LevelResult(concurrency)
     async with peer_session() as session:
         await _peer_one(session, url, PROMPTS[0], 4, LevelResult(0))
 
-        async def worker(w: int) -> None:
-            for r in range(rounds):
-                await _peer_one(session, url, prompt(concurrency, w, r), max_tokens, result)
+        async def send(caller: int, request: int) -> None:
+            await _peer_one(session, url, workload.prompt(concurrency, caller, request), max_tokens, result, workload)
 
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(w) for w in range(concurrency)))
-        result.wall_s = time.perf_counter() - start
+        result.wall_s = await _run_callers(concurrency, rounds, workload.pool, send)
     return result
 
 
@@ -263,14 +201,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--embed", action="store_true", help="also measure Embed throughput")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default=ROUNDS.name)
     args = parser.parse_args()
+    workload = WORKLOADS[args.workload]
     print("| server | streams | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | errors |")
     print("|---|---|---|---|---|---|---|---|")
     for level in (int(c) for c in args.concurrency.split(",")):
-        r = asyncio.run(llmserve_level(args.address, level, args.rounds, args.max_tokens))
+        r = asyncio.run(llmserve_level(args.address, level, args.rounds, args.max_tokens, workload=workload))
         print(_row("llmserve", level, r.summary()), flush=True)
         if args.peer_llama_server:
-            p = asyncio.run(peer_level(args.peer_llama_server, level, args.rounds, args.max_tokens))
+            p = asyncio.run(peer_level(args.peer_llama_server, level, args.rounds, args.max_tokens, workload=workload))
             print(_row("llama-server", level, p.summary()), flush=True)
     if args.embed:
         texts, tokens = asyncio.run(llmserve_embed(args.address, CORPUS))

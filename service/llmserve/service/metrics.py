@@ -33,6 +33,7 @@ from prometheus_client import (
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+_UBATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 16)
 _REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _REQUEST_TOKEN_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 SURFACES = ("grpc", "http")  # the `surface` label: which wing served the turn
@@ -106,6 +107,10 @@ class Metrics:
         self.batch_tokens = Histogram(
             "llmserve_batch_tokens", "Tokens per executor step", ["kind"], buckets=_TOKEN_BUCKETS, registry=r
         )
+        self.step_ubatches = Histogram(
+            "llmserve_step_ubatches", "Ubatches (graph runs, each a pass over every weight) llama_decode made of a "
+            "generation step's batch", buckets=_UBATCH_BUCKETS, registry=r,
+        )
         self.slots = Gauge("llmserve_slots", "KV slots by state", ["state"], registry=r)
         self.waiting = Gauge("llmserve_waiting_sessions", "Sessions waiting for a slot (both surfaces)", registry=r)
         self.running = Gauge(
@@ -145,6 +150,13 @@ class Metrics:
                           self.turn_generated_tokens):
             for name in SURFACES:  # exported at zero from the start, so that dashboards find both
                 histogram.labels(name)
+
+    def observe_step(self, kind: str, elapsed_s: float, num_tokens: int, num_ubatches: int) -> None:
+        """One executor step: its time and tokens; a generation step's ubatches too."""
+        self.step_duration.labels(kind).observe(elapsed_s)
+        self.batch_tokens.labels(kind).observe(num_tokens)
+        if num_ubatches:
+            self.step_ubatches.observe(num_ubatches)
 
     def describe_model(self, meta: Any, n_ctx: int, n_parallel: int, version: str) -> None:
         """`llmserve_model_info{model=..., quantization=..., ...} 1`, for dashboards to join on."""

@@ -4,15 +4,19 @@ window-safe (pure, and end to end on the fake runner)."""
 
 from __future__ import annotations
 
+import random
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from llmserve.service.config import PrefillSettings, SpeculationSettings
-from llmserve.service.engine.executor.allocator import SlotAllocator
+from llmserve.service.engine.executor.allocator import SlotAllocator, min_scattered_reuse
 from llmserve.service.engine.executor.executor import Executor
 from llmserve.service.engine.executor.scheduler import Scheduler, SeqDemand, StepPlan
 
 from .engine_harness import ListSink, assert_kv_mirrors_slots, make, params, run_until, turn_ends
 from .fake_runner import BOS, FakeRunner, split_equal
+
+SCATTERED = min_scattered_reuse(FakeRunner.costs, 1000)
 
 
 def split_rows(rows: list[tuple[int, int]], n_ubatch: int) -> list[list[tuple[int, int]]]:
@@ -74,7 +78,7 @@ def test_a_neighbours_prompt_holds_a_long_sequences_draft_back_but_not_a_far_one
 def test_busy_slots_stay_together_so_a_decode_step_is_one_ubatch() -> None:
     busy_ids = []
     for together in (True, False):
-        alloc = SlotAllocator(num_slots=8, n_ctx_per_slot=100, keep_busy_together=together)
+        alloc = SlotAllocator(num_slots=8, n_ctx_per_slot=100, min_scattered_reuse=SCATTERED if together else None)
         slots = [alloc.allocate([]) for _ in range(8)]
         for seq_id in (4, 0, 6, 2, 7, 1, 5, 3):  # least recently used first: 4, 0, 6, ...
             slots[seq_id].append([100 + seq_id])  # no prefix anyone will share
@@ -101,10 +105,65 @@ def test_while_sequences_decode_a_step_carries_at_most_two_prompts() -> None:
 
 
 def test_a_new_session_fills_the_hole_a_finished_one_left() -> None:
-    alloc = SlotAllocator(num_slots=8, n_ctx_per_slot=100, keep_busy_together=True)
+    alloc = SlotAllocator(num_slots=8, n_ctx_per_slot=100, min_scattered_reuse=SCATTERED)
     slots = [alloc.allocate([]) for _ in range(5)]  # 0..4 busy
     alloc.free(slots[2])  # the most recently used idle slot, between two busy ones
     assert alloc.allocate([7]).seq_id == 2  # not LRU slot 5: 0..4 stay one run
+
+
+def pool_ubatches(together: bool, num_slots: int = 16, concurrency: int = 8, num_requests: int = 200) -> list[int]:
+    """Issue 41's pool workload on the allocator alone: `concurrency` callers, each taking the next
+    request when one ends (in a random order); prompts are one of 8 sentences and differ at the
+    end. The ubatches of a decode step over the busy slots, after each arrival."""
+    rng = random.Random(7)
+    alloc = SlotAllocator(num_slots=num_slots, n_ctx_per_slot=200, min_scattered_reuse=SCATTERED if together else None)
+    busy = []
+    counts = []
+    for i in range(concurrency + num_requests):
+        if len(busy) == concurrency:
+            done = busy.pop(rng.randrange(len(busy)))
+            done.append([3000 + i] * 5)  # its reply
+            alloc.free(done)
+        prompt = [*range(1000 + 100 * (i % 8), 1012 + 100 * (i % 8)), 2000 + i % 97, 2100 + i]
+        slot = alloc.allocate(prompt)
+        slot.match(prompt)
+        slot.take_stale_tail()
+        slot.append(prompt[slot.num_confirmed:])
+        busy.append(slot)
+        counts.append(len(split_equal([(s.seq_id, 0) for s in sorted(busy, key=lambda s: s.seq_id)], 512)))
+    return counts[concurrency:]
+
+
+def test_prompts_sharing_a_head_keep_busy_slots_together() -> None:
+    # The cause of issue 41's slowdown under the pool workload: a new session took the idle
+    # slot holding the longest prefix of its prompt (the same sentence) wherever it was, so
+    # busy slots scattered over all 16 and a decode step of 8 rows ran as several ubatches
+    together, scattered = pool_ubatches(True), pool_ubatches(False)
+    assert max(together) == 1
+    assert sum(scattered) / len(scattered) > 3  # the rule without neighbours, as before: 4.2
+
+
+def test_a_slot_holding_the_whole_prompt_wins_over_busy_neighbours() -> None:
+    alloc = SlotAllocator(num_slots=4, n_ctx_per_slot=100, min_scattered_reuse=SCATTERED)
+    slots = [alloc.allocate([]) for _ in range(4)]
+    prompt = list(range(10, 30))
+    slots[3].append(prompt)
+    slots[1].append(prompt[:-2])  # all but the prompt's last two tokens, between busy 0 and 2
+    alloc.free(slots[3])
+    alloc.free(slots[1])
+    assert alloc.allocate(prompt).seq_id == 3  # a repeated request lands where it ran, saved logits and all
+
+
+def test_a_far_prefix_is_reused_only_when_it_saves_more_than_a_scattered_slot_costs() -> None:
+    assert 100 < SCATTERED < 400  # by llama.cpp's CPU step costs: ~190 prompt tokens
+    for cached, expected in ((SCATTERED - 20, 4), (SCATTERED + 20, 6)):
+        alloc = SlotAllocator(num_slots=8, n_ctx_per_slot=1000, min_scattered_reuse=SCATTERED)
+        slots = [alloc.allocate([]) for _ in range(8)]
+        prompt = list(range(100, 100 + cached + 10))
+        slots[6].append(prompt[:cached])
+        for slot in slots[4:]:
+            alloc.free(slot)  # 0..3 busy; 6 holds `cached` tokens of the prompt, away from them
+        assert alloc.allocate(prompt).seq_id == expected
 
 
 # A long sequence (past the fake's 8-token window) whose first draft is rejected at once

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..runner_api import StepCosts
+
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
@@ -100,6 +102,17 @@ class Slot:
 
 
 MIN_PREFIX_REUSE = 8
+# The decode steps of a session that the slot choice weighs against a prefix (a short reply:
+# the 64 tokens of loadgen's workloads); a longer one only makes a scattered slot cost more
+SCATTER_STEPS = 64
+
+
+def min_scattered_reuse(costs: StepCosts, max_tokens: int) -> int:
+    """The fewest prompt tokens worth reusing in a slot away from the busy ones, by `costs`:
+    prefilling them (a ubatch of that many rows) costs what SCATTER_STEPS decode steps cost
+    when each is split into one more ubatch of one row (`SlotAllocator`)."""
+    penalty = SCATTER_STEPS * costs.step_cost(1)
+    return next((m for m in range(1, max_tokens + 1) if costs.step_cost(m) >= penalty), max_tokens + 1)
 
 
 class SlotAllocator:
@@ -107,19 +120,25 @@ class SlotAllocator:
 
     def __init__(
         self, num_slots: int, n_ctx_per_slot: int, min_prefix_reuse: int = MIN_PREFIX_REUSE,
-        keep_busy_together: bool = False,
+        min_scattered_reuse: int | None = None,
     ) -> None:
-        """`keep_busy_together`: a session with no prefix to reuse takes the idle slot with the
-        most busy neighbours (a hole between two busy slots first; the least recently used
-        among equals), so busy sequence ids stay in runs: with one KV stream per slot each
-        run of consecutive ids is one ubatch of a decode step."""
+        """`min_scattered_reuse`, with one KV stream per slot (None: one buffer): busy sequence ids
+        are kept in runs, as each run of consecutive ids is one ubatch of a decode step and
+        each ubatch a pass over every weight. A session takes an idle slot next to a busy one
+        (a hole between two first) unless a slot elsewhere holds at least this many more
+        tokens of its prompt: a prefix shorter than that is cheaper to prefill once than a
+        decode step split in two for the rest of the session (`allocate`)."""
         if num_slots < 1 or n_ctx_per_slot < 2:
             raise ValueError("need at least one slot of at least two tokens")
         self.n_ctx_per_slot = n_ctx_per_slot
         self.min_prefix_reuse = min_prefix_reuse
-        self.keep_busy_together = keep_busy_together
+        self.min_scattered_reuse = min_scattered_reuse
         self.slots = [Slot(seq_id=i) for i in range(num_slots)]
         self._clock = 0
+
+    @property
+    def keep_busy_together(self) -> bool:
+        return self.min_scattered_reuse is not None
 
     @property
     def num_busy(self) -> int:
@@ -137,7 +156,14 @@ class SlotAllocator:
         return any(not slot.busy for slot in self.slots)
 
     def allocate(self, prompt: Sequence[int]) -> Slot:
-        """Take the idle slot sharing the longest prefix with `prompt`, else the LRU one.
+        """Take an idle slot for a session whose input starts with `prompt`.
+
+        1. A slot holding the whole prompt: a repeated request lands where it ran last time,
+           with the same saved logits (the most recently used of such slots).
+        2. With busy ids kept in runs: only the slots with the most busy neighbours, unless a
+           slot with fewer reuses `min_scattered_reuse` tokens more (`_together`).
+        3. The longest reusable prefix, then the most busy neighbours, then the most recently
+           used slot (with a prefix) or the least recently used (without one).
 
         A shared prefix shorter than `min_prefix_reuse` tokens (say, just BOS) does not
         count: it saves nothing, and recomputing the whole prompt keeps its numerics the
@@ -146,15 +172,35 @@ class SlotAllocator:
         idle = [slot for slot in self.slots if not slot.busy]
         if not idle:
             raise RuntimeError("no idle slot: check can_allocate() first")
-        # Among equal prefixes the most recently used: a repeated request lands where it
-        # ran last time, with the same saved logits.
-        best = max(idle, key=lambda s: (common_prefix_length(s.tokens, prompt), s.last_used))
-        if not self.reusable(common_prefix_length(best.tokens, prompt), len(prompt)):
-            best = min(idle, key=lambda s: (-self._busy_neighbours(s), s.last_used))
+        reuse = {s.seq_id: self._reused(s, prompt) for s in idle}
+        whole = [s for s in idle if reuse[s.seq_id] == len(prompt) > 0]
+        if whole:
+            best = max(whole, key=lambda s: s.last_used)
+        else:
+            best = max(self._together(idle, reuse), key=lambda s: (
+                reuse[s.seq_id], self._busy_neighbours(s), s.last_used if reuse[s.seq_id] else -s.last_used))
         best.busy = True
         best.num_confirmed = 0
         self._touch(best)
         return best
+
+    def _reused(self, slot: Slot, prompt: Sequence[int]) -> int:
+        """The tokens of `prompt` that `slot` would save prefilling (0 when not worth reusing)."""
+        num_matched = common_prefix_length(slot.tokens, prompt)
+        return num_matched if self.reusable(num_matched, len(prompt)) else 0
+
+    def _together(self, idle: list[Slot], reuse: dict[int, int]) -> list[Slot]:
+        """The idle slots a session may take so busy ids stay in runs: those with the most busy
+        neighbours (a hole first, then a run's end) unless a slot with fewer saves
+        `min_scattered_reuse` tokens more (all of `idle` with one KV buffer)."""
+        if self.min_scattered_reuse is None:
+            return idle
+        longest = max(reuse.values())
+        for num_neighbours in (2, 1):
+            tier = [s for s in idle if self._busy_neighbours(s) == num_neighbours]
+            if tier and longest - max(reuse[s.seq_id] for s in tier) < self.min_scattered_reuse:
+                return tier
+        return idle
 
     def _busy_neighbours(self, slot: Slot) -> int:
         if not self.keep_busy_together:

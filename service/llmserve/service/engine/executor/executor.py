@@ -30,7 +30,7 @@ from ..chat.chat import Conversation
 from ..commands import STOP, AddInput, Cancel, Close, DropEmbeds, Embed, Open
 from ..runner_api import Runner
 from ..session_store import SessionStore
-from .allocator import SlotAllocator
+from .allocator import SlotAllocator, min_scattered_reuse
 from .draft_verifier import DraftVerifier
 from .generation_step import GenerationStep, StepOutput, StepProfile
 from .scheduler import PlannerState, PrefillPacer, Scheduler, StepPlan
@@ -74,7 +74,8 @@ class Executor:
         self.profile = StepProfile()
         self._keys = itertools.count(1)
         per_slot_streams = not config.kv_cache.kv_unified
-        allocator = SlotAllocator(config.n_parallel, config.n_ctx_per_slot, keep_busy_together=per_slot_streams)
+        scattered = min_scattered_reuse(runner.costs, config.n_ctx_per_slot) if per_slot_streams else None
+        allocator = SlotAllocator(config.n_parallel, config.n_ctx_per_slot, min_scattered_reuse=scattered)
         kv = SlotKV(runner, allocator)
         picker = TokenPicker(runner, kv, self.metrics, config.context_shift.shift_keep)
         spec = config.speculation
@@ -246,8 +247,7 @@ class Executor:
             num_prefill = sum(n for _, n in plan.prefill)
             self.pacer.observe(elapsed, len(plan.decode) + sum(n for _, n in plan.drafts), num_prefill)
         self._step_s = 0.9 * self._step_s + 0.1 * elapsed
-        self.metrics.step_duration.labels(kind).observe(elapsed)
-        self.metrics.batch_tokens.labels(kind).observe(num_tokens)
+        self.metrics.observe_step(kind, elapsed, num_tokens, output.num_ubatches if output else 0)
 
     def _run_embeddings(self, count: int) -> None:
         items = [self._embeds.popleft() for _ in range(count)]
