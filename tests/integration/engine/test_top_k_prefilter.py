@@ -53,7 +53,7 @@ def test_prefiltered_chain_draws_the_same_tokens(vocab: Vocab, params: SamplingP
 def test_top_k_ids_are_the_k_highest(values: list[float], k: int, window: float) -> None:
     logits = np.array(values, dtype=np.float32)
     k = min(k, len(logits))
-    ids = top_k_ids(logits, k, window)
+    ids = top_k_ids(logits, k, (window, 2 * window))
     assert len(ids) == k == len(set(ids.tolist()))
     assert np.sort(logits[ids]).tolist() == np.sort(logits)[-k:].tolist()
 

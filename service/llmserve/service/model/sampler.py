@@ -245,12 +245,24 @@ class Sampler:
             self._grammar = None
 
 
-def top_k_ids(logits: np.ndarray, k: int, window: float = 8.0) -> np.ndarray:
+# Logit windows below a row's highest that `top_k_ids` tries in turn. With temperature
+# sampling, 30% of gemma-3-270m's rows held fewer than 43 logits within 8 of their highest
+# (a confident next token) and went to a partition of all 262k (~2.5 ms); within 16 every
+# row held them (median 6,900).
+TOP_K_WINDOWS = (8.0, 12.0, 16.0, 24.0)
+
+
+def top_k_ids(logits: np.ndarray, k: int, windows: Sequence[float] = TOP_K_WINDOWS) -> np.ndarray:
     """The ids of the k highest logits (in no order). Exact: when at least k logits lie
-    within `window` of the highest, the k-th highest does too, so the top k are among
-    them and only those few are partitioned; otherwise the whole row is."""
-    near = np.flatnonzero(logits >= logits.max() - window)
-    if len(near) < k:
+    within a window of the highest, the k-th highest does too, so the top k are among
+    them and only those few are partitioned. The windows widen until one holds k (each a
+    pass over the row); past the last the whole row is partitioned."""
+    highest = logits.max()
+    for window in windows:
+        near = np.flatnonzero(logits >= highest - window)
+        if len(near) >= k:
+            break
+    else:
         return np.argpartition(logits, -k)[-k:]
     if len(near) == k:
         return near
