@@ -1,6 +1,6 @@
 """Issue 25's targets in one run, one table: llmserve (default flags) vs llama-server.
 
-    python -m bench.targets [--rounds 3] [--out docs/benchmarks.md]
+    python -m bench.targets [--rounds 3] [--out docs/benchmarks.md] [--only-plain]
 
 Servers are measured one at a time (two may be up, idle, at once). Each row: what was
 measured, the goal, and whether it was met in this run. Plain, under both of loadgen's
@@ -255,19 +255,21 @@ def main() -> None:
     parser.add_argument("--batched-bench", type=Path, default=DEFAULT_BUILD / "llama-batched-bench")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--only-plain", action="store_true", help="the plain rows alone (both workloads), printed")
     args = parser.parse_args()
     if not args.llama_server.exists():
         parser.error(f"{args.llama_server} not found: build it as bench/README.md says")
     LOGS.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows, ours_tps = plain(args.llama_server, args.rounds)
-    rows += ceiling(args.batched_bench, ours_tps[16]) if args.batched_bench.exists() else []
-    rows += speculation(args.llama_server, args.rounds)
-    rows += embed(args.llama_server)
-    rows += memory(args.llama_server)
+    if not args.only_plain:
+        rows += ceiling(args.batched_bench, ours_tps[16]) if args.batched_bench.exists() else []
+        rows += speculation(args.llama_server, args.rounds)
+        rows += embed(args.llama_server)
+        rows += memory(args.llama_server)
     report(rows, f"Measured {started} to {time.strftime('%H:%M UTC', time.gmtime())} with `python -m bench.targets "
            f"--rounds {args.rounds}`, one run, servers one at a time.", "| target | measured (llmserve / llama-server) | goal | met |",
-           args.out, MARKER)
+           None if args.only_plain else args.out, MARKER)
 
 
 def report(rows: list[Row], intro: str, header: str, out: Path | None, marker: str, missed: str = "**no**") -> None:
