@@ -9,11 +9,12 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from llmserve.service.config import PrefillSettings, SpeculationSettings
+from llmserve.service.domain.events import TurnEndEvent
 from llmserve.service.engine.executor.allocator import SlotAllocator, min_scattered_reuse
 from llmserve.service.engine.executor.executor import Executor
 from llmserve.service.engine.executor.scheduler import Scheduler, SeqDemand, StepPlan
 
-from .engine_harness import ListSink, assert_kv_mirrors_slots, make, params, run_until, turn_ends
+from .engine_harness import ListSink, assert_kv_mirrors_slots, make, one_turn, params, run_until, turn_ends
 from .fake_runner import BOS, FakeRunner, split_equal
 
 SCATTERED = min_scattered_reuse(FakeRunner.costs, 1000)
@@ -164,6 +165,35 @@ def test_a_far_prefix_is_reused_only_when_it_saves_more_than_a_scattered_slot_co
         for slot in slots[4:]:
             alloc.free(slot)  # 0..3 busy; 6 holds `cached` tokens of the prompt, away from them
         assert alloc.allocate(prompt).seq_id == expected
+
+
+HEAD = (BOS, *range(40, 52))  # a shared 13-token head (a system prompt)
+
+
+def test_a_far_cached_head_is_copied_into_the_slot_next_to_the_busy_ones() -> None:
+    executor, runner = make(4, speculation=SpeculationSettings(spec_type="none"))
+    sinks = [ListSink() for _ in range(4)]
+    keys = [executor.open_session(params(max_tokens=40 if i == 1 else 2, ignore_eos=True), sink)
+            for i, sink in enumerate(sinks)]
+    for i, key in enumerate(keys):
+        executor.add_input(key, (*HEAD, 60 + i) if i == 3 else (BOS, 70 + i, 71 + i), True)
+    run_until(executor, lambda: all(turn_ends(sinks[i])() for i in (0, 2, 3)))
+    seq_ids = {key: executor.table.sessions[key].main.slot.seq_id for key in keys}
+    assert sorted(seq_ids.values()) == [0, 1, 2, 3] and seq_ids[keys[3]] == 3  # the head sits in slot 3
+    for i in (0, 2, 3):
+        executor.close(keys[i])
+    executor.drain(block=False)  # 1 decodes on; 0 and 2 are next to it, 3 is not
+    sink = ListSink()
+    key = executor.open_session(params(max_tokens=3, ignore_eos=True), sink)
+    executor.add_input(key, (*HEAD, 99), True)
+    run_until(executor, turn_ends(sink))
+    assert executor.table.sessions[key].main.slot.seq_id in (0, 2)  # busy ids stay one run
+    end = sink.of(TurnEndEvent)[-1]
+    assert end.cached_tokens == len(HEAD)  # the head came with the copy, not prefilled again
+    alone, _ = one_turn(make(4, speculation=SpeculationSettings(spec_type="none"))[0], (*HEAD, 99),
+                        params(max_tokens=3, ignore_eos=True))
+    assert sink.token_ids() == alone.token_ids()
+    assert_kv_mirrors_slots(executor, runner)
 
 
 # A long sequence (past the fake's 8-token window) whose first draft is rejected at once

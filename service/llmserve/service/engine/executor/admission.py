@@ -93,7 +93,7 @@ class Admission:
             if session.preempted_history is not None:
                 self._reattach(session)
             else:
-                session.main.attach(self.allocator.allocate(session.main.pending), self.allocator.reusable)
+                session.main.attach(self.kv.take(session.main.pending), self.allocator.reusable)
                 session.reserved = [self.allocator.allocate(()) for _ in range(need - 1)]
             admitted = True
         return admitted

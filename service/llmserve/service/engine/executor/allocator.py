@@ -102,6 +102,10 @@ class Slot:
 
 
 MIN_PREFIX_REUSE = 8
+# A copy of a slot's KV moves every cell of its stream; one cell's K and V are a few tens of
+# KB, which memory moves in microseconds, while prefilling one token takes a large fraction
+# of a millisecond: a copy pays when it saves at least one token per this many cells
+COPY_CELLS_PER_TOKEN = 128
 # The decode steps of a session that the slot choice weighs against a prefix (a short reply:
 # the 64 tokens of loadgen's workloads); a longer one only makes a scattered slot cost more
 SCATTER_STEPS = 64
@@ -183,6 +187,18 @@ class SlotAllocator:
         best.num_confirmed = 0
         self._touch(best)
         return best
+
+    def donor_for(self, slot: Slot, prompt: Sequence[int]) -> Slot | None:
+        """An idle slot whose KV is worth copying into `slot` (just taken for `prompt`, next
+        to busy ones): it holds at least `min_prefix_reuse` more tokens of the prompt, and at
+        least one per COPY_CELLS_PER_TOKEN cells of a slot (llama.cpp copies a slot's whole
+        stream between streams, every cell of it)."""
+        idle = [s for s in self.slots if not s.busy]
+        donor = max(idle, key=lambda s: (self._reused(s, prompt), s.last_used), default=None)
+        min_gain = max(self.min_prefix_reuse, self.n_ctx_per_slot // COPY_CELLS_PER_TOKEN)
+        if donor is None or self._reused(donor, prompt) < self._reused(slot, prompt) + min_gain:
+            return None
+        return donor
 
     def _reused(self, slot: Slot, prompt: Sequence[int]) -> int:
         """The tokens of `prompt` that `slot` would save prefilling (0 when not worth reusing)."""

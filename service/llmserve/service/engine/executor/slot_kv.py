@@ -1,12 +1,15 @@
 """KV operations on slots that need both the allocator's view and the runner.
 
 The allocator only mirrors what the KV holds; these keep the two in step when a
+new session takes a slot (and a far slot's cached prefix is copied into it), when a
 turn forks into n samples, when a named session is restored or saved, when a
 stale cached tail is cut, on a context shift, when a slot's KV must be dropped,
 and when a sample leaves its slot.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import structlog
 
@@ -29,6 +32,19 @@ class SlotKV:
         dst.tokens[:] = src.tokens
         dst.num_confirmed = len(dst.tokens)
         dst.save_logits(-1, None)
+
+    def take(self, prompt: Sequence[int]) -> Slot:
+        """The allocator's slot for a session whose input starts with `prompt`, holding the
+        longest cached prefix of it: when the slot was chosen next to busy ones (one KV
+        stream per slot) and an idle slot elsewhere holds `min_prefix_reuse` or more tokens
+        more, that KV is copied in (a copy of the whole stream at the next decode, instead
+        of prefilling those tokens again in a ubatch of their own beside decoding streams)."""
+        slot = self.allocator.allocate(prompt)
+        donor = self.allocator.donor_for(slot, prompt) if self.allocator.keep_busy_together else None
+        if donor is not None:
+            self.copy(donor, slot)
+            slot.num_confirmed = 0  # nothing is the new session's until it matches
+        return slot
 
     def clear(self, slot: Slot) -> None:
         self.runner.seq_rm(slot.seq_id, -1, -1)
