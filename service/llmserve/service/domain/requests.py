@@ -67,6 +67,11 @@ class OutputParams:
     prompt_logprobs: bool = False
     include_special: bool = False
 
+    @property
+    def reuses_prefix(self) -> bool:
+        """Prompt logprobs need every prompt token evaluated: no cached prefix is reused then."""
+        return not self.prompt_logprobs
+
 
 @dataclass(frozen=True)
 class SessionParams:

@@ -93,7 +93,8 @@ class Admission:
             if session.preempted_history is not None:
                 self._reattach(session)
             else:
-                session.main.attach(self.kv.take(session.main.pending), self.allocator.reusable)
+                slot = self.kv.take(session.main.pending, reuse=session.params.output.reuses_prefix)
+                session.main.attach(slot, self.allocator.reusable)
                 session.reserved = [self.allocator.allocate(()) for _ in range(need - 1)]
             admitted = True
         return admitted

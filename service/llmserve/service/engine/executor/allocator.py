@@ -192,7 +192,10 @@ class SlotAllocator:
         """An idle slot whose KV is worth copying into `slot` (just taken for `prompt`, next
         to busy ones): it holds at least `min_prefix_reuse` more tokens of the prompt, and at
         least one per COPY_CELLS_PER_TOKEN cells of a slot (llama.cpp copies a slot's whole
-        stream between streams, every cell of it)."""
+        stream between streams, every cell of it). None with one KV buffer, where the
+        allocator itself took the slot with the longest prefix."""
+        if not self.keep_busy_together:
+            return None
         idle = [s for s in self.slots if not s.busy]
         donor = max(idle, key=lambda s: (self._reused(s, prompt), s.last_used), default=None)
         min_gain = max(self.min_prefix_reuse, self.n_ctx_per_slot // COPY_CELLS_PER_TOKEN)

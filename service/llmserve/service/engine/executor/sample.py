@@ -105,8 +105,7 @@ class Sample(Generic[SessionT]):
         self.t_slot = time.monotonic()
         self.queue_ms = (self.t_slot - self.t_open) * 1000.0
         shared = common_prefix_length(slot.tokens, self.pending)
-        # Prompt logprobs need every prompt token evaluated: no prefix reuse then.
-        if self.params.output.prompt_logprobs or not reusable(shared, len(self.pending)):
+        if not self.params.output.reuses_prefix or not reusable(shared, len(self.pending)):
             matched = 0
         else:
             matched = slot.match(self.pending)

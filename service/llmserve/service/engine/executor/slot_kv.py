@@ -33,14 +33,15 @@ class SlotKV:
         dst.num_confirmed = len(dst.tokens)
         dst.save_logits(-1, None)
 
-    def take(self, prompt: Sequence[int]) -> Slot:
+    def take(self, prompt: Sequence[int], reuse: bool = True) -> Slot:
         """The allocator's slot for a session whose input starts with `prompt`, holding the
         longest cached prefix of it: when the slot was chosen next to busy ones (one KV
         stream per slot) and an idle slot elsewhere holds `min_prefix_reuse` or more tokens
         more, that KV is copied in (a copy of the whole stream at the next decode, instead
-        of prefilling those tokens again in a ubatch of their own beside decoding streams)."""
+        of prefilling those tokens again in a ubatch of their own beside decoding streams).
+        `reuse` False: the session reuses no prefix (prompt logprobs), so nothing is copied."""
         slot = self.allocator.allocate(prompt)
-        donor = self.allocator.donor_for(slot, prompt) if self.allocator.keep_busy_together else None
+        donor = self.allocator.donor_for(slot, prompt) if reuse else None
         if donor is not None:
             self.copy(donor, slot)
             slot.num_confirmed = 0  # nothing is the new session's until it matches
