@@ -24,7 +24,8 @@ from llmserve.service.domain.requests import SamplingParams, SessionParams, Stop
 from llmserve.service.engine.executor.executor import Executor, ExecutorConfig
 from llmserve.service.engine.executor.generation_step import StepProfile
 from llmserve.service.model.default_model import default_model_path
-from llmserve.service.model.runner import LlamaRunner, RunnerConfig
+from llmserve.service.model.runner import LlamaRunner
+from llmserve.service.model.runner_config import RunnerConfig
 
 
 class _Sink:

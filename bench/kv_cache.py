@@ -20,7 +20,8 @@ import numpy as np
 from llmserve.service.config import KVCacheSettings
 from llmserve.service.engine.executor.logprobs import log_softmax
 from llmserve.service.model.default_model import default_model_path
-from llmserve.service.model.runner import LlamaRunner, RunnerConfig
+from llmserve.service.model.runner import LlamaRunner
+from llmserve.service.model.runner_config import RunnerConfig
 
 PROMPTS = [
     "The history of the printing press",

@@ -130,6 +130,10 @@ def _parser() -> argparse.ArgumentParser:
              "so a prompt attends only to its own slot's cells)")
     f.switch("--swa-full", help="a full-size cache for sliding-window layers (default: n_swa + n_ubatch cells "
              "per slot; a trimmed prefix that left the window is prefilled again)")
+    f.add("--step-costs", default=d.step_costs,
+          help="what a decode step costs by its rows (prices drafts and slot choice): measure = time llama_decode at "
+               "start-up once per model, CPU and threads, cached under $LLMSERVE_CACHE_DIR/step-costs; builtin = the "
+               "repack-kernel shape of one 2-core machine")
     f.switch("--context-shift", help="at a slot's context limit drop the oldest tokens (after --keep) and go on")
     f.add("--keep", type=int, default=shift.keep, help="tokens kept at the start on a context shift (BOS always kept)")
     f.add("--session-dir", type=Path, help="save sessions with a session_id here, to restore them after a restart")
@@ -194,6 +198,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         api_key=args.api_key,
         chat_template_file=args.chat_template_file,
         kv_cache=_settings(KVCacheSettings, args),
+        step_costs=args.step_costs,
         context_shift=_settings(ContextShiftSettings, args),
         session_dir=args.session_dir,
         session_dir_max_bytes=args.session_dir_max_bytes,

@@ -28,6 +28,7 @@ UNQUANTIZED = {"f32", "f16", "bf16"}
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 DEFAULT_PARALLEL = 4  # llama-server's auto value (with a unified KV cache)
 SPEC_TYPES = ("none", "ngram-simple")
+STEP_COSTS = ("measure", "builtin")
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,7 @@ class ServerConfig:
     api_key: str | None = None
     chat_template_file: Path | None = None
     kv_cache: KVCacheSettings = KVCacheSettings()
+    step_costs: str = "measure"  # what a step costs by rows: timed at start-up (cached), or "builtin"
     context_shift: ContextShiftSettings = ContextShiftSettings()
     session_dir: Path | None = None
     session_dir_max_bytes: int = 1 << 30
@@ -199,6 +201,8 @@ class ServerConfig:
             raise ValueError(f"--ctx-size {self.n_ctx} leaves fewer than 16 tokens per slot")
         if self.n_threads < 1:
             raise ValueError("--threads must be at least 1")
+        if self.step_costs not in STEP_COSTS:
+            raise ValueError(f"--step-costs {self.step_costs}: expected measure or builtin")
         if self.first_message_timeout_s <= 0 or self.grammar_timeout_s <= 0 or self.grammar_max_mb < 16:
             raise ValueError("--first-message-timeout and --grammar-timeout must be positive, --grammar-max-mb >= 16")
         spec, prefill = self.speculation, self.prefill

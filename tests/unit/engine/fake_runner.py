@@ -81,6 +81,9 @@ class FakeCosts:
     def step_cost(self, num_rows: int) -> float:
         return LLAMA_CPU_COSTS.step_cost(num_rows)
 
+    def prefill_cost(self, num_tokens: int) -> float:
+        return LLAMA_CPU_COSTS.prefill_cost(num_tokens)
+
     def num_ubatches(self, rows: Sequence[tuple[int, int]], n_ubatch: int, per_slot_streams: bool) -> int:
         if not per_slot_streams:
             return -(-sum(n for _, n in rows) // n_ubatch)

@@ -67,7 +67,11 @@ class StepCosts(Protocol):
     base_rows: float  # the linear view: a step of c rows costs about base_rows + c
 
     def step_cost(self, num_rows: int) -> float:
-        """A one-ubatch step of `num_rows` rows."""
+        """A one-ubatch step of `num_rows` rows, each with logits (decode and draft rows)."""
+        ...
+
+    def prefill_cost(self, num_tokens: int) -> float:
+        """A one-ubatch prompt chunk of `num_tokens` tokens, logits on the last."""
         ...
 
     def num_ubatches(self, rows: Sequence[tuple[int, int]], n_ubatch: int, per_slot_streams: bool) -> int:

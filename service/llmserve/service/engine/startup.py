@@ -10,7 +10,7 @@ import structlog
 
 from ..config import ServerConfig
 from ..domain.model_meta import ModelMeta
-from ..model.runner import RunnerConfig
+from ..model.runner_config import RunnerConfig
 from .chat.chat import ChatTemplate
 from .executor.executor import ExecutorConfig
 
@@ -33,6 +33,7 @@ def runner_config(config: ServerConfig, model_path: Path) -> RunnerConfig:
         embedding_model_path=config.embedding_model_path,
         verbose=config.verbose,
         kv_cache=config.kv_cache,
+        step_costs=config.step_costs,
     )
 
 

@@ -11,21 +11,22 @@ thread alone.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
 import numpy as np
 import structlog
 
-from ..config import CACHE_TYPES, FLASH_ATTN, KVCacheSettings
+from ..config import CACHE_TYPES, FLASH_ATTN
 from ..domain.errors import GrammarError
 from ..domain.requests import SamplingParams
 from .batch import BatchBuffer
 from .embedder import Embedder
 from .grammar_compiler import CompiledGrammar
+from .runner_config import RunnerConfig
 from .sampler import Sampler
-from .step_costs import LLAMA_CPU_COSTS
+from .step_costs import LLAMA_CPU_COSTS, LlamaCpuCosts, MeasuredCosts
+from .step_timing import load_or_measure
 from .tokenizer import Vocab, load_model
 
 # ggml.h enum ggml_log_level
@@ -51,21 +52,6 @@ def _llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
         getattr(_llama_logger, name)("llama_cpp", message=message)
 
 
-@dataclass(frozen=True)
-class RunnerConfig:
-    model_path: Path
-    n_ctx: int  # KV cells for generation, shared by all slots
-    n_parallel: int
-    n_batch: int
-    n_ubatch: int
-    n_threads: int
-    embeddings: bool
-    embedding_model_path: Path | None = None  # None: the generative model's hidden states
-    max_embed_seqs: int = 64
-    verbose: bool = False
-    kv_cache: KVCacheSettings = KVCacheSettings()  # kv_unified off: one KV stream per slot (llama-server without -kvu)
-
-
 class LlamaRunner:
     def __init__(self, config: RunnerConfig) -> None:
         _llama_log_state["verbose"] = config.verbose
@@ -85,7 +71,9 @@ class LlamaRunner:
             )
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.batch = BatchBuffer(config.n_batch)
-        self.costs = LLAMA_CPU_COSTS  # what a step costs (runner_api.StepCosts): llama.cpp's CPU kernels, measured
+        # what a step costs (runner_api.StepCosts) on this machine: timed here once, then cached
+        self.costs: LlamaCpuCosts | MeasuredCosts = (
+            LLAMA_CPU_COSTS if config.step_costs == "builtin" else load_or_measure(self, config))
         self.meta = self.tokenizer.read_meta(Path(config.model_path))
         self.embedder = self._embedder() if config.embeddings else None
 

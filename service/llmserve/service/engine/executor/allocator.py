@@ -116,7 +116,7 @@ def min_scattered_reuse(costs: StepCosts, max_tokens: int) -> int:
     prefilling them (a ubatch of that many rows) costs what SCATTER_STEPS decode steps cost
     when each is split into one more ubatch of one row (`SlotAllocator`)."""
     penalty = SCATTER_STEPS * costs.step_cost(1)
-    return next((m for m in range(1, max_tokens + 1) if costs.step_cost(m) >= penalty), max_tokens + 1)
+    return next((m for m in range(1, max_tokens + 1) if costs.prefill_cost(m) >= penalty), max_tokens + 1)
 
 
 class SlotAllocator:
