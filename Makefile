@@ -89,7 +89,7 @@ model: install
 embed-model: install
 	$(PY) -m tools.embedding_model
 
-# The default model's GGUF carries no chat template: templates/gemma3.jinja is Gemma 3's.
+# The default model's GGUF carries no chat template: the server uses the Gemma 3 one it ships.
 # Embed runs on all-MiniLM-L6-v2 once `make embed-model` has converted it, else on the generative model.
 # The OpenAI HTTP API (docs/openai.md) is on beside gRPC, at $(HOST):$(HTTP_PORT).
 serve: model
@@ -98,7 +98,7 @@ serve: model
 	if [ -n "$$EMBED_MODEL" ]; then echo "make serve: Embed uses $$EMBED_MODEL"; \
 	else echo "make serve: Embed uses the generative model (make embed-model converts all-MiniLM-L6-v2)"; fi; \
 	exec $(VENV)/bin/llmserve serve --host $(HOST) --port $(PORT) --http-port $(HTTP_PORT) --embeddings \
-		--chat-template-file templates/gemma3.jinja $${EMBED_MODEL:+--embedding-model "$$EMBED_MODEL"}
+		$${EMBED_MODEL:+--embedding-model "$$EMBED_MODEL"}
 
 test: model embed-model tools gen
 	$(PY) -m pytest tests

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import aiohttp
 from llmserve.client import loadgen
+from llmserve.service.engine.chat.chat import PACKAGED_TEMPLATES
 from llmserve.service.model.default_model import default_model_path
 
 from .embed_model import write_section
@@ -54,7 +55,7 @@ from .servers import (
 )
 
 BEGIN, END = "<!-- http-chat -->", "<!-- /http-chat -->"
-TEMPLATE = ROOT / "templates" / "gemma3.jinja"
+TEMPLATE = PACKAGED_TEMPLATES["gemma3"]  # llama-server gets the file llmserve ships
 SERVERS = ("llmserve", "llama-server")
 
 
@@ -172,7 +173,7 @@ def section(args: argparse.Namespace, chat: dict[str, dict[int, list[dict[str, f
             grpc_runs: dict[str, list[dict[str, float]]]) -> str:
     command = " ".join(["python -m bench.http_chat", *args.argv])
     parts = [BEGIN, f"## OpenAI HTTP API (`{command}`)"]
-    settings = (f"{NP} slots, {CTX} context, {THREADS} threads, the chat template `templates/gemma3.jinja`; "
+    settings = (f"{NP} slots, {CTX} context, {THREADS} threads, the chat template `engine/chat/templates/gemma3.jinja`; "
                 f"greedy, seed 1, {args.max_tokens} new tokens with ignore_eos")
     if chat:
         ours, peer = chat.get("llmserve", {}), chat.get("llama-server", {})

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from llmserve.service.engine.chat.chat import PACKAGED_TEMPLATES
 
 ROOT = Path(__file__).resolve().parents[1]
+GEMMA3_TEMPLATE = PACKAGED_TEMPLATES["gemma3"]
 SERVER_ARGS = ["-np", "8", "-c", "16384", "-t", "2", "--embeddings"]  # the tests' session-wide `server`
-# A server with a chat template from a file (the default model has none)
-CHAT_SERVER_ARGS = [
-    "-np", "4", "-c", "8192", "-t", "2", "--chat-template-file", str(ROOT / "templates" / "gemma3.jinja"),
-]
+# A server with a chat template from a file (the same Gemma 3 template the package ships for
+# the default model, whose GGUF has none: chat works without the flag too)
+CHAT_SERVER_ARGS = ["-np", "4", "-c", "8192", "-t", "2", "--chat-template-file", str(GEMMA3_TEMPLATE)]
 READINESS = "llmserve.v1.LLMService"  # the health service name that is SERVING once the model is loaded
 
 

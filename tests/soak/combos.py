@@ -53,7 +53,6 @@ ROOT = Path(__file__).resolve().parents[2]
 NUM_SLOTS, MAX_QUEUE = 4, 4
 SERVER_ARGS = [
     "-np", str(NUM_SLOTS), "-c", "4096", "-t", "2", "--max-queue", str(MAX_QUEUE), "--first-message-timeout", "3",
-    "--chat-template-file", str(ROOT / "templates" / "gemma3.jinja"),
 ]
 WORKERS = NUM_SLOTS + MAX_QUEUE  # sized to fill the queue: RESOURCE_EXHAUSTED may happen, rarely
 # Only a guard against hangs: 3 turns behind a full queue took over 120 s on a 2-core machine

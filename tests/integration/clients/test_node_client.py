@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.server import ROOT, RunningServer, free_port, start_server, stop_server
+from harness.server import RunningServer, free_port, start_server, stop_server
 from tests import client_scenario, toolchains
 
 NODE_DIR = Path(__file__).resolve().parents[3] / "client" / "node"
@@ -58,8 +58,7 @@ def key_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServ
     """A small second server that requires `authorization: Bearer API_KEY`, on gRPC and on the
     OpenAI HTTP API (with a chat template, --embeddings, and two slots for n=2)."""
     directory = tmp_path_factory.mktemp("node-api-key")
-    args = ["-np", "2", "-c", "4096", "-t", "2", "--embeddings", "--api-key", API_KEY,
-            "--chat-template-file", str(ROOT / "templates" / "gemma3.jinja")]
+    args = ["-np", "2", "-c", "4096", "-t", "2", "--embeddings", "--api-key", API_KEY]
     running = start_server(args, directory / "server.log", http_port=free_port())
     yield running
     assert stop_server(running) == 0

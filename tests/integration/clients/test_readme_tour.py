@@ -37,7 +37,7 @@ def test_the_tour_has_every_kind_of_snippet() -> None:
 @pytest.fixture(scope="module")
 def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """The OpenAI HTTP API on a small server with a chat template, started only for that snippet."""
-    args = ["-np", "1", "-c", "2048", "-t", "2", "--chat-template-file", str(ROOT / "templates" / "gemma3.jinja")]
+    args = ["-np", "1", "-c", "2048", "-t", "2"]
     running = start_server(args, tmp_path_factory.mktemp("tour-http") / "server.log", http_port=free_port())
     yield running
     assert stop_server(running) == 0

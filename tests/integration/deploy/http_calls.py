@@ -15,12 +15,11 @@ from harness.envoy_cluster import REPLICA_ARGS, Cluster, Replica
 from tests.integration.deploy.envoy_calls import AFFINITY
 
 AFFINITY_CLUSTER = "llmserve_http_affinity"  # Envoy's MAGLEV cluster of the replicas' HTTP ports
-CHAT_TEMPLATE = Path(__file__).resolve().parents[3] / "templates" / "gemma3.jinja"
 
 
 def start_http_cluster(directory: Path, num_replicas: int = 2) -> Cluster:
     cluster = Cluster(directory, num_replicas=num_replicas, http=True,
-                      replica_args=[*REPLICA_ARGS, "--chat-template-file", str(CHAT_TEMPLATE)])
+                      replica_args=REPLICA_ARGS)
     try:
         cluster.start()
     except BaseException:

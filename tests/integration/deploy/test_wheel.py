@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from llmserve.client import Client
 
-from harness.server import CHAT_SERVER_ARGS, ROOT, RunningServer, free_port, start_server, stop_server
+from harness.server import ROOT, RunningServer, free_port, start_server, stop_server
 
 # What the Dockerfile's builder copies before `pip wheel --no-deps .`
 SOURCES = ("pyproject.toml", "README.md", "service", "client")
@@ -83,7 +83,8 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def wheel_server(venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    running = start_server(CHAT_SERVER_ARGS, tmp_path_factory.mktemp("wheel-server") / "server.log",
+    # No --chat-template-file: the chat completion below renders with the template the wheel ships
+    running = start_server(["-np", "4", "-c", "8192", "-t", "2"], tmp_path_factory.mktemp("wheel-server") / "server.log",
                            http_port=free_port(), command=(str(venv / "bin" / "llmserve"),))
     yield running
     assert stop_server(running) == 0
@@ -96,6 +97,7 @@ def test_the_wheel_holds_every_module_of_the_sources(venv: Path) -> None:
         installed = {p.relative_to(site) for p in (site / namespace).rglob("*.py")}
         assert sources - installed == set(), f"the wheel leaves out {sorted(map(str, sources - installed))}"
     assert (site / "llmserve" / "client" / "service_config.json").is_file()  # package data
+    assert (site / "llmserve" / "service" / "engine" / "chat" / "templates" / "gemma3.jinja").is_file()
 
 
 def test_imports_come_from_the_fresh_environment_not_the_checkout(venv: Path, tmp_path: Path) -> None:

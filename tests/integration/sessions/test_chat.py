@@ -14,16 +14,22 @@ def _messages(*pairs: tuple[str, str]) -> pb.ChatMessages:
     return pb.ChatMessages(messages=[pb.ChatMessage(role=r, content=c) for r, c in pairs])
 
 
-def test_model_without_a_template_is_failed_precondition(server) -> None:  # type: ignore[no-untyped-def]
-    request = pb.GenerateRequest(
-        config=pb.SessionConfig(), input=pb.Input(messages=_messages(("user", "Hi"))), end_of_turn=True
-    )
-    with grpc.insecure_channel(server.address) as channel, pytest.raises(grpc.RpcError) as err:
-        list(pb_grpc.LLMServiceStub(channel).Generate(iter([request]), timeout=30))
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "--chat-template-file" in err.value.details()
-    with Client(server.address, timeout=30) as client:
-        assert not client.model_info().features.chat
+def test_the_default_model_chats_with_the_template_the_package_ships(server, chat_server) -> None:  # type: ignore[no-untyped-def]
+    """The default GGUF has no chat template and `server` passes no flag: the Gemma 3 template
+    the package ships renders the messages, as the same file given by flag does."""
+    messages = _messages(("system", "You are terse."), ("user", "Name a colour."))
+    prompt_tokens = []
+    for running, source in ((server, "packaged"), (chat_server, "file")):
+        with Client(running.address, timeout=30) as client:
+            features = client.model_info().features
+            assert features.chat and features.chat_template_source == source
+        request = pb.GenerateRequest(config=pb.SessionConfig(stopping=pb.StoppingCriteria(max_tokens=4)),
+                                     input=pb.Input(messages=messages), end_of_turn=True)
+        with grpc.insecure_channel(running.address) as channel:
+            responses = list(pb_grpc.LLMServiceStub(channel).Generate(iter([request]), timeout=30))
+        (end,) = [r.turn_end for r in responses if r.WhichOneof("event") == "turn_end"]
+        prompt_tokens.append(end.usage.prompt_tokens)
+    assert prompt_tokens[0] == prompt_tokens[1] > 12  # the template's turns wrap the two messages
 
 
 def test_multi_turn_chat_sends_only_new_messages_and_reuses_the_kv(chat_server) -> None:  # type: ignore[no-untyped-def]

@@ -30,7 +30,6 @@ from .deploy_files import (
     base_resources,
     container,
     container_env,
-    dockerfile,
     documents,
     effective_env,
     flag_env_names,
@@ -138,21 +137,14 @@ def test_pod_environment_parses_into_a_valid_server_config(monkeypatch: pytest.M
         monkeypatch.setenv(name, value)
     args = cli.parse_args(["serve"])
     assert args.model == Path(env["LLMSERVE_MODEL"])
-    assert args.chat_template_file == Path(env["LLMSERVE_CHAT_TEMPLATE_FILE"])
-    args.model = args.chat_template_file = None  # files inside the image
+    assert args.chat_template_file is None  # the package's own for the default model
+    args.model = None  # a file inside the image
     config = cli.build_config(args)  # validates
     assert (config.host, config.port) == ("0.0.0.0", int(env["LLMSERVE_PORT"]))
     assert config.metrics_port == int(env["LLMSERVE_METRICS_PORT"])
     assert config.shutdown_grace_s == float(env["LLMSERVE_SHUTDOWN_GRACE"])
     assert config.drain_delay_s == float(env["LLMSERVE_DRAIN_DELAY"])
     assert config.embeddings and config.log_format == "json"
-
-
-def test_chat_template_file_is_one_the_image_copies() -> None:
-    template = container_env("llmserve", "llmserve")["LLMSERVE_CHAT_TEMPLATE_FILE"]
-    copies = [args.split() for args in dockerfile()[1][-1].all("COPY") if not args.startswith("--from")]
-    sources = {dst: src for src, dst in copies}
-    assert template in sources and (ROOT / sources[template]).is_file()
 
 
 def test_termination_grace_covers_prestop_shutdown_grace_and_stop_margin() -> None:

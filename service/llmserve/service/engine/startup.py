@@ -11,7 +11,7 @@ import structlog
 from ..config import ServerConfig
 from ..domain.model_meta import ModelMeta
 from ..model.runner_config import RunnerConfig
-from .chat.chat import ChatTemplate
+from .chat.chat import PACKAGED_TEMPLATES, ChatTemplate
 from .executor.executor import ExecutorConfig
 
 if TYPE_CHECKING:  # the model wing's classes, for type hints only
@@ -53,7 +53,8 @@ def executor_config(config: ServerConfig, max_embed_seqs: int) -> ExecutorConfig
 
 
 def chat_template(config: ServerConfig, tokenizer: Vocab, meta: ModelMeta) -> ChatTemplate | None:
-    """`--chat-template-file`, else the GGUF's `tokenizer.chat_template`, else none."""
+    """`--chat-template-file`, else the GGUF's `tokenizer.chat_template`, else the one the
+    package ships for the model's architecture (PACKAGED_TEMPLATES), else none."""
     bos = tokenizer.piece(meta.bos_token_id, special=True).decode("utf-8", "replace")
     eos = tokenizer.piece(meta.eos_token_id, special=True).decode("utf-8", "replace")
     if config.chat_template_file is not None:
@@ -62,6 +63,10 @@ def chat_template(config: ServerConfig, tokenizer: Vocab, meta: ModelMeta) -> Ch
     if meta.chat_template:
         log.info("chat_template", source="model")
         return ChatTemplate(meta.chat_template, bos, eos, "model")
+    packaged = PACKAGED_TEMPLATES.get(meta.architecture)
+    if packaged is not None:
+        log.info("chat_template", source="packaged", path=str(packaged), architecture=meta.architecture)
+        return ChatTemplate.from_file(packaged, bos, eos, "packaged")
     log.info("chat_template", source="none", detail="chat input needs --chat-template-file")
     return None
 

@@ -43,6 +43,11 @@ class ChatMessage:
     tool_call_id: str = ""
 
 
+# Templates shipped with the package for architectures whose GGUFs often carry none (the
+# default model's does not): used when neither --chat-template-file nor the GGUF gives one.
+PACKAGED_TEMPLATES = {"gemma3": Path(__file__).parent / "templates" / "gemma3.jinja"}
+
+
 class ChatTemplate:
     def __init__(self, source: str, bos_token: str, eos_token: str, origin: str) -> None:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
@@ -54,11 +59,11 @@ class ChatTemplate:
             raise TemplateError(f"the chat template does not compile: {exc}") from None
         self.bos_token = bos_token
         self.eos_token = eos_token
-        self.origin = origin  # "model" or "file"
+        self.origin = origin  # "model", "file" or "packaged"
 
     @classmethod
-    def from_file(cls, path: Path, bos_token: str, eos_token: str) -> ChatTemplate:
-        return cls(path.read_text(encoding="utf-8"), bos_token, eos_token, "file")
+    def from_file(cls, path: Path, bos_token: str, eos_token: str, origin: str = "file") -> ChatTemplate:
+        return cls(path.read_text(encoding="utf-8"), bos_token, eos_token, origin)
 
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
         """The prompt text; InvalidRequest when the template refuses the conversation."""
