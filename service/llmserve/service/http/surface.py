@@ -35,6 +35,8 @@ from ..engine.engine import Engine
 from ..load_report import TRAILER, LoadReporter
 from ..metrics import Metrics
 from ..open_calls import OpenCalls
+from . import anthropic
+from .anthropic_request import parse_count_request, parse_messages_request
 from .body import parsed_body
 from .chat import ChatResponder
 from .completion_request import parse_completion
@@ -51,6 +53,7 @@ MAX_REQUEST_ID_LENGTH = request_rules.MAX_REQUEST_ID_LENGTH
 _REQUEST_ID = re.compile(f"[\\x20-\\x7e]{{1,{MAX_REQUEST_ID_LENGTH}}}")  # printable ASCII
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OPEN = ("/health",)  # served without the API key
+ANTHROPIC_ROUTES = "/v1/messages"  # errors in Anthropic's shape
 SEND_BUFFER_BYTES = 64 * 1024  # an event stream's socket send buffer (the kernel doubles it)
 SURFACE = "http"  # SessionParams.surface: the metrics' `surface` label
 
@@ -82,6 +85,8 @@ class HttpSurface:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_post("/v1/messages", self._messages)  # Anthropic Messages (anthropic.py)
+        app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
         app.on_response_prepare.append(_echo_request_id)
         app.on_response_prepare.append(_bound_send_buffer)
         app.on_response_prepare.append(_load_report(load))
@@ -127,7 +132,7 @@ class HttpSurface:
             message = exc.reason or "error"
             if exc.status == 413:
                 message = f"the body is larger than {self.config.max_message_bytes} bytes (--max-message-bytes)"
-            return _error_response(ApiError(exc.status, message, "invalid_request_error"))
+            return _error_response(ApiError(exc.status, message, "invalid_request_error"), request.path)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - every exit maps to one status here
@@ -135,7 +140,7 @@ class HttpSurface:
             if error is None:
                 log.exception("http_internal_error")
                 error = server_error()
-            return _error_response(error)
+            return _error_response(error, request.path)
         finally:
             structlog.contextvars.unbind_contextvars("request_id", "route")
 
@@ -144,6 +149,8 @@ class HttpSurface:
         key = self.config.api_key
         if key and request.path not in _OPEN:
             given = request.headers.get("Authorization", "")
+            if not given and "x-api-key" in request.headers:  # Anthropic's clients send the key so
+                given = f"Bearer {request.headers['x-api-key']}"
             # aiohttp keeps a header's non-UTF-8 bytes as surrogate escapes: compared as the bytes sent
             if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {key}".encode()):
                 raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <--api-key>'",
@@ -201,6 +208,27 @@ class HttpSurface:
         with engine.session_gate.admitted(num_prompts):
             responder = CompletionResponder(engine, completion, params, model)
             return await (responder.stream(request) if completion.stream else responder.whole())
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        engine = self._engine_or_503()
+        body = await parsed_body(request, engine, parse_messages_request)
+        chat = replace(body.chat, deadline=request_deadline(request))
+        model = _known_model(body.model, self._model_names(engine))
+        params = replace(chat.session_params(request["request_id"], engine.limits), surface=SURFACE)
+        with engine.session_gate.admitted():
+            responder = anthropic.MessagesResponder(engine, chat, params, model)
+            return await (responder.stream(request) if body.stream else responder.whole())
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        engine = self._engine_or_503()
+        chat = await parsed_body(request, engine, parse_count_request)
+        _known_model(chat.model, self._model_names(engine))
+        if engine.chat_template is None:
+            raise ApiError(400, "the model has no chat template: start the server with --chat-template-file")
+        tools = chat.tools if chat.tools is not None and chat.tools.active else None  # as a turn renders them
+        size = 1 + sum(len(m.content) for m in chat.messages)  # rendered off the loop, as a chat turn is
+        tokens = await engine.off_loop(size, engine.render_chat, chat.messages, tools, large=0)
+        return web.json_response({"input_tokens": len(tokens)})
 
     async def _embeddings(self, request: web.Request) -> web.Response:
         engine = self._engine_or_503()
@@ -260,5 +288,7 @@ async def _bound_send_buffer(request: web.Request, response: web.StreamResponse)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
 
 
-def _error_response(error: ApiError) -> web.Response:
-    return web.json_response(error.body(), status=error.status, headers=error.headers())
+def _error_response(error: ApiError, path: str) -> web.Response:
+    """OpenAI's error object; Anthropic's on its routes."""
+    body = anthropic.error_body(error) if path.startswith(ANTHROPIC_ROUTES) else error.body()
+    return web.json_response(body, status=error.status, headers=error.headers())
