@@ -10,7 +10,7 @@ import math
 from collections.abc import Collection
 from typing import Any
 
-from .errors import bad_request
+from .errors import ApiError, bad_request
 
 Body = dict[str, Any]
 
@@ -147,3 +147,13 @@ def stop_values(body: Body) -> dict[str, Any]:
     if "stop" in body:
         stopping["stop"] = stop(body["stop"])
     return stopping
+
+
+def known_model(model: str | None, names: tuple[str, ...]) -> str:
+    """The request's `model` (absent: the first name), or 404 model_not_found."""
+    if model is None:
+        return names[0]
+    if model not in names:
+        raise ApiError(404, f"the model {model!r} does not exist; this server serves {', '.join(names)}",
+                       param="model", code="model_not_found")
+    return model

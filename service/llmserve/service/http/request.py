@@ -23,6 +23,7 @@ from .messages import parse_messages
 from .structured import Constraint
 from .tool_calls import ToolPlan
 
+SURFACE = "http"  # SessionParams.surface of every route of this wing: the metrics' `surface` label
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
             "frequency_penalty")
 _SAME: request_rules.FieldName = lambda name: name  # noqa: E731

@@ -36,7 +36,7 @@ from ..load_report import TRAILER, LoadReporter
 from ..metrics import Metrics
 from ..open_calls import OpenCalls
 from . import anthropic
-from .anthropic_request import parse_count_request, parse_messages_request
+from .agent_routes import AgentRoutes
 from .body import parsed_body
 from .chat import ChatResponder
 from .completion_request import parse_completion
@@ -44,7 +44,8 @@ from .completions import CompletionResponder
 from .connections import ConnectionGuard, ConnectionLimits
 from .embeddings import embed, embedding_model_of, model_names, parse_embeddings
 from .errors import ApiError, from_exception, server_error, unavailable
-from .request import parse_chat
+from .fields import known_model
+from .request import SURFACE, parse_chat
 from .telemetry import Telemetry, request_deadline
 
 log = structlog.get_logger("llmserve.http")
@@ -55,7 +56,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OPEN = ("/health",)  # served without the API key
 ANTHROPIC_ROUTES = "/v1/messages"  # errors in Anthropic's shape
 SEND_BUFFER_BYTES = 64 * 1024  # an event stream's socket send buffer (the kernel doubles it)
-SURFACE = "http"  # SessionParams.surface: the metrics' `surface` label
 
 
 class HttpSurface:
@@ -85,8 +85,10 @@ class HttpSurface:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/embeddings", self._embeddings)
-        app.router.add_post("/v1/messages", self._messages)  # Anthropic Messages (anthropic.py)
-        app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
+        agents = AgentRoutes(self._engine_or_503, self._model_names)  # agent_routes.py
+        app.router.add_post("/v1/messages", agents.messages)
+        app.router.add_post("/v1/messages/count_tokens", agents.count_tokens)
+        app.router.add_post("/v1/responses", agents.responses)
         app.on_response_prepare.append(_echo_request_id)
         app.on_response_prepare.append(_bound_send_buffer)
         app.on_response_prepare.append(_load_report(load))
@@ -190,7 +192,7 @@ class HttpSurface:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         engine = self._engine_or_503()
         chat = replace(await parsed_body(request, engine, parse_chat), deadline=request_deadline(request))
-        model = _known_model(chat.model, self._model_names(engine))
+        model = known_model(chat.model, self._model_names(engine))
         params = replace(chat.session_params(request["request_id"], engine.limits), surface=SURFACE)
         with engine.session_gate.admitted():  # open sessions of both surfaces: the slots plus --max-queue
             responder = ChatResponder(engine, chat, params, model)
@@ -199,7 +201,7 @@ class HttpSurface:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         engine = self._engine_or_503()
         completion = replace(await parsed_body(request, engine, parse_completion), deadline=request_deadline(request))
-        model = _known_model(completion.model, self._model_names(engine))
+        model = known_model(completion.model, self._model_names(engine))
         params = replace(completion.session_params(request["request_id"], engine.limits), surface=SURFACE)
         num_prompts = len(completion.prompts)  # each prompt is a session of its own
         if num_prompts > engine.session_gate.capacity:
@@ -209,32 +211,11 @@ class HttpSurface:
             responder = CompletionResponder(engine, completion, params, model)
             return await (responder.stream(request) if completion.stream else responder.whole())
 
-    async def _messages(self, request: web.Request) -> web.StreamResponse:
-        engine = self._engine_or_503()
-        body = await parsed_body(request, engine, parse_messages_request)
-        chat = replace(body.chat, deadline=request_deadline(request))
-        model = _known_model(body.model, self._model_names(engine))
-        params = replace(chat.session_params(request["request_id"], engine.limits), surface=SURFACE)
-        with engine.session_gate.admitted():
-            responder = anthropic.MessagesResponder(engine, chat, params, model)
-            return await (responder.stream(request) if body.stream else responder.whole())
-
-    async def _count_tokens(self, request: web.Request) -> web.Response:
-        engine = self._engine_or_503()
-        chat = await parsed_body(request, engine, parse_count_request)
-        _known_model(chat.model, self._model_names(engine))
-        if engine.chat_template is None:
-            raise ApiError(400, "the model has no chat template: start the server with --chat-template-file")
-        tools = chat.tools if chat.tools is not None and chat.tools.active else None  # as a turn renders them
-        size = 1 + sum(len(m.content) for m in chat.messages)  # rendered off the loop, as a chat turn is
-        tokens = await engine.off_loop(size, engine.render_chat, chat.messages, tools, large=0)
-        return web.json_response({"input_tokens": len(tokens)})
-
     async def _embeddings(self, request: web.Request) -> web.Response:
         engine = self._engine_or_503()
         body = await parsed_body(request, engine, parse_embeddings)
         embedder = embedding_model_of(engine, self._model_names(engine))
-        model = _known_model(body.model, model_names(embedder, self._model_names(engine)))
+        model = known_model(body.model, model_names(embedder, self._model_names(engine)))
         with engine.session_gate.admitted():  # a place like a session's: the slots plus --max-queue
             return web.Response(body=await embed(engine, embedder, body, model), content_type="application/json")
 
@@ -250,16 +231,6 @@ def _tls(config: ServerConfig) -> ssl.SSLContext | None:
         context.load_verify_locations(config.tls_client_ca)
         context.verify_mode = ssl.CERT_REQUIRED
     return context
-
-
-def _known_model(model: str | None, names: tuple[str, ...]) -> str:
-    """The request's `model` (absent: the first name), or 404 model_not_found."""
-    if model is None:
-        return names[0]
-    if model not in names:
-        raise ApiError(404, f"the model {model!r} does not exist; this server serves {', '.join(names)}",
-                       param="model", code="model_not_found")
-    return model
 
 
 async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
