@@ -45,8 +45,8 @@ def test_a_table_that_is_not_one_is_refused(table: tuple[tuple[int, float], ...]
 class _TimedRunner:
     """The runner's surface `measure` uses, with a decode that takes 1 ms + 0.2 ms a row."""
 
-    def __init__(self) -> None:
-        self.batch = BatchArrays(256)
+    def __init__(self, capacity: int = 256) -> None:
+        self.batch = BatchArrays(capacity)  # add() raises past it, as the runner's batch does
         self.num_decodes = 0
         self.cells_left = 0
 
@@ -90,6 +90,9 @@ def test_another_configuration_or_a_damaged_file_measures_again(tmp_path: Path, 
     assert max(n for n, _ in small.decode_ms) == 8 and [n for n, _ in small.prefill_ms] == [1]  # nothing past a ubatch
     tiny = step_timing.measure(runner, 512, 40)  # type: ignore[arg-type]
     assert max(n for n, _ in tiny.decode_ms) == 17 and runner.cells_left == 0  # 20 cells of history, 20 for a step
+    narrow_runner = _TimedRunner(capacity=7)  # -ub 7 with --embeddings: a batch of 7 rows
+    narrow = step_timing.measure(narrow_runner, 7, 4096)  # type: ignore[arg-type]
+    assert max(n for n, _ in narrow.decode_ms) == 7 and narrow_runner.num_decodes == -(-256 // 7) + 3 * 8
     before = runner.num_decodes
     step_timing.load_or_measure(runner, _config(tmp_path))  # type: ignore[arg-type]
     assert runner.num_decodes > before  # another n_ubatch: another key
