@@ -26,9 +26,11 @@ from .request import ChatRequest, parse_chat
 log = structlog.get_logger("llmserve.http.responses")
 
 IGNORED = frozenset({"metadata", "reasoning", "store", "user", "service_tier", "prompt_cache_key",
-                     "safety_identifier", "stream_options", "truncation"})
+                     "prompt_cache_retention", "safety_identifier", "stream_options", "truncation"})
 FIELDS = frozenset({"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
-                    "max_output_tokens", "temperature", "top_p", "stream", *IGNORED})
+                    "max_output_tokens", "temperature", "top_p", "stream", "include", *IGNORED})
+# `include` items that add nothing here (no reasoning to encrypt); the Agents SDK sends `include: []`
+INCLUDES_IGNORED = ("reasoning.encrypted_content",)
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 
@@ -46,6 +48,7 @@ def parse_responses_request(value: object) -> ResponsesRequest:
         raise bad_request("truncation must be disabled: a slot's context is a hard limit here", "truncation")
     if "input" not in body:
         raise bad_request("input is required", "input")
+    _includes(body.get("include", []))
     messages = [{"role": "system", "content": _string(body["instructions"], "instructions")}] \
         if "instructions" in body else []
     chat: Body = {"messages": messages + _input(body["input"])}
@@ -61,6 +64,14 @@ def parse_responses_request(value: object) -> ResponsesRequest:
     if "text" in body:
         chat.update(_text_format(body["text"]))
     return ResponsesRequest(parse_chat(chat), body)
+
+
+def _includes(value: object) -> None:
+    if not isinstance(value, list):
+        raise bad_request("include must be an array", "include")
+    for i, item in enumerate(value):
+        if item not in INCLUDES_IGNORED:
+            raise bad_request(f"include[{i}] {item!r} is not supported by this server", f"include[{i}]")
 
 
 def _string(value: object, where: str) -> str:
