@@ -20,15 +20,13 @@ from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
-import structlog
 from aiohttp import web
 
 from ..domain.events import FinishReason, TokenEvent, TurnEndEvent
 from ..engine.engine import Usage
 from .chat import ChatResponder
-from .errors import ApiError, from_exception, server_error
-
-log = structlog.get_logger("llmserve.http.anthropic")
+from .errors import ApiError
+from .sse import serve_events
 
 STOP_REASONS = {
     FinishReason.TOOL_CALLS: "tool_use",
@@ -70,19 +68,10 @@ class MessagesResponder(ChatResponder):
                 "stop_sequence": (end.matched_stop or None) if end else None, "usage": usage(counted)}
 
     async def whole(self) -> web.Response:
-        await self._constrain()
-        texts: list[str] = []
-        end: TurnEndEvent | None = None
-        async with aclosing(self._events()) as events:
-            async for _, event in events:
-                if isinstance(event, TokenEvent):
-                    texts.append(event.text)
-                elif isinstance(event, TurnEndEvent):
-                    end = event
-        assert end is not None
+        text, end = await self.one_reply()
         content: list[dict[str, object]] = []
-        if "".join(texts) or not end.tool_calls:
-            content.append({"type": "text", "text": "".join(texts)})
+        if text or not end.tool_calls:
+            content.append({"type": "text", "text": text})
         content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _tool_input(c.arguments)}
                     for c in end.tool_calls]
         return web.json_response(self._message(content, end))
@@ -109,7 +98,10 @@ class MessagesResponder(ChatResponder):
                             "usage": whole["usage"]})
                         await _send(response, "message_stop", {})
 
-        return await _serve(response, events)
+        async def error_event(error: ApiError) -> None:
+            await _send(response, "error", {"error": error_body(error)["error"]})
+
+        return await serve_events(response, events, error_event)
 
 
 class _Blocks:
@@ -148,28 +140,3 @@ class _Blocks:
 async def _send(response: web.StreamResponse, kind: str, data: dict[str, Any]) -> None:
     payload = json.dumps({"type": kind, **data}, ensure_ascii=False, separators=(",", ":"))
     await response.write(f"event: {kind}\ndata: {payload}\n\n".encode())
-
-
-async def _serve(response: web.StreamResponse, events: Callable[[], Awaitable[None]]) -> web.StreamResponse:
-    """The stream's body; an error after the headers went out is an `error` event; a client
-    that goes away ends it, with nobody to tell."""
-    try:
-        await events()
-    except ConnectionError:
-        return response
-    except Exception as exc:  # noqa: BLE001 - before the headers: the status; after: an error event
-        if not response.prepared:
-            raise
-        error = from_exception(exc)
-        if error is None:
-            log.exception("stream_failed")
-            error = server_error()
-        try:
-            await _send(response, "error", {"error": error_body(error)["error"]})
-        except ConnectionError:
-            return response
-    try:
-        await response.write_eof()
-    except ConnectionError:
-        pass
-    return response

@@ -79,6 +79,20 @@ class ChatResponder:
                    for i in range(n)]
         return web.json_response(self.envelope.completion(choices, shapes.usage(Usage.of(ends, n))))
 
+    async def one_reply(self) -> tuple[str, TurnEndEvent]:
+        """The one sample's whole text and turn end (the Responses and Messages routes, n = 1)."""
+        await self._constrain()
+        texts: list[str] = []
+        end: TurnEndEvent | None = None
+        async with aclosing(self._events()) as events:
+            async for _, event in events:
+                if isinstance(event, TokenEvent):
+                    texts.append(event.text)
+                elif isinstance(event, TurnEndEvent):
+                    end = event
+        assert end is not None
+        return "".join(texts), end
+
     async def stream(self, http_request: web.Request) -> web.StreamResponse:
         """SSE: each sample's role, its content (or tool-call) deltas, its finish reason; the
         usage when asked; `[DONE]` (sse.serve_stream)."""

@@ -21,16 +21,14 @@ from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
-import structlog
 from aiohttp import web
 
 from ..domain.events import FinishReason, TokenEvent, TurnEndEvent
 from ..engine.engine import Usage
 from .chat import ChatResponder
-from .errors import from_exception, server_error
+from .errors import ApiError
 from .responses_request import echo
-
-log = structlog.get_logger("llmserve.http.responses")
+from .sse import serve_events
 
 CUT = (FinishReason.LENGTH, FinishReason.CONTEXT_FULL, FinishReason.DEADLINE)
 
@@ -72,17 +70,8 @@ class ResponsesResponder(ChatResponder):
                          for i, c in enumerate(end.tool_calls)]
 
     async def whole_response(self, body: dict[str, Any]) -> web.Response:
-        await self._constrain()
-        texts: list[str] = []
-        end: TurnEndEvent | None = None
-        async with aclosing(self._events()) as events:
-            async for _, event in events:
-                if isinstance(event, TokenEvent):
-                    texts.append(event.text)
-                elif isinstance(event, TurnEndEvent):
-                    end = event
-        assert end is not None
-        return web.json_response(self.response(body, self._output("".join(texts), end), end))
+        text, end = await self.one_reply()
+        return web.json_response(self.response(body, self._output(text, end), end))
 
     async def stream_response(self, http_request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         await self._constrain()
@@ -104,7 +93,10 @@ class ResponsesResponder(ChatResponder):
                         whole = self.response(body, self._output(items.text, event), event)
                         await sender.send(f"response.{whole['status']}", {"response": whole})
 
-        return await sender.serve(events)
+        async def error_event(error: ApiError) -> None:
+            await sender.send("error", {"code": error.code or error.kind, "message": error.message, "param": error.param})
+
+        return await serve_events(response, events, error_event)
 
 
 class _Items:
@@ -162,8 +154,7 @@ class _Items:
 
 
 class _Sender:
-    """Events with their `sequence_number`, and the stream's end (an `error` event after the
-    headers; nothing for a client that left)."""
+    """Events with their `sequence_number`."""
 
     def __init__(self, response: web.StreamResponse) -> None:
         self.response = response
@@ -174,26 +165,3 @@ class _Sender:
                              separators=(",", ":"))
         self.sequence_number += 1
         await self.response.write(f"event: {kind}\ndata: {payload}\n\n".encode())
-
-    async def serve(self, events: Callable[[], Awaitable[None]]) -> web.StreamResponse:
-        try:
-            await events()
-        except ConnectionError:
-            return self.response
-        except Exception as exc:  # noqa: BLE001 - before the headers: the status; after: an error event
-            if not self.response.prepared:
-                raise
-            error = from_exception(exc)
-            if error is None:
-                log.exception("stream_failed")
-                error = server_error()
-            try:
-                await self.send("error", {"code": error.code or error.kind, "message": error.message,
-                                          "param": error.param})
-            except ConnectionError:
-                return self.response
-        try:
-            await self.response.write_eof()
-        except ConnectionError:
-            pass
-        return self.response

@@ -1,16 +1,18 @@
-"""Server-sent events, as OpenAI streams them: one `data: {json}\n\n` per event, then
-`data: [DONE]`; an error after the headers is an `error` event (`serve_stream`). A client
-that goes away at the end is nobody's error."""
+"""Server-sent events: OpenAI's, one `data: {json}\n\n` per event, then `data: [DONE]`, an
+error after the headers an `error` object (`serve_stream`); the Responses and Messages APIs
+name each event (`event: <type>`) and end without `[DONE]` (`serve_events`, with their own
+error event). A client that goes away at the end is nobody's error."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 import structlog
 from aiohttp import web
 
-from .errors import from_exception, server_error
+from .errors import ApiError, from_exception, server_error
 
 log = structlog.get_logger("llmserve.http.sse")
 
@@ -19,25 +21,24 @@ async def write_event(response: web.StreamResponse, data: dict[str, object]) -> 
     await response.write(b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n")
 
 
-async def end_stream(response: web.StreamResponse, error: dict[str, object] | None = None) -> None:
-    """The last event (an `error` object, or `[DONE]`) and the end of the body; a client
-    that already left gets neither."""
-    try:
-        if error is not None:
-            await write_event(response, error)
-        else:
-            await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-    except ConnectionError:
-        pass
-
-
 async def serve_stream(response: web.StreamResponse, events: Callable[[], Awaitable[None]],
                        last: Callable[[], Awaitable[None]]) -> web.StreamResponse:
-    """An event stream's body, every route's way: `events` writes the events (it prepares
-    `response` at its first: an error before it is raised, so it keeps its status), `last`
-    the closing chunk (usage), then `[DONE]`. An error after the headers went out is an
-    `error` event instead; a client that goes away ends it, with nobody to tell."""
+    """An event stream's body, OpenAI's way: `events` writes the events (it prepares `response`
+    at its first: an error before it is raised, so it keeps its status), `last` the closing
+    chunk (usage), then `[DONE]`; an error after the headers is a `data: {"error": ...}` event."""
+    async def done() -> None:
+        await last()
+        await response.write(b"data: [DONE]\n\n")
+
+    return await serve_events(response, events, lambda error: write_event(response, error.body()), done)
+
+
+async def serve_events(response: web.StreamResponse, events: Callable[[], Awaitable[None]],
+                       write_error: Callable[[ApiError], Awaitable[None]],
+                       last: Callable[[], Awaitable[None]] | None = None) -> web.StreamResponse:
+    """An event stream's body, every API's way: `events`, then `last` (when the events went
+    well) or `write_error` (an error after the headers went out, as the API spells it), then
+    the end of the body. A client that goes away ends it, with nobody to tell."""
     try:
         await events()
     except ConnectionError:
@@ -49,11 +50,11 @@ async def serve_stream(response: web.StreamResponse, events: Callable[[], Awaita
         if error is None:
             log.exception("stream_failed")
             error = server_error()
-        await end_stream(response, error.body())
-        return response
+        last = partial(write_error, error)
     try:
-        await last()
+        if last is not None:
+            await last()
+        await response.write_eof()
     except ConnectionError:
-        return response  # the client left after the last event
-    await end_stream(response)
+        pass  # the client left after the last event
     return response
