@@ -1,7 +1,7 @@
 """Hypothesis over every POST route's fields: JSON of any shape and type, strings of any code
 point (lone surrogates included), against the real server. Whatever the body, the answer
 is never a 5xx; a refusal is OpenAI's error object, and a field at fault is named in
-`param`. After the run the server is alive and serves a plain request.
+`param` (Anthropic's object on the Messages routes, which has no `param`). After the run the server is alive and serves a plain request.
 """
 
 from __future__ import annotations
@@ -19,10 +19,17 @@ from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, start_ser
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
+RESPONSES = "/v1/responses"
+MESSAGES = "/v1/messages"  # Anthropic's: its error object, which names no param
+COUNT = "/v1/messages/count_tokens"
+ROUTES = [CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES, COUNT]
 BASE = {
     CHAT: {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1},
     COMPLETIONS: {"prompt": "Hi", "max_tokens": 1},
     EMBEDDINGS: {"input": "Hi"},
+    RESPONSES: {"input": "Hi", "max_output_tokens": 1},
+    MESSAGES: {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1},
+    COUNT: {"messages": [{"role": "user", "content": "Hi"}]},
 }
 SAMPLING = ["temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
             "frequency_penalty", "seed", "logit_bias", "stop", "min_tokens", "ignore_eos", "n", "max_tokens"]
@@ -33,6 +40,12 @@ FIELDS = {
     COMPLETIONS: ["model", "prompt", "stream", "stream_options", "logprobs", "echo", "user", "no_such_field",
                   *SAMPLING],
     EMBEDDINGS: ["model", "input", "encoding_format", "dimensions", "user", "no_such_field"],
+    RESPONSES: ["model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
+                "max_output_tokens", "temperature", "top_p", "stream", "include", "metadata", "reasoning", "store",
+                "truncation", "previous_response_id", "no_such_field"],
+    MESSAGES: ["model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature", "top_p", "top_k",
+               "metadata", "tools", "tool_choice", "cache_control", "thinking", "no_such_field"],
+    COUNT: ["model", "messages", "system", "tools", "tool_choice", "no_such_field"],
 }
 # Any code point: hypothesis leaves lone surrogates out of characters() unless asked for them by range
 CODE_POINT = st.characters() | st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
@@ -48,7 +61,17 @@ NEAR = {
                     st.sampled_from(["user", "system", "assistant", "tool", "developer"]) | TEXT, JSON),
     COMPLETIONS: st.builds(lambda prompt: {"prompt": prompt}, JSON),
     EMBEDDINGS: st.builds(lambda item: {"input": [item]}, JSON),
+    RESPONSES: st.builds(lambda kind, fields: {"input": [{"type": kind, **fields}]},
+                         st.sampled_from(["message", "function_call", "function_call_output", "reasoning"]) | TEXT,
+                         st.dictionaries(st.sampled_from(["role", "content", "call_id", "name", "arguments", "output"]),
+                                         JSON, max_size=4)),
+    MESSAGES: st.builds(lambda role, kind, fields: {"messages": [{"role": role, "content": [{"type": kind, **fields}]}]},
+                        st.sampled_from(["user", "assistant"]) | TEXT,
+                        st.sampled_from(["text", "tool_use", "tool_result", "image"]) | TEXT,
+                        st.dictionaries(st.sampled_from(["text", "id", "name", "input", "tool_use_id", "content",
+                                                         "is_error"]), JSON, max_size=4)),
 }
+NEAR[COUNT] = NEAR[MESSAGES]
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +97,10 @@ def check_answer(path: str, body: object, status: int, raw: bytes) -> None:
     assert status < 500, (path, body, raw[:500])
     if status < 400:
         return
+    if path.startswith(MESSAGES):
+        answer = json.loads(raw)
+        assert answer["type"] == "error" and answer["error"]["type"] and answer["error"]["message"], (path, body, raw)
+        return
     error = json.loads(raw)["error"]
     assert isinstance(error["message"], str) and error["message"] and isinstance(error["type"], str)
     if status == 400 and isinstance(body, dict) and body:  # an object with fields: the one at fault is named
@@ -85,7 +112,7 @@ def fuzz_settings(num_examples: int) -> settings:
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
-@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, EMBEDDINGS])
+@pytest.mark.parametrize("path", ROUTES)
 @fuzz_settings(120)
 @given(data=st.data())
 def test_any_value_of_any_field_is_never_a_5xx(server: RunningServer, path: str, data: st.DataObject) -> None:
@@ -94,7 +121,7 @@ def test_any_value_of_any_field_is_never_a_5xx(server: RunningServer, path: str,
     check_answer(path, body, *post(server, path, body))
 
 
-@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, EMBEDDINGS])
+@pytest.mark.parametrize("path", ROUTES)
 @fuzz_settings(80)
 @given(data=st.data())
 def test_near_valid_bodies_are_never_a_5xx(server: RunningServer, path: str, data: st.DataObject) -> None:
@@ -102,7 +129,7 @@ def test_near_valid_bodies_are_never_a_5xx(server: RunningServer, path: str, dat
     check_answer(path, body, *post(server, path, body))
 
 
-@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, EMBEDDINGS])
+@pytest.mark.parametrize("path", ROUTES)
 @fuzz_settings(40)
 @given(body=JSON)
 def test_any_json_body_is_never_a_5xx(server: RunningServer, path: str, body: object) -> None:
