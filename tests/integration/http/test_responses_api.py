@@ -82,7 +82,8 @@ def test_parse_holds_the_reply_to_the_schema(client: OpenAI, model: str) -> None
 
 
 @pytest.mark.parametrize(("extra", "param"), [
-    ({"previous_response_id": "resp_x"}, "previous_response_id"),
+    ({"previous_response_id": "resp_never_stored"}, "previous_response_id"),
+    ({"background": True}, "background"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
      "input[0].content[0].type"),
@@ -92,3 +93,34 @@ def test_what_is_not_served_is_refused_by_name(client: OpenAI, model: str, extra
     with pytest.raises(openai.BadRequestError) as refused:
         client.responses.create(model=model, **body)  # type: ignore[arg-type]
     assert refused.value.body["param"] == param
+
+
+def test_a_stored_response_is_continued_retrieved_and_deleted(client: OpenAI, model: str) -> None:
+    first = client.responses.create(model=model, input="My name is Ada. Say hello.", max_output_tokens=8,
+                                    temperature=0, instructions="You are terse.")
+    assert first.store is True
+    # instructions are not carried over (OpenAI's rule): an agent sends its own again each turn
+    second = client.responses.create(model=model, previous_response_id=first.id, input="What is my name?",
+                                     max_output_tokens=8, temperature=0, instructions="You are terse.")
+    assert second.previous_response_id == first.id
+    # the stored conversation comes after the instructions: its KV was still in the slot, so only the new input runs
+    assert second.usage.input_tokens > first.usage.input_tokens - 8
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 8
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    (item,) = client.responses.input_items.list(first.id).data
+    assert item.type == "message" and item.content[0].text == "My name is Ada. Say hello."
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.BadRequestError) as gone:
+        client.responses.create(model=model, previous_response_id=first.id, input="And now?", max_output_tokens=2)
+    assert gone.value.body["param"] == "previous_response_id"
+    third = client.responses.create(model=model, previous_response_id=second.id, input="Bye.", max_output_tokens=2)
+    assert third.usage.input_tokens > second.usage.input_tokens  # a chain: each turn carries the ones before
+
+
+def test_store_false_keeps_nothing(client: OpenAI, model: str) -> None:
+    response = client.responses.create(model=model, input="Hi", max_output_tokens=2, store=False)
+    assert response.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)

@@ -35,6 +35,8 @@ from .call import Call as Call  # a surface call's sessions and events, for the 
 from .call import SessionEnded as SessionEnded
 from .call import Usage as Usage  # a call's token counts, for the wings
 from .chat.chat import ChatMessage, Conversation
+from .chat.stored import ConversationStore
+from .chat.stored import owner_of as owner_of  # stored conversations' owners, for the wings
 from .chat.tools import Tool as Tool  # tool calling, for the transport wings
 from .chat.tools import ToolChoice as ToolChoice
 from .chat.tools import ToolPlan as ToolPlan
@@ -90,6 +92,7 @@ class Engine:
         self._executor = Executor(runner, executor_config(config, runner.config.max_embed_seqs), metrics, self._store)
         self.named_sessions = SessionClaims(self._store)  # one stream per session id (claim, release)
         self.session_gate = SessionGate(config.n_parallel, config.max_queue, metrics.sessions.set)  # both surfaces' admission
+        self.conversations = ConversationStore()  # turns kept to be continued by id (chat/stored.py)
         embedder = runner.embedder  # None without embeddings
         self.embedding_model = embedding_model_info(embedder) if embedder is not None else None
         self.pooling = self.embedding_model.pooling if self.embedding_model else "none"

@@ -11,8 +11,9 @@ from dataclasses import replace
 
 from aiohttp import web
 
+from ..domain.events import TurnEndEvent
 from ..domain.requests import SessionParams
-from ..engine.engine import Engine
+from ..engine.engine import ChatMessage, Engine, owner_of
 from .anthropic import MessagesResponder
 from .anthropic_request import parse_count_request, parse_messages_request
 from .body import parsed_body
@@ -47,12 +48,58 @@ class AgentRoutes:
     async def responses(self, request: web.Request) -> web.StreamResponse:
         engine = self._engine()
         body = await parsed_body(request, engine, parse_responses_request)
+        owner = owner_of(_credentials(request))
+        history = self._history(engine, body.previous_id, owner)
         chat, model, params = self._call(request, engine, body.chat)
+        k = body.num_instructions
+        if history:  # the stored conversation after the instructions, before the new input
+            chat = replace(chat, messages=[*chat.messages[:k], *history, *chat.messages[k:]])
+        said = tuple(chat.messages[k:])
+
+        def store(whole: dict[str, object], text: str, end: TurnEndEvent) -> None:
+            if body.store:
+                engine.conversations.put(str(whole["id"]), owner, (*said, ChatMessage("assistant", text, end.tool_calls)),
+                                         whole, body.items)
+
         with engine.session_gate.admitted():
-            responder = ResponsesResponder(engine, chat, params, model)
+            responder = ResponsesResponder(engine, chat, params, model, on_done=store)
             if chat.stream:
                 return await responder.stream_response(request, body.body)
             return await responder.whole_response(body.body)
+
+    @staticmethod
+    def _history(engine: Engine, previous_id: str | None, owner: str) -> tuple[ChatMessage, ...]:
+        if previous_id is None:
+            return ()
+        stored = engine.conversations.get(previous_id, owner)
+        if stored is None:
+            raise ApiError(400, f"previous response {previous_id!r} not found (never stored, deleted, or expired)",
+                           param="previous_response_id", code="previous_response_not_found")
+        return stored.messages
+
+    async def stored_response(self, request: web.Request) -> web.Response:
+        """`GET /v1/responses/{id}`: a stored response object; `DELETE`: forget it."""
+        engine = self._engine()
+        key, owner = request.match_info["response_id"], owner_of(_credentials(request))
+        if request.method == "DELETE":
+            if not engine.conversations.delete(key, owner):
+                raise _not_found(key)
+            return web.json_response({"id": key, "object": "response.deleted", "deleted": True})
+        stored = engine.conversations.get(key, owner)
+        if stored is None:
+            raise _not_found(key)
+        return web.json_response(stored.record)
+
+    async def input_items(self, request: web.Request) -> web.Response:
+        """`GET /v1/responses/{id}/input_items`: the stored turn's input, as items."""
+        key = request.match_info["response_id"]
+        stored = self._engine().conversations.get(key, owner_of(_credentials(request)))
+        if stored is None:
+            raise _not_found(key)
+        items = list(stored.items)
+        return web.json_response({"object": "list", "data": items, "has_more": False,
+                                  "first_id": items[0]["id"] if items else None,
+                                  "last_id": items[-1]["id"] if items else None})
 
     async def count_tokens(self, request: web.Request) -> web.Response:
         """The prompt a `/v1/messages` turn with these messages, system and tools would prefill."""
@@ -65,3 +112,12 @@ class AgentRoutes:
         size = 1 + sum(len(m.content) for m in chat.messages)  # rendered off the loop, as a chat turn is
         tokens = await engine.off_loop(size, engine.render_chat, chat.messages, tools, large=0)
         return web.json_response({"input_tokens": len(tokens)})
+
+
+def _credentials(request: web.Request) -> str:
+    """What the caller authenticated with (its key), whose digest owns what it stores."""
+    return request.headers.get("Authorization", "") or request.headers.get("x-api-key", "")
+
+
+def _not_found(key: str) -> ApiError:
+    return ApiError(404, f"no stored response {key!r}", param="response_id", code="not_found")

@@ -10,7 +10,7 @@ event carries `sequence_number`: `response.created`, `response.in_progress`, per
 `response.output_text.delta`, `response.output_text.done`, `response.content_part.done`, for
 a call `response.function_call_arguments.delta` / `.done`, then `response.output_item.done`;
 last `response.completed` or `response.incomplete`. An error after the headers is an `error`
-event. Nothing is stored: each response stands alone (`store` is accepted, as false).
+event. The route stores the finished response when asked (`on_done`, agent_routes.py).
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ from typing import Any
 from aiohttp import web
 
 from ..domain.events import FinishReason, TokenEvent, TurnEndEvent
-from ..engine.engine import Usage
+from ..domain.requests import SessionParams
+from ..engine.engine import Engine, Usage
 from .chat import ChatResponder
 from .errors import ApiError
+from .request import ChatRequest
 from .responses_request import echo
 from .sse import serve_events
 
@@ -49,8 +51,22 @@ def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str
             "status": status}
 
 
+Done = Callable[[dict[str, object], str, TurnEndEvent], None]  # the response, its text, its turn's end
+
+
 class ResponsesResponder(ChatResponder):
     """`ChatResponder`'s call, the Responses API's shapes; `body`: the request's fields."""
+
+    def __init__(self, engine: Engine, request: ChatRequest, params: SessionParams, model: str,
+                 on_done: Done | None = None) -> None:
+        """`on_done`: told the finished response (the route stores it)."""
+        super().__init__(engine, request, params, model)
+        self.on_done = on_done
+
+    def _done(self, whole: dict[str, object], text: str, end: TurnEndEvent) -> dict[str, object]:
+        if self.on_done is not None:
+            self.on_done(whole, text, end)
+        return whole
 
     def response(self, body: dict[str, Any], output: list[dict[str, object]], end: TurnEndEvent | None
                  ) -> dict[str, object]:
@@ -71,7 +87,7 @@ class ResponsesResponder(ChatResponder):
 
     async def whole_response(self, body: dict[str, Any]) -> web.Response:
         text, end = await self.one_reply()
-        return web.json_response(self.response(body, self._output(text, end), end))
+        return web.json_response(self._done(self.response(body, self._output(text, end), end), text, end))
 
     async def stream_response(self, http_request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         await self._constrain()
@@ -90,7 +106,8 @@ class ResponsesResponder(ChatResponder):
                         await items.add(event)
                     elif isinstance(event, TurnEndEvent):
                         await items.close()
-                        whole = self.response(body, self._output(items.text, event), event)
+                        whole = self._done(self.response(body, self._output(items.text, event), event), items.text,
+                                           event)
                         await sender.send(f"response.{whole['status']}", {"response": whole})
 
         async def error_event(error: ApiError) -> None:

@@ -7,9 +7,10 @@ or a 400 naming the Responses field.
 assistant message before it; an output is a tool message); function `tools`, `tool_choice`,
 `parallel_tool_calls`, `text.format` (text, json_object, json_schema) and
 `max_output_tokens` are spelled as `/v1/chat/completions` spells them, whose rules then
-apply. Fields that change nothing here (IGNORED) are accepted; fields that would change the
-output and are not served (`previous_response_id` and `background` until responses are
-stored, `include`, other tool types, image and file parts) are refused by name.
+apply; `store` and `previous_response_id` are the route's (agent_routes.py). Fields that
+change nothing here (IGNORED) are accepted; fields that would change the output and are not
+served (`background`, `include` items, other tool types, image and file parts) are refused
+by name.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from .request import ChatRequest, parse_chat
 
 log = structlog.get_logger("llmserve.http.responses")
 
-IGNORED = frozenset({"metadata", "reasoning", "store", "user", "service_tier", "prompt_cache_key",
+IGNORED = frozenset({"metadata", "reasoning", "user", "service_tier", "prompt_cache_key",
                      "prompt_cache_retention", "safety_identifier", "stream_options", "truncation"})
 FIELDS = frozenset({"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
-                    "max_output_tokens", "temperature", "top_p", "stream", "include", *IGNORED})
+                    "max_output_tokens", "temperature", "top_p", "stream", "include", "store", "previous_response_id",
+                    *IGNORED})
 # `include` items that add nothing here (no reasoning to encrypt); the Agents SDK sends `include: []`
 INCLUDES_IGNORED = ("reasoning.encrypted_content",)
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -36,8 +38,16 @@ ROLES = {"user": "user", "assistant": "assistant", "system": "system", "develope
 
 @dataclass(frozen=True)
 class ResponsesRequest:
-    chat: ChatRequest
+    chat: ChatRequest  # its messages: the instructions (if any), then the input's
     body: Body  # the fields the response object echoes (instructions, tools, ...)
+    store: bool = True  # keep the turn, to be continued by id (OpenAI's default)
+    previous_id: str | None = None  # the stored turn this one continues
+    items: tuple[dict[str, Any], ...] = ()  # the input as `input_items` lists it
+
+    @property
+    def num_instructions(self) -> int:
+        """How many of `chat.messages` are the instructions (not carried into a continuation)."""
+        return 1 if "instructions" in self.body else 0
 
 
 def parse_responses_request(value: object) -> ResponsesRequest:
@@ -63,7 +73,23 @@ def parse_responses_request(value: object) -> ResponsesRequest:
         chat["tools"] = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(body["tools"])]
     if "text" in body:
         chat.update(_text_format(body["text"]))
-    return ResponsesRequest(parse_chat(chat), body)
+    store = body.get("store", True)
+    if not isinstance(store, bool):
+        raise bad_request("store must be a boolean", "store")
+    previous = _string(body["previous_response_id"], "previous_response_id") if "previous_response_id" in body else None
+    return ResponsesRequest(parse_chat(chat), body, store, previous, _items(body["input"]))
+
+
+def _items(value: object) -> tuple[dict[str, Any], ...]:
+    """The input as items with ids (a string is one user message; text parts as input_text)."""
+    items = [{"type": "message", "role": "user", "content": value}] if isinstance(value, str) else list(value)  # type: ignore[arg-type]
+    listed = []
+    for i, item in enumerate(items):
+        item = {"type": "message", **item, "id": item.get("id") or f"item_{i}"}
+        if item["type"] == "message" and isinstance(item.get("content"), str):
+            item["content"] = [{"type": "input_text", "text": item["content"]}]
+        listed.append(item)
+    return tuple(listed)
 
 
 def _includes(value: object) -> None:
@@ -179,4 +205,5 @@ def echo(body: Body) -> Body:
             "temperature": body.get("temperature"), "top_p": body.get("top_p"),
             "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools", []),
             "text": body.get("text", {"format": {"type": "text"}}), "truncation": "disabled",
-            "store": False, "reasoning": None, "user": body.get("user")}
+            "store": body.get("store", True), "previous_response_id": body.get("previous_response_id"),
+            "reasoning": None, "user": body.get("user")}

@@ -1,0 +1,54 @@
+"""Stored conversations (engine/chat/stored.py): found only by their owner, bounded by count,
+bytes and age, the oldest dropped first."""
+
+from __future__ import annotations
+
+import pytest
+from llmserve.service.engine.chat.chat import ChatMessage
+from llmserve.service.engine.chat.stored import ConversationStore, owner_of
+
+ALICE, BOB = owner_of("Bearer alice"), owner_of("Bearer bob")
+
+
+def _put(store: ConversationStore, key: str, owner: str = ALICE, text: str = "hi") -> None:
+    store.put(key, owner, (ChatMessage("user", text),), {"id": key}, ({"id": "item_0"},))
+
+
+def test_only_the_owner_finds_or_deletes_an_entry() -> None:
+    store = ConversationStore()
+    _put(store, "resp_1")
+    assert store.get("resp_1", ALICE) is not None and store.get("resp_1", BOB) is None
+    assert not store.delete("resp_1", BOB) and store.get("resp_1", ALICE) is not None
+    assert store.delete("resp_1", ALICE) and store.get("resp_1", ALICE) is None and store.num_bytes == 0
+
+
+def test_the_oldest_go_first_past_the_count_or_the_bytes() -> None:
+    store = ConversationStore(max_stored=2)
+    for key in ("a", "b", "c"):
+        _put(store, key)
+    assert [k for k in "abc" if store.get(k, ALICE)] == ["b", "c"] and len(store) == 2
+    by_bytes = ConversationStore(max_bytes=200)
+    _put(by_bytes, "small")
+    _put(by_bytes, "large", text="x" * 150)
+    assert by_bytes.get("small", ALICE) is None and by_bytes.get("large", ALICE) is not None
+    assert by_bytes.num_bytes <= 200
+
+
+def test_an_entry_too_old_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = ConversationStore(max_age_s=10)
+    now = [1000.0]
+    monkeypatch.setattr("llmserve.service.engine.chat.stored.time.monotonic", lambda: now[0])
+    _put(store, "resp_1")
+    now[0] += 9
+    assert store.get("resp_1", ALICE) is not None
+    now[0] += 2
+    assert store.get("resp_1", ALICE) is None and len(store) == 0 and store.num_bytes == 0
+
+
+def test_storing_a_key_again_replaces_it() -> None:
+    store = ConversationStore()
+    _put(store, "resp_1", text="one")
+    _put(store, "resp_1", text="two, longer")
+    entry = store.get("resp_1", ALICE)
+    assert entry is not None and entry.messages[0].content == "two, longer" and len(store) == 1
+    assert store.num_bytes == entry.size
