@@ -124,3 +124,12 @@ def test_store_false_keeps_nothing(client: OpenAI, model: str) -> None:
     assert response.store is False
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(response.id)
+
+
+def test_input_tokens_is_what_a_response_prefills(client: OpenAI, model: str) -> None:
+    ask = {"model": model, "input": "Name a colour.", "instructions": "You are terse."}
+    counted = client.responses.input_tokens.count(**ask)
+    sent = client.responses.create(**ask, max_output_tokens=1)
+    assert counted.object == "response.input_tokens" and counted.input_tokens == sent.usage.input_tokens
+    later = client.responses.input_tokens.count(**{**ask, "input": "And another?"}, previous_response_id=sent.id)
+    assert later.input_tokens > counted.input_tokens  # the stored turn counts too

@@ -21,7 +21,7 @@ from .errors import ApiError
 from .fields import known_model
 from .request import SURFACE, ChatRequest
 from .responses_api import ResponsesResponder
-from .responses_request import parse_responses_request
+from .responses_request import ResponsesRequest, parse_responses_request
 from .telemetry import request_deadline
 
 
@@ -49,12 +49,8 @@ class AgentRoutes:
         engine = self._engine()
         body = await parsed_body(request, engine, parse_responses_request)
         owner = owner_of(_credentials(request))
-        history = self._history(engine, body.previous_id, owner)
-        chat, model, params = self._call(request, engine, body.chat)
-        k = body.num_instructions
-        if history:  # the stored conversation after the instructions, before the new input
-            chat = replace(chat, messages=[*chat.messages[:k], *history, *chat.messages[k:]])
-        said = tuple(chat.messages[k:])
+        chat, model, params = self._call(request, engine, self._continued(engine, body, owner))
+        said = tuple(chat.messages[body.num_instructions:])
 
         def store(whole: dict[str, object], text: str, end: TurnEndEvent) -> None:
             if body.store:
@@ -68,14 +64,25 @@ class AgentRoutes:
             return await responder.whole_response(body.body)
 
     @staticmethod
-    def _history(engine: Engine, previous_id: str | None, owner: str) -> tuple[ChatMessage, ...]:
-        if previous_id is None:
-            return ()
-        stored = engine.conversations.get(previous_id, owner)
+    def _continued(engine: Engine, body: ResponsesRequest, owner: str) -> ChatRequest:
+        """The request's chat, with the stored conversation it continues (if any) after the
+        instructions and before the new input."""
+        if body.previous_id is None:
+            return body.chat
+        stored = engine.conversations.get(body.previous_id, owner)
         if stored is None:
-            raise ApiError(400, f"previous response {previous_id!r} not found (never stored, deleted, or expired)",
+            raise ApiError(400, f"previous response {body.previous_id!r} not found (never stored, deleted, or expired)",
                            param="previous_response_id", code="previous_response_not_found")
-        return stored.messages
+        k, messages = body.num_instructions, body.chat.messages
+        return replace(body.chat, messages=[*messages[:k], *stored.messages, *messages[k:]])
+
+    async def input_tokens(self, request: web.Request) -> web.Response:
+        """`POST /v1/responses/input_tokens`: the prompt the same `/v1/responses` request would prefill."""
+        engine = self._engine()
+        body = await parsed_body(request, engine, parse_responses_request)
+        chat = self._continued(engine, body, owner_of(_credentials(request)))
+        known_model(chat.model, self._model_names(engine))
+        return web.json_response({"object": "response.input_tokens", "input_tokens": await _prompt_tokens(engine, chat)})
 
     async def stored_response(self, request: web.Request) -> web.Response:
         """`GET /v1/responses/{id}`: a stored response object; `DELETE`: forget it."""
@@ -106,12 +113,7 @@ class AgentRoutes:
         engine = self._engine()
         chat = await parsed_body(request, engine, parse_count_request)
         known_model(chat.model, self._model_names(engine))
-        if engine.chat_template is None:
-            raise ApiError(400, "the model has no chat template: start the server with --chat-template-file")
-        tools = chat.tools if chat.tools is not None and chat.tools.active else None  # as a turn renders them
-        size = 1 + sum(len(m.content) for m in chat.messages)  # rendered off the loop, as a chat turn is
-        tokens = await engine.off_loop(size, engine.render_chat, chat.messages, tools, large=0)
-        return web.json_response({"input_tokens": len(tokens)})
+        return web.json_response({"input_tokens": await _prompt_tokens(engine, chat)})
 
 
 def _credentials(request: web.Request) -> str:
@@ -121,3 +123,13 @@ def _credentials(request: web.Request) -> str:
 
 def _not_found(key: str) -> ApiError:
     return ApiError(404, f"no stored response {key!r}", param="response_id", code="not_found")
+
+
+async def _prompt_tokens(engine: Engine, chat: ChatRequest) -> int:
+    """How many tokens the chat's turn would prefill: its messages (and an active tool plan's
+    preamble) rendered as a turn renders them, off the event loop."""
+    if engine.chat_template is None:
+        raise ApiError(400, "the model has no chat template: start the server with --chat-template-file")
+    tools = chat.tools if chat.tools is not None and chat.tools.active else None
+    size = 1 + sum(len(m.content) for m in chat.messages)
+    return len(await engine.off_loop(size, engine.render_chat, chat.messages, tools, large=0))

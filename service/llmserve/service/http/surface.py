@@ -89,6 +89,7 @@ class HttpSurface:
         app.router.add_post("/v1/messages", agents.messages)
         app.router.add_post("/v1/messages/count_tokens", agents.count_tokens)
         app.router.add_post("/v1/responses", agents.responses)
+        app.router.add_post("/v1/responses/input_tokens", agents.input_tokens)
         app.router.add_route("GET", "/v1/responses/{response_id}", agents.stored_response)
         app.router.add_route("DELETE", "/v1/responses/{response_id}", agents.stored_response)
         app.router.add_get("/v1/responses/{response_id}/input_items", agents.input_items)
