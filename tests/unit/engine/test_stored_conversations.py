@@ -4,6 +4,7 @@ bytes and age, the oldest dropped first."""
 from __future__ import annotations
 
 import pytest
+from llmserve.service.domain.events import ToolCall
 from llmserve.service.engine.chat.chat import ChatMessage
 from llmserve.service.engine.chat.stored import ConversationStore, owner_of
 
@@ -37,7 +38,7 @@ def test_the_oldest_go_first_past_the_count_or_the_bytes() -> None:
 def test_an_entry_too_old_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
     store = ConversationStore(max_age_s=10)
     now = [1000.0]
-    monkeypatch.setattr("llmserve.service.engine.chat.stored.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("llmserve.service.engine.chat.stored.time.time", lambda: now[0])
     _put(store, "resp_1")
     now[0] += 9
     assert store.get("resp_1", ALICE) is not None
@@ -52,3 +53,25 @@ def test_storing_a_key_again_replaces_it() -> None:
     entry = store.get("resp_1", ALICE)
     assert entry is not None and entry.messages[0].content == "two, longer" and len(store) == 1
     assert store.num_bytes == entry.size
+
+
+def test_a_directory_keeps_them_across_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    first = ConversationStore(directory=tmp_path)
+    call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
+    first.put("resp_a/../x", ALICE, (ChatMessage("user", "hi"), ChatMessage("assistant", "", (call,))),
+              {"id": "resp_a/../x"}, ({"id": "item_0"},))
+    _put(first, "resp_b")
+    assert first.delete("resp_b", ALICE)
+    again = ConversationStore(directory=tmp_path)  # a new process
+    entry = again.get("resp_a/../x", ALICE)
+    assert entry is not None and entry.messages[1].tool_calls == (call,) and entry.record == {"id": "resp_a/../x"}
+    assert again.get("resp_b", ALICE) is None and again.get("resp_a/../x", BOB) is None
+    assert len(list(tmp_path.iterdir())) == 1  # one file, named by a digest of the key
+
+
+def test_a_directory_that_fails_leaves_memory(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    store = ConversationStore(directory=blocker / "responses")
+    _put(store, "resp_1")
+    assert store.get("resp_1", ALICE) is not None

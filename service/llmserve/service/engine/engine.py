@@ -92,7 +92,8 @@ class Engine:
         self._executor = Executor(runner, executor_config(config, runner.config.max_embed_seqs), metrics, self._store)
         self.named_sessions = SessionClaims(self._store)  # one stream per session id (claim, release)
         self.session_gate = SessionGate(config.n_parallel, config.max_queue, metrics.sessions.set)  # both surfaces' admission
-        self.conversations = ConversationStore()  # turns kept to be continued by id (chat/stored.py)
+        # turns kept to be continued by id (chat/stored.py), across restarts with --session-dir
+        self.conversations = ConversationStore(directory=config.session_dir / "responses" if config.session_dir else None)
         embedder = runner.embedder  # None without embeddings
         self.embedding_model = embedding_model_info(embedder) if embedder is not None else None
         self.pooling = self.embedding_model.pooling if self.embedding_model else "none"

@@ -1,0 +1,31 @@
+"""Stored responses survive a restart with --session-dir (engine/chat/stored.py): the
+acknowledged response is retrieved and continued by the next process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from openai import OpenAI
+
+from harness.server import free_port, start_server, stop_server
+
+FLAGS = ["-np", "2", "-c", "4096", "-t", "2"]
+
+
+def test_a_stored_response_outlives_the_process(tmp_path: Path) -> None:
+    flags = [*FLAGS, "--session-dir", str(tmp_path / "sessions")]
+    first_server = start_server(flags, tmp_path / "first.log", http_port=free_port())
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{first_server.http_port}/v1", api_key="k", max_retries=0)
+        first = client.responses.create(model="gemma-3-270m-q4_k_m", input="My name is Ada.", max_output_tokens=4)
+    finally:
+        assert stop_server(first_server) == 0
+    second_server = start_server(flags, tmp_path / "second.log", http_port=free_port())
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{second_server.http_port}/v1", api_key="k", max_retries=0)
+        assert client.responses.retrieve(first.id).output_text == first.output_text
+        after = client.responses.create(model="gemma-3-270m-q4_k_m", previous_response_id=first.id,
+                                        input="What is my name?", max_output_tokens=4)
+        assert after.usage.input_tokens > first.usage.input_tokens  # the stored turn, prefilled again
+    finally:
+        assert stop_server(second_server) == 0
