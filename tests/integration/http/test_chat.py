@@ -134,3 +134,12 @@ def test_text_parts_and_a_conversation(client: OpenAI, model: str) -> None:
                                            extra_body={"top_k": 20, "min_p": 0.01, "typical_p": 1.0,
                                                        "repeat_penalty": 1.1, "min_tokens": 1})
     assert reply.choices[0].message.content and reply.usage.prompt_tokens > 20
+
+
+def test_a_developer_message_is_a_system_message(client: OpenAI, model: str) -> None:
+    def prompt_tokens(role: str) -> int:
+        messages = [{"role": role, "content": "Answer in one word."}, {"role": "user", "content": "Capital of France?"}]
+        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=1)  # type: ignore[arg-type]
+        return reply.usage.prompt_tokens
+
+    assert prompt_tokens("developer") == prompt_tokens("system") > prompt_tokens("user") - 4

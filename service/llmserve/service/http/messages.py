@@ -1,7 +1,8 @@
 """A chat body's `messages` → the engine's `ChatMessage`s, or a 400 naming the field.
 
-Roles: system, user, assistant (with `tool_calls`, its content then optional) and tool
-(with `tool_call_id`). The session renders calls and results in tool calling's generic
+Roles: system (`developer` too: OpenAI's name for it in its newer models, which LangChain and
+the Agents SDK send for those), user, assistant (with `tool_calls`, its content then
+optional) and tool (with `tool_call_id`). The session renders calls and results in tool calling's generic
 format (engine/chat/tools.py). A key sent as `null` counts as not sent (the SDK sends back a
 reply's `refusal: null`).
 """
@@ -14,9 +15,10 @@ from ..domain.events import ToolCall
 from ..engine.engine import ChatMessage
 from .errors import bad_request
 
-ROLES = ("system", "user", "assistant", "tool")
-_KEYS = {"system": {"content"}, "user": {"content"}, "assistant": {"content", "tool_calls"},
+ROLES = ("system", "developer", "user", "assistant", "tool")
+_KEYS = {"system": {"content"}, "developer": {"content"}, "user": {"content"}, "assistant": {"content", "tool_calls"},
          "tool": {"content", "tool_call_id"}}
+SAME_AS = {"developer": "system"}  # OpenAI's name for the system role in its newer models
 
 
 def parse_messages(value: object) -> list[ChatMessage]:
@@ -44,7 +46,7 @@ def parse_messages(value: object) -> list[ChatMessage]:
             content = content_text(m["content"], f"{where}.content")
         if role == "tool" and not isinstance(m.get("tool_call_id"), str):
             raise bad_request(f"{where}.tool_call_id is required (a string)", f"{where}.tool_call_id")
-        messages.append(ChatMessage(role, content, calls, m.get("tool_call_id", "")))
+        messages.append(ChatMessage(SAME_AS.get(role, role), content, calls, m.get("tool_call_id", "")))
     return messages
 
 
