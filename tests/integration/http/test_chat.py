@@ -142,4 +142,4 @@ def test_a_developer_message_is_a_system_message(client: OpenAI, model: str) -> 
         reply = client.chat.completions.create(model=model, messages=messages, max_tokens=1)  # type: ignore[arg-type]
         return reply.usage.prompt_tokens
 
-    assert prompt_tokens("developer") == prompt_tokens("system") > prompt_tokens("user") - 4
+    assert prompt_tokens("developer") == prompt_tokens("system")  # rendered alike (refused before: a 400)
