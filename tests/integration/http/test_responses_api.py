@@ -78,7 +78,7 @@ def test_streamed_function_call_arguments(client: OpenAI, model: str) -> None:
 def test_parse_holds_the_reply_to_the_schema(client: OpenAI, model: str) -> None:
     parsed = client.responses.parse(model=model, input="Name a colour.", text_format=Colour, max_output_tokens=32,
                                     temperature=0)
-    assert isinstance(parsed.output_parsed, Colour) and parsed.output_parsed.name
+    assert isinstance(parsed.output_parsed, Colour) and isinstance(parsed.output_parsed.name, str)
 
 
 @pytest.mark.parametrize(("extra", "param"), [
