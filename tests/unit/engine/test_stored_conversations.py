@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from llmserve.service.domain.events import ToolCall
 from llmserve.service.engine.chat.chat import ChatMessage
-from llmserve.service.engine.chat.stored import ConversationStore, owner_of
+from llmserve.service.engine.chat.stored import SIZE_OVERHEAD, ConversationStore, owner_of
 
 ALICE, BOB = owner_of("Bearer alice"), owner_of("Bearer bob")
 
@@ -28,11 +28,12 @@ def test_the_oldest_go_first_past_the_count_or_the_bytes() -> None:
     for key in ("a", "b", "c"):
         _put(store, key)
     assert [k for k in "abc" if store.get(k, ALICE)] == ["b", "c"] and len(store) == 2
-    by_bytes = ConversationStore(max_bytes=200)
+    max_bytes = 2 * SIZE_OVERHEAD  # room for either entry, not both
+    by_bytes = ConversationStore(max_bytes=max_bytes)
     _put(by_bytes, "small")
     _put(by_bytes, "large", text="x" * 150)
     assert by_bytes.get("small", ALICE) is None and by_bytes.get("large", ALICE) is not None
-    assert by_bytes.num_bytes <= 200
+    assert by_bytes.num_bytes <= max_bytes
 
 
 def test_an_entry_too_old_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,6 +63,7 @@ def test_a_directory_keeps_them_across_a_restart(tmp_path) -> None:  # type: ign
               {"id": "resp_a/../x"}, ({"id": "item_0"},))
     _put(first, "resp_b")
     assert first.delete("resp_b", ALICE)
+    first.close()  # the files are written off the caller's thread: a clean stop waits for them
     again = ConversationStore(directory=tmp_path)  # a new process
     entry = again.get("resp_a/../x", ALICE)
     assert entry is not None and entry.messages[1].tool_calls == (call,) and entry.record == {"id": "resp_a/../x"}

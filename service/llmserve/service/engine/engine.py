@@ -121,6 +121,7 @@ class Engine:
         """After `stop()`: finish saving sessions, free the model."""
         if self._store is not None:
             self._store.close()  # named sessions saved at the end are written out
+        self.conversations.close()  # and stored responses
         self._runner.close()
 
     def stalled_for(self) -> float | None:

@@ -26,7 +26,7 @@ from ..domain.events import FinishReason, TokenEvent, TurnEndEvent
 from ..engine.engine import Usage
 from .chat import ChatResponder
 from .errors import ApiError
-from .sse import serve_events
+from .sse import serve_events, write_named_event
 
 STOP_REASONS = {
     FinishReason.TOOL_CALLS: "tool_use",
@@ -79,27 +79,27 @@ class MessagesResponder(ChatResponder):
     async def stream(self, http_request: web.Request) -> web.StreamResponse:
         await self._constrain()
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        blocks = _Blocks(lambda kind, data: _send(response, kind, data))
+        blocks = _Blocks(lambda kind, data: write_named_event(response, kind, data))
 
         async def events() -> None:
             async with aclosing(self._events()) as events:
                 async for _, event in events:
                     if not response.prepared:  # the headers wait for the first event: earlier errors keep their status
                         await response.prepare(http_request)
-                        await _send(response, "message_start", {"message": self._message([], None)})
-                        await _send(response, "ping", {})
+                        await write_named_event(response, "message_start", {"message": self._message([], None)})
+                        await write_named_event(response, "ping", {})
                     if isinstance(event, TokenEvent):
                         await blocks.add(event)
                     elif isinstance(event, TurnEndEvent):
                         await blocks.close()
                         whole = self._message([], event)
-                        await _send(response, "message_delta", {"delta": {
+                        await write_named_event(response, "message_delta", {"delta": {
                             "stop_reason": whole["stop_reason"], "stop_sequence": whole["stop_sequence"]},
                             "usage": whole["usage"]})
-                        await _send(response, "message_stop", {})
+                        await write_named_event(response, "message_stop", {})
 
         async def error_event(error: ApiError) -> None:
-            await _send(response, "error", {"error": error_body(error)["error"]})
+            await write_named_event(response, "error", {"error": error_body(error)["error"]})
 
         return await serve_events(response, events, error_event)
 
@@ -135,8 +135,3 @@ class _Blocks:
             if call.arguments:
                 await self._send("content_block_delta", {"index": self._index, "delta": {
                     "type": "input_json_delta", "partial_json": call.arguments}})
-
-
-async def _send(response: web.StreamResponse, kind: str, data: dict[str, Any]) -> None:
-    payload = json.dumps({"type": kind, **data}, ensure_ascii=False, separators=(",", ":"))
-    await response.write(f"event: {kind}\ndata: {payload}\n\n".encode())

@@ -62,7 +62,8 @@ class ChatResponder:
             return shapes.choice(index, None, finish, None, tool_calls.openai_calls(end.tool_calls))
         return shapes.choice(index, text, finish, logprobs)
 
-    async def whole(self) -> web.Response:
+    async def _collect(self) -> tuple[list[str], list[list[dict[str, object]]], dict[int, TurnEndEvent]]:
+        """The whole turn: each sample's text, its logprobs (when asked) and its turn end."""
         await self._constrain()
         n = self.params.num_samples
         texts: list[list[str]] = [[] for _ in range(n)]
@@ -75,23 +76,19 @@ class ChatResponder:
                     logprobs[event.index] += self._logprobs(event) or []
                 elif isinstance(event, TurnEndEvent):
                     ends[event.index] = event
-        choices = [self._choice(i, "".join(texts[i]), ends[i], logprobs[i] if self.request.logprobs else None)
+        return ["".join(t) for t in texts], logprobs, ends
+
+    async def whole(self) -> web.Response:
+        texts, logprobs, ends = await self._collect()
+        n = self.params.num_samples
+        choices = [self._choice(i, texts[i], ends[i], logprobs[i] if self.request.logprobs else None)
                    for i in range(n)]
         return web.json_response(self.envelope.completion(choices, shapes.usage(Usage.of(ends, n))))
 
     async def one_reply(self) -> tuple[str, TurnEndEvent]:
         """The one sample's whole text and turn end (the Responses and Messages routes, n = 1)."""
-        await self._constrain()
-        texts: list[str] = []
-        end: TurnEndEvent | None = None
-        async with aclosing(self._events()) as events:
-            async for _, event in events:
-                if isinstance(event, TokenEvent):
-                    texts.append(event.text)
-                elif isinstance(event, TurnEndEvent):
-                    end = event
-        assert end is not None
-        return "".join(texts), end
+        texts, _, ends = await self._collect()
+        return texts[0], ends[0]
 
     async def stream(self, http_request: web.Request) -> web.StreamResponse:
         """SSE: each sample's role, its content (or tool-call) deltas, its finish reason; the

@@ -15,8 +15,8 @@ event. The route stores the finished response when asked (`on_done`, agent_route
 
 from __future__ import annotations
 
-import json
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
@@ -30,7 +30,7 @@ from .chat import ChatResponder
 from .errors import ApiError
 from .request import ChatRequest
 from .responses_request import echo
-from .sse import serve_events
+from .sse import serve_events, write_named_event
 
 CUT = (FinishReason.LENGTH, FinishReason.CONTEXT_FULL, FinishReason.DEADLINE)
 
@@ -62,6 +62,9 @@ class ResponsesResponder(ChatResponder):
         """`on_done`: told the finished response (the route stores it)."""
         super().__init__(engine, request, params, model)
         self.on_done = on_done
+        # the id stored responses are found by: unique, not the client's x-request-id (which
+        # two callers may share, and one could then overwrite or read the other's by it)
+        self.response_id = f"resp_{uuid.uuid4().hex}"
 
     def _done(self, whole: dict[str, object], text: str, end: TurnEndEvent) -> dict[str, object]:
         if self.on_done is not None:
@@ -74,7 +77,7 @@ class ResponsesResponder(ChatResponder):
         if end is not None:
             status = "incomplete" if end.finish_reason in CUT else "completed"
             incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
-        return {"id": f"resp_{self.params.request_id}", "object": "response", "created_at": int(time.time()),
+        return {"id": self.response_id, "object": "response", "created_at": int(time.time()),
                 "status": status, "error": None, "incomplete_details": incomplete, "model": self.envelope.head["model"],
                 "output": output, **echo(body),
                 "usage": usage(Usage.of({0: end}, 1)) if end is not None else None}
@@ -178,7 +181,5 @@ class _Sender:
         self.sequence_number = 0
 
     async def send(self, kind: str, data: dict[str, Any]) -> None:
-        payload = json.dumps({"type": kind, **data, "sequence_number": self.sequence_number}, ensure_ascii=False,
-                             separators=(",", ":"))
+        await write_named_event(self.response, kind, {**data, "sequence_number": self.sequence_number})
         self.sequence_number += 1
-        await self.response.write(f"event: {kind}\ndata: {payload}\n\n".encode())

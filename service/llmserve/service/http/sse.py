@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -19,6 +20,12 @@ log = structlog.get_logger("llmserve.http.sse")
 
 async def write_event(response: web.StreamResponse, data: dict[str, object]) -> None:
     await response.write(b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n")
+
+
+async def write_named_event(response: web.StreamResponse, kind: str, data: dict[str, Any]) -> None:
+    """`event: <kind>` and its data, `{"type": kind, ...}` (the Responses and Messages APIs' way)."""
+    payload = json.dumps({"type": kind, **data}, ensure_ascii=False, separators=(",", ":"))
+    await response.write(f"event: {kind}\ndata: {payload}\n\n".encode())
 
 
 async def serve_stream(response: web.StreamResponse, events: Callable[[], Awaitable[None]],

@@ -7,9 +7,9 @@ cache finds the conversation's KV in the slot that ran it while that slot is idl
 reused, so only the new input is prefilled. The store is the process's memory, bounded by
 count (MAX_STORED), by bytes (MAX_BYTES, the messages' and records' text) and by age
 (MAX_AGE_S): the oldest go first, and a lookup of one too old finds nothing. With a
-directory (`--session-dir`'s `responses/`) each entry is also a JSON file, written when
-stored (a few kilobytes: on the loop, as a log line is) and read back at start-up, so a
-restart loses no stored turn; a continuation after a restart prefills the conversation
+directory (`--session-dir`'s `responses/`) each entry is also a JSON file, written (fsynced)
+by one writer thread off the event loop right after it is stored, and read back at
+start-up; `close` waits for the writes, so a clean restart loses no stored turn; a continuation after a restart prefills the conversation
 again (the KV went with the process). Each entry belongs to the key that stored it
 (`owner`: a digest of the caller's credentials) and is found only with that key. Event loop
 only.
@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
 from ...domain.events import ToolCall
+from ..session_file import write_atomically
 from .chat import ChatMessage
 
 log = structlog.get_logger("llmserve.engine.stored")
@@ -35,6 +37,7 @@ log = structlog.get_logger("llmserve.engine.stored")
 MAX_STORED = 1024
 MAX_BYTES = 64 << 20
 MAX_AGE_S = 24 * 3600.0
+SIZE_OVERHEAD = 1024  # bytes an entry counts beyond its text (the record's fields, ids)
 
 
 def owner_of(credentials: str) -> str:
@@ -78,13 +81,14 @@ class ConversationStore:
         self._entries: OrderedDict[str, StoredConversation] = OrderedDict()
         self.num_bytes = 0
         self._directory = directory
+        self._disk: ThreadPoolExecutor | None = None  # one writer: a file's writes and removal stay in order
         if directory is not None:
             try:
                 directory.mkdir(parents=True, exist_ok=True)
                 self._load(directory)
+                self._disk = ThreadPoolExecutor(1, thread_name_prefix="llmserve-stored-responses")
             except OSError as exc:  # a directory that fails: memory only, as without one
                 log.warning("stored_responses_dir_unusable", path=str(directory), error=str(exc))
-                self._directory = None
 
     def _load(self, directory: Path) -> None:
         """The entries kept there, oldest first, within the bounds (the rest deleted)."""
@@ -100,18 +104,14 @@ class ConversationStore:
 
     def put(self, key: str, owner: str, messages: tuple[ChatMessage, ...], record: dict[str, object],
             items: tuple[dict[str, object], ...]) -> None:
-        size = sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in messages)
-        size += len(json.dumps(record)) + len(json.dumps(items))
-        self.delete(key, owner)
+        # the messages' text twice (the record and the items repeat it), and a little for the rest;
+        # counted, not serialized: a long conversation is encoded on the writer thread only
+        size = 2 * sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in messages) + SIZE_OVERHEAD
+        if key in self._entries:
+            self._drop(key)
         entry = StoredConversation(owner, messages, record, items, time.time(), size)
-        if self._directory is not None:
-            try:
-                path = self._path(key)  # a digest of the key: the key is the client's x-request-id in part
-                partial = path.with_suffix(f".{os.getpid()}.tmp")
-                partial.write_text(entry.as_json(key))
-                partial.replace(path)
-            except OSError as exc:  # kept in memory still: lost at a restart only
-                log.warning("stored_response_not_written", key=key, error=str(exc))
+        if self._disk is not None:
+            self._disk.submit(_quietly, self._write, key, entry)
         self._add(key, entry)
 
     def _add(self, key: str, entry: StoredConversation) -> None:
@@ -119,6 +119,9 @@ class ConversationStore:
         self.num_bytes += entry.size
         while self._entries and (len(self._entries) > self.max_stored or self.num_bytes > self.max_bytes):
             self._drop(next(iter(self._entries)))
+
+    def _write(self, key: str, entry: StoredConversation) -> None:
+        write_atomically(self._path(key), entry.as_json(key).encode())
 
     def _path(self, key: str) -> Path:
         assert self._directory is not None
@@ -140,8 +143,20 @@ class ConversationStore:
 
     def _drop(self, key: str) -> None:
         self.num_bytes -= self._entries.pop(key).size
-        if self._directory is not None:
-            self._path(key).unlink(missing_ok=True)
+        if self._disk is not None:
+            self._disk.submit(_quietly, self._path(key).unlink, True)  # missing_ok
+
+    def close(self) -> None:
+        """Wait for the files still being written (a clean stop loses no stored turn)."""
+        if self._disk is not None:
+            self._disk.shutdown(wait=True)
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _quietly(operation: Callable[..., object], *args: object) -> None:
+    try:
+        operation(*args)
+    except OSError as exc:  # kept in memory still: lost at a restart only
+        log.warning("stored_response_file_failed", operation=getattr(operation, "__name__", "?"), error=str(exc))
