@@ -49,6 +49,8 @@ def session_config(
     tools: Sequence[Mapping[str, Any] | pb.Tool] = (),
     tool_choice: str | pb.ToolChoice | None = None,
     parallel_tool_calls: bool = False,
+    adapter: str | pb.AdapterRef | None = None,
+    adapter_scale: float | None = None,
     **sampling: Any,
 ) -> pb.SessionConfig:
     """A SessionConfig from keyword arguments; every field of the message has one.
@@ -64,6 +66,8 @@ def session_config(
     Tools: `tools` as dicts {"name", "description", "parameters": a JSON Schema dict or
     text} (or pb.Tool), `tool_choice` "none", "auto", "required" or a tool's name, and
     `parallel_tool_calls`; calls come back in `TurnEnd.tool_calls`.
+    LoRA: `adapter` (a loaded adapter's name, or pb.AdapterRef) and `adapter_scale`
+    (unset: the adapter's own).
     Everything else is a SamplingParams field: temperature=0, seed=1, top_k=..., with
     `logit_bias` a {token id: bias} dict and `dry_sequence_breakers` a list of strings.
     None leaves a field unset (the server's default).
@@ -103,6 +107,10 @@ def session_config(
         config.tool_choice.CopyFrom(pb.ToolChoice(mode=mode) if mode is not None else
                                     pb.ToolChoice(mode=pb.ToolChoice.MODE_FUNCTION, function_name=tool_choice))
     config.parallel_tool_calls = parallel_tool_calls
+    if adapter is not None:
+        config.adapter.CopyFrom(adapter if isinstance(adapter, pb.AdapterRef) else pb.AdapterRef(name=adapter))
+        if adapter_scale is not None:
+            config.adapter.scale = adapter_scale
     return config
 
 

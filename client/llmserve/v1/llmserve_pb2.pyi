@@ -188,7 +188,7 @@ class ToolCallDelta(_message.Message):
     def __init__(self, index: _Optional[int] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class SessionConfig(_message.Message):
-    __slots__ = ("request_id", "sampling", "stopping", "add_bos", "priority", "output", "constraint", "n", "session_id", "tools", "tool_choice", "parallel_tool_calls")
+    __slots__ = ("request_id", "sampling", "stopping", "add_bos", "priority", "output", "constraint", "n", "session_id", "tools", "tool_choice", "parallel_tool_calls", "adapter")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STOPPING_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +201,7 @@ class SessionConfig(_message.Message):
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     sampling: SamplingParams
     stopping: StoppingCriteria
@@ -213,7 +214,16 @@ class SessionConfig(_message.Message):
     tools: _containers.RepeatedCompositeFieldContainer[Tool]
     tool_choice: ToolChoice
     parallel_tool_calls: bool
-    def __init__(self, request_id: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., add_bos: _Optional[bool] = ..., priority: _Optional[int] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., n: _Optional[int] = ..., session_id: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ...) -> None: ...
+    adapter: AdapterRef
+    def __init__(self, request_id: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., add_bos: _Optional[bool] = ..., priority: _Optional[int] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., n: _Optional[int] = ..., session_id: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ...) -> None: ...
+
+class AdapterRef(_message.Message):
+    __slots__ = ("name", "scale")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    scale: float
+    def __init__(self, name: _Optional[str] = ..., scale: _Optional[float] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -503,7 +513,7 @@ class SlotInfo(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., busy: _Optional[bool] = ..., num_cached_tokens: _Optional[int] = ..., paused: _Optional[bool] = ..., kv_pos_min: _Optional[int] = ..., kv_pos_max: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "path", "architecture", "num_parameters", "n_ctx_train", "n_ctx", "n_ctx_per_slot", "n_embd", "vocab_size", "bos_token_id", "eos_token_id", "eog_token_ids", "has_chat_template", "can_generate", "can_embed", "n_parallel", "n_batch", "n_ubatch", "pooling_type", "version", "slots", "num_sessions_waiting", "max_queue", "features", "embedding_model", "n_swa")
+    __slots__ = ("name", "path", "architecture", "num_parameters", "n_ctx_train", "n_ctx", "n_ctx_per_slot", "n_embd", "vocab_size", "bos_token_id", "eos_token_id", "eog_token_ids", "has_chat_template", "can_generate", "can_embed", "n_parallel", "n_batch", "n_ubatch", "pooling_type", "version", "slots", "num_sessions_waiting", "max_queue", "features", "embedding_model", "n_swa", "adapters")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
@@ -530,6 +540,7 @@ class ModelInfo(_message.Message):
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_MODEL_FIELD_NUMBER: _ClassVar[int]
     N_SWA_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     architecture: str
@@ -556,7 +567,62 @@ class ModelInfo(_message.Message):
     features: Features
     embedding_model: EmbeddingModelInfo
     n_swa: int
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., num_parameters: _Optional[int] = ..., n_ctx_train: _Optional[int] = ..., n_ctx: _Optional[int] = ..., n_ctx_per_slot: _Optional[int] = ..., n_embd: _Optional[int] = ..., vocab_size: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., eog_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., can_generate: _Optional[bool] = ..., can_embed: _Optional[bool] = ..., n_parallel: _Optional[int] = ..., n_batch: _Optional[int] = ..., n_ubatch: _Optional[int] = ..., pooling_type: _Optional[str] = ..., version: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotInfo, _Mapping]]] = ..., num_sessions_waiting: _Optional[int] = ..., max_queue: _Optional[int] = ..., features: _Optional[_Union[Features, _Mapping]] = ..., embedding_model: _Optional[_Union[EmbeddingModelInfo, _Mapping]] = ..., n_swa: _Optional[int] = ...) -> None: ...
+    adapters: _containers.RepeatedCompositeFieldContainer[AdapterInfo]
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., num_parameters: _Optional[int] = ..., n_ctx_train: _Optional[int] = ..., n_ctx: _Optional[int] = ..., n_ctx_per_slot: _Optional[int] = ..., n_embd: _Optional[int] = ..., vocab_size: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., eog_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., can_generate: _Optional[bool] = ..., can_embed: _Optional[bool] = ..., n_parallel: _Optional[int] = ..., n_batch: _Optional[int] = ..., n_ubatch: _Optional[int] = ..., pooling_type: _Optional[str] = ..., version: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotInfo, _Mapping]]] = ..., num_sessions_waiting: _Optional[int] = ..., max_queue: _Optional[int] = ..., features: _Optional[_Union[Features, _Mapping]] = ..., embedding_model: _Optional[_Union[EmbeddingModelInfo, _Mapping]] = ..., n_swa: _Optional[int] = ..., adapters: _Optional[_Iterable[_Union[AdapterInfo, _Mapping]]] = ...) -> None: ...
+
+class AdapterInfo(_message.Message):
+    __slots__ = ("name", "path", "scale", "id", "rank", "size_bytes", "state", "num_sessions")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    NUM_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    scale: float
+    id: int
+    rank: int
+    size_bytes: int
+    state: str
+    num_sessions: int
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., scale: _Optional[float] = ..., id: _Optional[int] = ..., rank: _Optional[int] = ..., size_bytes: _Optional[int] = ..., state: _Optional[str] = ..., num_sessions: _Optional[int] = ...) -> None: ...
+
+class LoadAdapterRequest(_message.Message):
+    __slots__ = ("name", "path", "scale")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    scale: float
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., scale: _Optional[float] = ...) -> None: ...
+
+class UnloadAdapterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UnloadAdapterResponse(_message.Message):
+    __slots__ = ("freed",)
+    FREED_FIELD_NUMBER: _ClassVar[int]
+    freed: bool
+    def __init__(self, freed: _Optional[bool] = ...) -> None: ...
+
+class ListAdaptersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListAdaptersResponse(_message.Message):
+    __slots__ = ("adapters", "max_loras")
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
+    adapters: _containers.RepeatedCompositeFieldContainer[AdapterInfo]
+    max_loras: int
+    def __init__(self, adapters: _Optional[_Iterable[_Union[AdapterInfo, _Mapping]]] = ..., max_loras: _Optional[int] = ...) -> None: ...
 
 class EmbeddingModelInfo(_message.Message):
     __slots__ = ("name", "path", "architecture", "num_parameters", "n_ctx_train", "n_embd", "vocab_size", "pooling_type", "max_input_tokens", "n_ubatch", "separate")

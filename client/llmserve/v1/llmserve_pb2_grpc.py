@@ -69,6 +69,21 @@ class LLMServiceStub:
                 request_serializer=llmserve_dot_v1_dot_llmserve__pb2.GetModelInfoRequest.SerializeToString,
                 response_deserializer=llmserve_dot_v1_dot_llmserve__pb2.ModelInfo.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/llmserve.v1.LLMService/LoadAdapter',
+                request_serializer=llmserve_dot_v1_dot_llmserve__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=llmserve_dot_v1_dot_llmserve__pb2.AdapterInfo.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/llmserve.v1.LLMService/UnloadAdapter',
+                request_serializer=llmserve_dot_v1_dot_llmserve__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=llmserve_dot_v1_dot_llmserve__pb2.UnloadAdapterResponse.FromString,
+                _registered_method=True)
+        self.ListAdapters = channel.unary_unary(
+                '/llmserve.v1.LLMService/ListAdapters',
+                request_serializer=llmserve_dot_v1_dot_llmserve__pb2.ListAdaptersRequest.SerializeToString,
+                response_deserializer=llmserve_dot_v1_dot_llmserve__pb2.ListAdaptersResponse.FromString,
+                _registered_method=True)
 
 
 class LLMServiceServicer:
@@ -131,6 +146,27 @@ class LLMServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadAdapter(self, request, context):
+        """LoRA adapters (docs/adapters.md). Load and unload need --allow-adapter-updates
+        and read files under --adapter-dir only; unloading an adapter in use lets its
+        running sessions finish and refuses new ones (FAILED_PRECONDITION).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAdapters(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LLMServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -168,6 +204,21 @@ def add_LLMServiceServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=llmserve_dot_v1_dot_llmserve__pb2.GetModelInfoRequest.FromString,
                     response_serializer=llmserve_dot_v1_dot_llmserve__pb2.ModelInfo.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=llmserve_dot_v1_dot_llmserve__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=llmserve_dot_v1_dot_llmserve__pb2.AdapterInfo.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=llmserve_dot_v1_dot_llmserve__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=llmserve_dot_v1_dot_llmserve__pb2.UnloadAdapterResponse.SerializeToString,
+            ),
+            'ListAdapters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAdapters,
+                    request_deserializer=llmserve_dot_v1_dot_llmserve__pb2.ListAdaptersRequest.FromString,
+                    response_serializer=llmserve_dot_v1_dot_llmserve__pb2.ListAdaptersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -359,6 +410,87 @@ class LLMService:
             '/llmserve.v1.LLMService/GetModelInfo',
             llmserve_dot_v1_dot_llmserve__pb2.GetModelInfoRequest.SerializeToString,
             llmserve_dot_v1_dot_llmserve__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmserve.v1.LLMService/LoadAdapter',
+            llmserve_dot_v1_dot_llmserve__pb2.LoadAdapterRequest.SerializeToString,
+            llmserve_dot_v1_dot_llmserve__pb2.AdapterInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmserve.v1.LLMService/UnloadAdapter',
+            llmserve_dot_v1_dot_llmserve__pb2.UnloadAdapterRequest.SerializeToString,
+            llmserve_dot_v1_dot_llmserve__pb2.UnloadAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAdapters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmserve.v1.LLMService/ListAdapters',
+            llmserve_dot_v1_dot_llmserve__pb2.ListAdaptersRequest.SerializeToString,
+            llmserve_dot_v1_dot_llmserve__pb2.ListAdaptersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -26,12 +26,14 @@ from . import __version__
 from .config import (
     CACHE_TYPES,
     DEFAULT_PARALLEL,
+    AdapterSettings,
     ContextShiftSettings,
     HttpConnectionSettings,
     KVCacheSettings,
     PrefillSettings,
     ServerConfig,
     SpeculationSettings,
+    parse_lora,
 )
 
 _env_name = env_name  # `--ctx-size` -> `LLMSERVE_CTX_SIZE`
@@ -136,6 +138,13 @@ def _parser() -> argparse.ArgumentParser:
                "repack-kernel shape of one 2-core machine")
     f.switch("--context-shift", help="at a slot's context limit drop the oldest tokens (after --keep) and go on")
     f.add("--keep", type=int, default=shift.keep, help="tokens kept at the start on a context shift (BOS always kept)")
+    serve.add_argument("--lora", action="append", default=[], metavar="NAME=PATH[:SCALE]",
+                       help="a LoRA adapter requests may name (repeat, or comma-separate; PATH alone: named by its stem; "
+                            "SCALE: a request's scale when it names none)")
+    serve.add_argument("--lora-scaled", action="append", default=[], metavar="PATH:SCALE", help="llama-server's form")
+    f.add("--max-loras", type=int, default=d.adapters.max_loras, help="LoRA adapters resident at once (LRU beyond)")
+    f.add("--adapter-dir", type=Path, help="run-time adapter loads read files under this directory only")
+    f.switch("--allow-adapter-updates", help="serve LoadAdapter/UnloadAdapter and POST /v1/(un)load_lora_adapter")
     f.add("--session-dir", type=Path, help="save sessions with a session_id here, to restore them after a restart")
     f.add("--session-dir-max-bytes", type=int, default=d.session_dir_max_bytes, help="size cap of --session-dir (LRU)")
     f.add("--chat-template-file", type=Path, help="jinja2 chat template overriding the model's")
@@ -200,6 +209,10 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         kv_cache=_settings(KVCacheSettings, args),
         step_costs=args.step_costs,
         context_shift=_settings(ContextShiftSettings, args),
+        adapters=AdapterSettings(
+            tuple(spec for value in args.lora for spec in parse_lora(value))
+            + tuple(spec for value in args.lora_scaled for spec in parse_lora(value, scaled=True)),
+            args.max_loras, args.adapter_dir, args.allow_adapter_updates),
         session_dir=args.session_dir,
         session_dir_max_bytes=args.session_dir_max_bytes,
         verbose=args.verbose,

@@ -1,7 +1,8 @@
 """Server configuration: what `llmserve serve` was asked for, and what it derives.
 
 Settings that travel below the transport come as one frozen object per concern
-(`SpeculationSettings`, `PrefillSettings`, `KVCacheSettings`, `ContextShiftSettings`).
+(`SpeculationSettings`, `PrefillSettings`, `KVCacheSettings`, `ContextShiftSettings`,
+`AdapterSettings`).
 Each field is named after its flag (`--draft-max` -> `draft_max`); the CLI builds the
 object from those names and every layer hands it down unchanged to the code that
 reads it, so a new flag is its field here, its `add` line in cli.py, its consumer
@@ -111,6 +112,55 @@ class ContextShiftSettings:
 
 
 @dataclass(frozen=True)
+class LoraSpec:
+    """An adapter given at start-up: its name in requests, its file, the scale a request gets
+    when it names none."""
+
+    name: str
+    path: Path
+    scale: float = 1.0
+
+
+def parse_lora(value: str, scaled: bool = False) -> list[LoraSpec]:
+    """`--lora NAME=PATH[:SCALE],...` (or llama-server's `--lora PATH,...`, named by the file's
+    stem) and `--lora-scaled PATH:SCALE,...`; ValueError names the item it cannot read."""
+    specs = []
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        name, _, rest = item.rpartition("=") if "=" in item else ("", "", item)
+        path, _, scale = rest.rpartition(":") if ":" in rest else (rest, "", "")
+        if scaled and not scale:
+            raise ValueError(f"--lora-scaled {item}: expected PATH:SCALE")
+        try:
+            specs.append(LoraSpec(name or Path(path).stem, Path(path), float(scale) if scale else 1.0))
+        except ValueError:
+            raise ValueError(f"--lora {item}: the scale {scale!r} is not a number") from None
+    return specs
+
+
+@dataclass(frozen=True)
+class AdapterSettings:
+    """LoRA adapters: read by the runner (those loaded at start) and the engine's
+    AdapterRegistry (names, run-time loads from `adapter_dir`, residency)."""
+
+    lora: tuple[LoraSpec, ...] = ()
+    max_loras: int = 8  # adapters resident at once (llama.cpp's memory); beyond it the least recently used idle one goes
+    adapter_dir: Path | None = None  # run-time loads read adapter files from under here only
+    allow_adapter_updates: bool = False  # LoadAdapter / UnloadAdapter and vLLM's load/unload routes
+
+    def validate(self) -> None:
+        names = [spec.name for spec in self.lora]
+        if len(set(names)) != len(names):
+            raise ValueError(f"--lora: adapter names must differ ({', '.join(names)})")
+        for spec in self.lora:
+            if not spec.path.is_file():
+                raise ValueError(f"--lora {spec.name}={spec.path}: no such file")
+        if self.max_loras < max(1, len(self.lora)):
+            raise ValueError(f"--max-loras {self.max_loras}: at least 1 and the {len(self.lora)} given by --lora")
+        if self.allow_adapter_updates and (self.adapter_dir is None or not self.adapter_dir.is_dir()):
+            raise ValueError("--allow-adapter-updates loads adapters from --adapter-dir: give an existing directory")
+
+
+@dataclass(frozen=True)
 class HttpConnectionSettings:
     """How the HTTP surface bounds its connections: read by http/connections.py. aiohttp
     alone would keep a slowly sent request, or an idle connection, open for an hour."""
@@ -171,6 +221,7 @@ class ServerConfig:
     kv_cache: KVCacheSettings = KVCacheSettings()
     step_costs: str = "measure"  # what a step costs by rows: timed at start-up (cached), or "builtin"
     context_shift: ContextShiftSettings = ContextShiftSettings()
+    adapters: AdapterSettings = AdapterSettings()
     session_dir: Path | None = None
     session_dir_max_bytes: int = 1 << 30
     verbose: bool = False
@@ -236,5 +287,6 @@ class ServerConfig:
         if self.embedding_model_path is not None and not self.embeddings:
             raise ValueError("--embedding-model serves Embed: it needs embeddings on")
         self.kv_cache.validate()
+        self.adapters.validate()
         if self.context_shift.keep < 0 or self.context_shift.keep >= self.n_ctx_per_slot // 2:
             raise ValueError(f"--keep must be in [0, {self.n_ctx_per_slot // 2}) (half a slot's context)")

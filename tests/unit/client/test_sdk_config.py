@@ -40,6 +40,8 @@ def _sample(field: descriptor.FieldDescriptor) -> Any:
         return [pb.Tool(name="f", parameters="{}")]
     if field.message_type is not None and field.message_type.name == "ToolChoice":
         return pb.ToolChoice(mode=pb.ToolChoice.MODE_REQUIRED)
+    if field.message_type is not None and field.message_type.name == "AdapterRef":
+        return pb.AdapterRef(name="tuned", scale=0.5)
     if field.message_type is not None:  # StringList
         return ["a", "b"]
     scalar = {FD.TYPE_BOOL: True, FD.TYPE_STRING: "x", FD.TYPE_FLOAT: 0.5, FD.TYPE_DOUBLE: 0.5}.get(field.type, 3)

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 from llmserve.service.domain.model_meta import ModelMeta
-from llmserve.service.domain.requests import SamplingParams
+from llmserve.service.domain.requests import AdapterSet, SamplingParams
 from llmserve.service.model.batch_arrays import BatchArrays
 from llmserve.service.model.step_costs import LLAMA_CPU_COSTS
 
@@ -154,6 +154,26 @@ class FakeRunner:
         self.num_decodes = 0
         self.max_output_rows = 0  # the most rows with logits in one decode
         self.samplers: list[FakeSampler] = []
+        self.adapters: AdapterSet = ()  # the LoRA adapter set of the next decode (use_adapters)
+        self.kv_adapters: dict[int, AdapterSet] = {}  # seq_id -> the set its cells were computed under
+        self.num_adapter_switches = 0
+        self.loaded_adapters: set[str] = set()
+
+    def use_adapters(self, adapters: AdapterSet) -> None:
+        assert all(name in self.loaded_adapters for name, _ in adapters), f"{adapters} are not all loaded"
+        self.num_adapter_switches += adapters != self.adapters
+        self.adapters = adapters
+
+    def load_adapter(self, name: str, path: object) -> object:
+        if "bad" in str(path):
+            raise ValueError(f"{path} is not a LoRA adapter")
+        self.loaded_adapters.add(name)
+        return {"name": name}
+
+    def unload_adapter(self, name: str) -> None:
+        if name in dict(self.adapters):  # as the real runner: the context drops it first
+            self.adapters = ()
+        self.loaded_adapters.remove(name)
 
     def decode(self) -> int:
         self.num_decodes += 1
@@ -182,6 +202,10 @@ class FakeRunner:
         seq, pos, token = int(b.seq[i]), int(b.pos[i]), int(b.token[i])
         cells = self.kv.setdefault(seq, [])
         assert pos == len(cells), f"seq {seq}: token at position {pos}, but the KV holds {len(cells)}"
+        if pos == 0:
+            self.kv_adapters[seq] = self.adapters
+        assert self.kv_adapters.get(seq, self.adapters) == self.adapters, (
+            f"seq {seq}: decoded under {self.adapters} beside cells computed under {self.kv_adapters[seq]}")
         assert self.holds_window(seq, pos), f"seq {seq}: position {pos} attends to cells already dropped"
         cells.append(token)
         if b.logits[i]:
@@ -222,6 +246,7 @@ class FakeRunner:
     def seq_cp(self, src: int, dst: int) -> None:
         self.kv[dst] = list(self.kv.get(src, []))
         self.kv_min[dst] = self.kv_min.get(src, 0)
+        self.kv_adapters[dst] = self.kv_adapters.get(src, ())
 
     def seq_shift(self, seq_id: int, keep: int, discard: int) -> None:
         del self.kv[seq_id][keep : keep + discard]
@@ -231,12 +256,13 @@ class FakeRunner:
         cells = self.kv.get(seq_id, [])
         # Like llama.cpp's state_write: cells out of the newest token's window are left out.
         lowest = max(self.kv_min.get(seq_id, 0), len(cells) - self.n_swa) if self.n_swa else 0
-        return json.dumps({"tokens": cells, "min": lowest}).encode()
+        return json.dumps({"tokens": cells, "min": lowest, "adapters": self.kv_adapters.get(seq_id, ())}).encode()
 
     def set_seq_state(self, seq_id: int, data: bytes) -> bool:
         state = json.loads(data)
         self.kv[seq_id] = list(state["tokens"])
         self.kv_min[seq_id] = state["min"] if state["tokens"] else 0
+        self.kv_adapters[seq_id] = tuple((name, scale) for name, scale in state.get("adapters", ()))
         return True
 
     def seq_pos_min(self, seq_id: int) -> int:

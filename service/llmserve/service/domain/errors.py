@@ -24,6 +24,7 @@ class Field(enum.Enum):
     MESSAGES = "messages"  # a chat session's messages
     MAX_TOKENS = "max_tokens"  # the turn's limit of generated tokens
     SESSION_ID = "session_id"  # a named session's id
+    ADAPTER = "adapter"  # the LoRA adapters a session decodes under
 
     def at(self, index: int, below: str = "") -> FieldPath:
         """A place inside a list field: `Field.MESSAGES.at(2, "role")` is the third message's role."""

@@ -73,6 +73,15 @@ class OutputParams:
         return not self.prompt_logprobs
 
 
+AdapterSet = tuple[tuple[str, float], ...]  # (adapter name, scale), sorted by name, no zero scale; (): the base
+
+
+def adapter_set(pairs: tuple[tuple[str, float], ...] | list[tuple[str, float]]) -> AdapterSet:
+    """The one spelling of a set of LoRA adapters: sorted by name, without the zero scales
+    (llama.cpp leaves those out of the graph, so such a set computes what the base does)."""
+    return tuple(sorted((name, float(scale)) for name, scale in pairs if scale != 0.0))
+
+
 @dataclass(frozen=True)
 class SessionParams:
     """Everything the first Generate message configures."""
@@ -85,6 +94,7 @@ class SessionParams:
     num_samples: int = 1
     session_id: str = ""  # saved when the stream ends, restored by a later stream
     surface: str = "grpc"  # the wing that opened it ("grpc", "http"): the metrics' `surface` label
+    adapters: AdapterSet = ()  # the LoRA adapters its decodes run under (adapter_set); (): the base model
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .requests import AdapterSet
+
 
 @dataclass(frozen=True)
 class SavedSession:
@@ -14,6 +16,7 @@ class SavedSession:
     pending: tuple[int, ...]  # sampled or sent, not yet in the KV
     chat: tuple[tuple[str, str], ...] | None
     state: bytes
+    adapters: AdapterSet = ()  # the LoRA adapters its KV was computed under
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ mutable object shared, behind its own lock).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..domain.events import EventSink
 from ..domain.requests import EmbedInput, SessionParams
@@ -55,6 +57,25 @@ class DropEmbeds:
     """The Embed call is over: forget its inputs that have not run yet."""
 
     sink: EventSink
+
+
+@dataclass(frozen=True)
+class LoadAdapter:
+    """Load a LoRA adapter file; `done` gets its AdapterFile or the exception (on the executor thread)."""
+
+    name: str
+    path: Path
+    done: Callable[[object], None]
+
+
+@dataclass(frozen=True)
+class UnloadAdapter:
+    """Refuse new sessions under the adapter, free it once none runs under it; `done` gets
+    True when it was freed at once, and `freed` is called (executor thread) when it is."""
+
+    name: str
+    done: Callable[[object], None]
+    freed: Callable[[str], None]
 
 
 STOP = object()  # ends the executor loop

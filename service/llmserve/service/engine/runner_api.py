@@ -11,12 +11,13 @@ ubatches by it. Executor thread only.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from ..domain.model_meta import ModelMeta
-from ..domain.requests import SamplingParams
+from ..domain.requests import AdapterSet, SamplingParams
 
 
 class TokenSampler(Protocol):
@@ -92,6 +93,16 @@ class Runner(Protocol):
     def decode(self) -> int:
         """Run the batch as filled; 0 on success (llama_decode's status otherwise)."""
         ...
+
+    def use_adapters(self, adapters: AdapterSet) -> None:
+        """The LoRA adapters the next decodes run under (names the runner has loaded)."""
+        ...
+
+    def load_adapter(self, name: str, path: Path) -> object:
+        """Load a LoRA adapter file as `name` (what it returns goes to the caller; raises when it cannot)."""
+        ...
+
+    def unload_adapter(self, name: str) -> None: ...
 
     def logits_row(self, row: int) -> np.ndarray: ...
 

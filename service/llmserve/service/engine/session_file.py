@@ -2,7 +2,8 @@
 never leaves a half-written one in its place.
 
 Layout: MAGIC, sha256 of the rest, u32 header length, JSON header (session id, tokens
-in the KV, pending tokens, chat messages, and the fingerprint of the model and KV layout
+in the KV, pending tokens, chat messages, the LoRA adapters its KV was computed under, and
+the fingerprint of the model and KV layout
 it was made with), then the bytes of `llama_state_seq_get_data`.
 """
 
@@ -46,6 +47,7 @@ def encode(record: SavedSession, fingerprint: dict[str, object]) -> bytes:
             "tokens": list(record.tokens),
             "pending": list(record.pending),
             "chat": [list(m) for m in record.chat] if record.chat is not None else None,
+            "adapters": [list(a) for a in record.adapters],
             "fingerprint": fingerprint,
         }
     ).encode()
@@ -80,6 +82,7 @@ def _parse(blob: bytes, session_id: str, fingerprint: dict[str, object]) -> Save
         pending=tuple(header["pending"]),
         chat=tuple((m[0], m[1]) for m in chat) if chat is not None else None,
         state=body[4 + header_len :],
+        adapters=tuple((str(name), float(scale)) for name, scale in header.get("adapters", [])),
     )
 
 

@@ -34,6 +34,7 @@ def runner_config(config: ServerConfig, model_path: Path) -> RunnerConfig:
         verbose=config.verbose,
         kv_cache=config.kv_cache,
         step_costs=config.step_costs,
+        lora=config.adapters.lora,
     )
 
 
@@ -49,6 +50,7 @@ def executor_config(config: ServerConfig, max_embed_seqs: int) -> ExecutorConfig
         speculation=config.speculation,
         kv_cache=config.kv_cache,
         context_shift=config.context_shift,
+        lora_names=tuple(spec.name for spec in config.adapters.lora),
     )
 
 

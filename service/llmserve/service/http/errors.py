@@ -41,6 +41,7 @@ FIELD_NAMES = {
     Field.MESSAGES: "messages",
     Field.MAX_TOKENS: "max_tokens",
     Field.SESSION_ID: "session_id",
+    Field.ADAPTER: "lora",
 }
 
 

@@ -19,7 +19,8 @@ import structlog
 
 from ..config import CACHE_TYPES, FLASH_ATTN
 from ..domain.errors import GrammarError
-from ..domain.requests import SamplingParams
+from ..domain.requests import AdapterSet, SamplingParams
+from .adapters import AdapterFile, Adapters
 from .batch import BatchBuffer
 from .embedder import Embedder
 from .grammar_compiler import CompiledGrammar
@@ -75,6 +76,9 @@ class LlamaRunner:
         self.costs: LlamaCpuCosts | MeasuredCosts = (
             LLAMA_CPU_COSTS if config.step_costs == "builtin" else load_or_measure(self, config))
         self.meta = self.tokenizer.read_meta(Path(config.model_path))
+        self.adapters = Adapters(self.model, self.ctx, self.meta.architecture)
+        for spec in config.lora:  # one that cannot load stops the start (AdapterFileError)
+            self.adapters.load(spec.name, spec.path)
         self.embedder = self._embedder() if config.embeddings else None
 
     def _embedder(self) -> Embedder:
@@ -125,6 +129,16 @@ class LlamaRunner:
     def decode(self) -> int:
         """Run the batch as filled; 0 on success (llama_decode's status otherwise)."""
         return int(llama_cpp.llama_decode(self.ctx, self.batch.finish()))
+
+    def use_adapters(self, adapters: AdapterSet) -> None:
+        """The LoRA adapters the next decodes run under (llama_set_adapters_lora)."""
+        self.adapters.use(adapters)
+
+    def load_adapter(self, name: str, path: Path) -> AdapterFile:
+        return self.adapters.load(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        self.adapters.unload(name)
 
     def logits_row(self, row: int) -> np.ndarray:
         """A view (no copy) of the logits of batch row `row` from the last decode."""
@@ -179,6 +193,7 @@ class LlamaRunner:
         if self.embedder is not None:
             self.embedder.close()
         if self.ctx:
+            self.adapters.close()
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
         if self.model:

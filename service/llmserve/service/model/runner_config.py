@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import KVCacheSettings
+from ..config import KVCacheSettings, LoraSpec
 
 
 @dataclass(frozen=True)
@@ -22,3 +22,4 @@ class RunnerConfig:
     verbose: bool = False
     kv_cache: KVCacheSettings = KVCacheSettings()  # kv_unified off: one KV stream per slot (llama-server without -kvu)
     step_costs: str = "measure"  # measure (cached per machine: step_timing.py) or builtin (the repack shape)
+    lora: tuple[LoraSpec, ...] = ()  # LoRA adapters loaded at start (model/adapters.py)

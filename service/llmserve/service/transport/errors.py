@@ -138,6 +138,7 @@ FIELD_NAMES = {
     Field.MESSAGES: "input.messages",
     Field.MAX_TOKENS: "config.stopping.max_tokens",
     Field.SESSION_ID: "config.session_id",
+    Field.ADAPTER: "config.adapter",
 }
 
 

@@ -86,16 +86,16 @@ class Admission:
             self.waiting.remove(session)
             if session.restore is not None:
                 saved, session.restore = session.restore, None
-                slot, loaded = self.kv.restore(saved)
+                slot, loaded = self.kv.restore(saved, session.params.adapters)
                 session.main.resume(slot, saved, loaded)
                 accept_later(session)  # a chat rendering now matches against the restored KV
                 continue
             if session.preempted_history is not None:
                 self._reattach(session)
             else:
-                slot = self.kv.take(session.main.pending, reuse=session.params.output.reuses_prefix)
+                slot = self.kv.take(session.main.pending, session.params.output.reuses_prefix, session.params.adapters)
                 session.main.attach(slot, self.allocator.reusable)
-                session.reserved = [self.allocator.allocate(()) for _ in range(need - 1)]
+                session.reserved = [self.allocator.allocate((), session.params.adapters) for _ in range(need - 1)]
             admitted = True
         return admitted
 
@@ -139,8 +139,9 @@ class Admission:
         """A preempted session gets its slots back: each sample one (reusing what it still
         caches of its history), and the session's reserved slots for samples yet to fork."""
         session.preempted_history = None
-        matched = [x.reattach(self.allocator.allocate(x.pending)) for x in session.samples]
-        session.reserved = [self.allocator.allocate(()) for _ in range(session.params.num_samples - len(session.samples))]
+        adapters = session.params.adapters
+        matched = [x.reattach(self.allocator.allocate(x.pending, adapters)) for x in session.samples]
+        session.reserved = [self.allocator.allocate((), adapters) for _ in range(session.params.num_samples - len(session.samples))]
         s = session.main
         log.info("session_resumed", request_id=s.params.request_id, num_cached=matched[0], num_prefill=len(s.pending),
                  num_samples=len(session.samples))

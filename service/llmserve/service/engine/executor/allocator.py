@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...domain.requests import AdapterSet
 from ..runner_api import StepCosts
 
 
@@ -52,6 +53,17 @@ class Slot:
     saved_logits: Any = None
     saved_logits_at: int = -1
     shifted: bool = False  # a context shift moved positions: the KV is no prefix cache
+    adapters: AdapterSet = ()  # the LoRA adapters `tokens` were computed under (their KV differs by adapter)
+    foreign: bool = False  # `tokens` were computed under other adapters than the session's: none is matched
+
+    def claim(self, adapters: AdapterSet) -> None:
+        """A session under `adapters` takes the slot: a KV computed under another set is no
+        prefix of its input (the stale tail trim then cuts all of it)."""
+        if adapters != self.adapters:
+            self.num_confirmed = 0
+            self.foreign = bool(self.tokens)
+            self.adapters = adapters
+            self.save_logits(-1, None)
 
     def shift(self, keep: int, discard: int) -> None:
         """Mirror a context shift: tokens [keep, keep+discard) left the KV."""
@@ -69,6 +81,8 @@ class Slot:
 
     def match(self, new_tokens: Sequence[int]) -> int:
         """Confirm as many leading `new_tokens` as the cached tail already holds."""
+        if self.foreign:
+            return 0
         tail = self.tokens[self.num_confirmed :]
         n = common_prefix_length(tail, new_tokens)
         self.num_confirmed += n
@@ -78,6 +92,7 @@ class Slot:
         """Forget unconfirmed cells; returns the position to trim from, or None."""
         if len(self.tokens) == self.num_confirmed:
             return None
+        self.foreign = False
         del self.tokens[self.num_confirmed :]
         if self.saved_logits_at >= self.num_confirmed:
             self.save_logits(-1, None)
@@ -98,6 +113,7 @@ class Slot:
         """The KV lost this sequence (failed trim or decode): nothing is cached."""
         self.tokens.clear()
         self.num_confirmed = 0
+        self.foreign = False
         self.save_logits(-1, None)
 
 
@@ -159,8 +175,9 @@ class SlotAllocator:
     def can_allocate(self) -> bool:
         return any(not slot.busy for slot in self.slots)
 
-    def allocate(self, prompt: Sequence[int]) -> Slot:
-        """Take an idle slot for a session whose input starts with `prompt`.
+    def allocate(self, prompt: Sequence[int], adapters: AdapterSet = ()) -> Slot:
+        """Take an idle slot for a session whose input starts with `prompt`, decoded under
+        `adapters` (only a prefix cached under the same adapters is reused).
 
         1. A slot holding the whole prompt: a repeated request lands where it ran last time,
            with the same saved logits (the most recently used of such slots).
@@ -176,7 +193,7 @@ class SlotAllocator:
         idle = [slot for slot in self.slots if not slot.busy]
         if not idle:
             raise RuntimeError("no idle slot: check can_allocate() first")
-        reuse = {s.seq_id: self._reused(s, prompt) for s in idle}
+        reuse = {s.seq_id: self._reused(s, prompt, adapters) for s in idle}
         whole = [s for s in idle if reuse[s.seq_id] == len(prompt) > 0]
         if whole:
             best = max(whole, key=lambda s: s.last_used)
@@ -185,6 +202,7 @@ class SlotAllocator:
                 reuse[s.seq_id], self._busy_neighbours(s), s.last_used if reuse[s.seq_id] else -s.last_used))
         best.busy = True
         best.num_confirmed = 0
+        best.claim(adapters)
         self._touch(best)
         return best
 
@@ -197,14 +215,17 @@ class SlotAllocator:
         if not self.keep_busy_together:
             return None
         idle = [s for s in self.slots if not s.busy]
-        donor = max(idle, key=lambda s: (self._reused(s, prompt), s.last_used), default=None)
+        donor = max(idle, key=lambda s: (self._reused(s, prompt, slot.adapters), s.last_used), default=None)
         min_gain = max(self.min_prefix_reuse, self.n_ctx_per_slot // COPY_CELLS_PER_TOKEN)
-        if donor is None or self._reused(donor, prompt) < self._reused(slot, prompt) + min_gain:
+        if donor is None or self._reused(donor, prompt, slot.adapters) < self._reused(slot, prompt, slot.adapters) + min_gain:
             return None
         return donor
 
-    def _reused(self, slot: Slot, prompt: Sequence[int]) -> int:
-        """The tokens of `prompt` that `slot` would save prefilling (0 when not worth reusing)."""
+    def _reused(self, slot: Slot, prompt: Sequence[int], adapters: AdapterSet) -> int:
+        """The tokens of `prompt` that `slot` would save prefilling under `adapters` (0 when
+        not worth reusing, or cached under other adapters)."""
+        if slot.adapters != adapters or slot.foreign:
+            return 0
         num_matched = common_prefix_length(slot.tokens, prompt)
         return num_matched if self.reusable(num_matched, len(prompt)) else 0
 

@@ -1,10 +1,9 @@
 """The batching executor: one thread owns the llama context and runs every step.
 
-The engine calls the thread-safe methods (`open_session`, `add_input`, `cancel`,
-`close`, `embed`, `drop_embeds`); each only puts a command on a queue. The thread
-drains that queue once per step, so a cancel or a disconnect frees the slot
-before the next decode. `step()` reads top to bottom, one line per phase.
-Events go to each request's sink, which never blocks this thread.
+The engine calls the thread-safe methods (`open_session`, `add_input`, `cancel`, `close`,
+`embed`, `drop_embeds`); each only puts a command on a queue, which the thread drains once
+per step (a cancel frees the slot before the next decode). `step()` reads top to bottom,
+one line per phase. Events go to each request's sink, which never blocks this thread.
 """
 
 from __future__ import annotations
@@ -16,22 +15,24 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-import numpy as np
 import structlog
 
 from ...config import ContextShiftSettings, KVCacheSettings, PrefillSettings, SpeculationSettings
 from ...domain.errors import FailureKind
-from ...domain.events import EmbedResult, EventSink, SessionFailed
+from ...domain.events import EventSink, SessionFailed
 from ...domain.requests import EmbedInput, SessionParams
 from ...domain.snapshots import ExecutorSnapshot, SavedSession, SlotSnapshot
 from ...faults import injected_fault
 from ...metrics import Metrics
 from ..chat.chat import Conversation
-from ..commands import STOP, AddInput, Cancel, Close, DropEmbeds, Embed, Open
+from ..commands import STOP, AddInput, Cancel, Close, DropEmbeds, Embed, LoadAdapter, Open, UnloadAdapter
 from ..runner_api import Runner
 from ..session_store import SessionStore
+from .adapter_residency import AdapterResidency
+from .adapter_rotation import AdapterRotation
 from .allocator import SlotAllocator, min_scattered_reuse
 from .draft_verifier import DraftVerifier
+from .embedding_step import run_embeddings
 from .generation_step import GenerationStep, StepOutput, StepProfile
 from .scheduler import PlannerState, PrefillPacer, Scheduler, StepPlan
 from .session_table import SessionTable
@@ -61,6 +62,7 @@ class ExecutorConfig:
     speculation: SpeculationSettings = SpeculationSettings()  # n-gram drafts where they pay, as the server
     kv_cache: KVCacheSettings = KVCacheSettings()  # kv_unified off: one KV stream per slot
     context_shift: ContextShiftSettings = ContextShiftSettings()  # off by default
+    lora_names: tuple[str, ...] = ()  # the LoRA adapters the runner loaded at start
 
 
 class Executor:
@@ -80,13 +82,15 @@ class Executor:
         picker = TokenPicker(runner, kv, self.metrics, config.context_shift.shift_keep)
         spec = config.speculation
         verifier = DraftVerifier(runner, picker, spec, self.metrics) if spec.enabled else None
-        self.table = SessionTable(runner, allocator, kv, picker, self._keys, store, verifier)
+        residency = AdapterResidency(runner, config.lora_names)
+        self.table = SessionTable(runner, allocator, kv, picker, self._keys, store, verifier, residency)
         self.generation = GenerationStep(runner, kv, order_by_seq_id=per_slot_streams, n_ubatch=config.n_ubatch)
         max_draft_rows = spec.spec_max_rows if spec.enabled else 0
         fixed_budget = config.prefill.prefill_budget or None  # 0: paced, a budget per step from the PrefillPacer
         self.scheduler = Scheduler(config.n_batch, config.n_ubatch, config.max_embed_seqs, fixed_budget, max_draft_rows,
                                    per_slot_streams, runner.costs)
         self.planner = PlannerState()  # what the last plan left for the next (step() keeps it)
+        self.rotation = AdapterRotation()  # which LoRA adapter set has the steps (step() records each)
         self.pacer = PrefillPacer(None if (ms := config.prefill.max_itl_ms) is None else ms / 1000) if fixed_budget is None else None
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._embeds: deque[tuple[EmbedInput, EventSink]] = deque()
@@ -184,6 +188,10 @@ class Executor:
                 self._embeds.extend((item, command.sink) for item in command.inputs)
             elif isinstance(command, DropEmbeds):
                 self._embeds = deque(entry for entry in self._embeds if entry[1] is not command.sink)
+            elif isinstance(command, LoadAdapter):
+                self.table.adapters.load(command)
+            elif isinstance(command, UnloadAdapter):
+                self.table.adapters.unload(command, (s.params for s in self.table.sessions.values()))
             else:
                 self._handle(command)
 
@@ -205,33 +213,33 @@ class Executor:
         table = self.table
         table.expire_deadlines(self._deadline_margin_s)  # sessions out of time end
         table.expire_readers(self.config.reader_timeout_s)  # and streams nobody reads
+        table.adapters.free_unused(s.params for s in table.sessions.values())  # adapters being unloaded, once unused
         if table.admit():  # waiting sessions get free (or preempted) slots
             self._publish()  # slots taken before the first token streams out
         table.sample_ready()  # turns whose prompt is cached with its logits: no decode
         table.propose_drafts(time.monotonic() + DRAFT_FREE_STEPS * self._step_s)  # speculation: drafts for the generating sequences
-        embed_sizes = self._embed_sizes()
+        embed_sizes = [len(item.tokens) for item, _ in itertools.islice(self._embeds, self.scheduler.max_embed_seqs)]
         budget = self.pacer.budget() if self.pacer is not None else None
-        plan = self.scheduler.plan(table.demands(), embed_sizes, budget, self.planner)
+        adapters, demands = self.rotation.choose(table.demands())  # one adapter set's sessions per decode
+        plan = self.scheduler.plan(demands, embed_sizes, budget, self.planner)
         self.planner = plan.next_state  # embedding/generation turns, since when each prompt waits
         if plan.is_empty:
             return False
         start, output = time.perf_counter(), None  # output: a generation step's
         if plan.is_embedding:
-            self._run_embeddings(plan.num_embed)
+            run_embeddings(self.runner, [self._embeds.popleft() for _ in range(plan.num_embed)], self.metrics)
         else:
+            self.runner.use_adapters(adapters)  # the context's LoRA adapters (llama.cpp keeps an unchanged set)
             self.generation.cut_stale_tails(plan, table.samples)  # prefilling slots' stale KV cut (or history requeued)
             output = self.generation.run(plan, table.samples)  # fill, decode, collect
             table.postprocess(output)  # record what entered the KV, sample, end turns
+            self.rotation.record(adapters, time.perf_counter() - start)  # the set's turn, a switch's cost
         self._account(plan, embed_sizes, start, output)
         return True
 
     @property
     def _deadline_margin_s(self) -> float:  # sessions whose deadline is nearer end now
         return 1.5 * self._step_s + 0.005
-
-    def _embed_sizes(self) -> list[int]:
-        """Token counts of the embedding inputs a step could take."""
-        return [len(item.tokens) for item, _ in itertools.islice(self._embeds, self.scheduler.max_embed_seqs)]
 
     def _account(self, plan: StepPlan, embed_sizes: list[int], start: float, output: StepOutput | None) -> None:
         """After a step: its time to the pacer, the deadline margin, metrics and profile."""
@@ -248,26 +256,6 @@ class Executor:
             self.pacer.observe(elapsed, len(plan.decode) + sum(n for _, n in plan.drafts), num_prefill)
         self._step_s = 0.9 * self._step_s + 0.1 * elapsed
         self.metrics.observe_step(kind, elapsed, num_tokens, output.num_ubatches if output else 0)
-
-    def _run_embeddings(self, count: int) -> None:
-        items = [self._embeds.popleft() for _ in range(count)]
-        t_start = time.monotonic()
-        try:
-            vectors = self.runner.embed([item.tokens for item, _ in items])
-        except Exception as exc:  # noqa: BLE001 - those inputs fail, the loop goes on
-            log.error("embedding_step_failed", error=str(exc))
-            for _, sink in items:
-                sink.put(SessionFailed(FailureKind.INTERNAL, str(exc)))
-            return
-        t_end = time.monotonic()
-        for (item, sink), vector in zip(items, vectors):
-            if item.normalize:
-                norm = float(np.linalg.norm(vector))
-                if norm > 0.0:
-                    vector /= norm
-            sink.put(EmbedResult(item.index, vector, len(item.tokens), item.truncated, t_start, t_end, len(items)))
-        self.metrics.embeddings.inc(len(items))
-        self.metrics.embedding_tokens.inc(sum(len(item.tokens) for item, _ in items))
 
     # ------------------------------------------------------------ bookkeeping
 

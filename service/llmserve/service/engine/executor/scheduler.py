@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ...domain.requests import AdapterSet
 from ..runner_api import StepCosts
 from .draft_pricing import best_draft_length, worth_drafting
 
@@ -47,6 +48,7 @@ class SeqDemand:
     window_at_risk: bool = False  # long enough that a split draft could cost a sliding-window cell
     draft_acceptance: float = 0.5  # the accepted share of its drafts lately (SeqSpeculation.acceptance)
     draft_odds: float = 0.5  # its per-token draft odds lately (SeqSpeculation.odds)
+    adapters: AdapterSet = ()  # the LoRA adapters it decodes under: one decode runs one set (AdapterRotation)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,8 @@
 """The executor's table of Generate sessions: their lifecycle from open to release.
 
-Opening, input and turn ends, cancels, closes, admission to slots (priority, then FIFO), deadlines, forking
-a turn into n samples (`Session.fork_samples`), applying each step's output (recording what entered the KV,
-sampling the ready rows, ending turns), saving/restoring named sessions. `sessions` holds the streams by key,
-`samples` every sample by its key (what plans and steps address)."""
+Opening, input and turn ends, cancels, closes, admission to slots (priority, then FIFO), deadlines, forking a turn
+into n samples (`Session.fork_samples`), applying each step's output (recording what entered the KV, sampling the
+ready rows, ending turns), saving/restoring named sessions. `sessions`: the streams by key; `samples`: every sample."""
 
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ from ...domain.snapshots import SavedSession
 from ..commands import AddInput, Cancel, Close, Open
 from ..runner_api import Runner, TokenSampler
 from ..session_store import SessionStore
+from .adapter_residency import AdapterResidency, AdapterUnavailable
 from .admission import Admission
 from .allocator import Slot, SlotAllocator
 from .draft_verifier import DraftVerifier
@@ -38,11 +38,12 @@ log = structlog.get_logger("llmserve.sessions")
 
 class SessionTable:
     def __init__(self, runner: Runner, allocator: SlotAllocator, kv: SlotKV, picker: TokenPicker, keys: Iterator[int],
-                 store: SessionStore | None, verifier: DraftVerifier | None = None) -> None:
-        """`verifier`: speculative decoding (None: off)."""
+                 store: SessionStore | None, verifier: DraftVerifier | None = None,
+                 adapters: AdapterResidency | None = None) -> None:
+        """`verifier`: speculative decoding (None: off); `adapters`: the LoRA adapters loaded."""
         self.runner, self.verifier, self.store, self.allocator, self.kv = runner, verifier, store, allocator, kv
+        self.adapters, self.picker, self.keys = adapters or AdapterResidency(runner), picker, keys
         self.n_ctx_per_slot = allocator.n_ctx_per_slot
-        self.picker, self.keys = picker, keys
         self.sessions: dict[int, Session] = {}
         self.samples: dict[int, Sample[Session]] = {}  # every session's samples: the main one has the session's key
         self.waiting: deque[Session] = deque()
@@ -73,8 +74,9 @@ class SessionTable:
     def _open(self, command: Open) -> None:
         params, t_open = command.params, time.monotonic()
         try:
+            self.adapters.check(params.adapters)  # loaded, not being unloaded (in queue order with the unloads)
             sampler = self._sampler(params.sampling, params.stopping.ignore_eos, command.grammar)
-        except GrammarError as exc:  # the transport checks first; this is the backstop
+        except (GrammarError, AdapterUnavailable) as exc:  # the transport checks first; this is the backstop
             command.sink.put(SessionFailed(FailureKind.INVALID, str(exc)))
             if params.session_id and self.store is not None:
                 self.store.settle(params.session_id)
@@ -115,7 +117,8 @@ class SessionTable:
         """What each sample with a slot could put in the next decode (reads only)."""
         v = self.verifier
         return [
-            v.demand(s) if v and s.generating else SeqDemand(s.key, s.generating, s.num_prefill_ready, seq_id=s.slot.seq_id)
+            v.demand(s) if v and s.generating else SeqDemand(s.key, s.generating, s.num_prefill_ready, 0, s.slot.seq_id,
+                                                             adapters=s.params.adapters)
             for s in self.samples.values()
             if s.slot is not None and not s.session.paused
         ]
@@ -215,7 +218,7 @@ class SessionTable:
         if slot is None and session.preempted_history:  # its KV went with the slot: restoring prefills it again
             n = session.preempted_history
             self.store.save_async(SavedSession(session_id, tuple(main.pending[:n]), tuple(main.pending[n:]),
-                                               session.saved_chat(), b""))
+                                               session.saved_chat(), b"", session.params.adapters))
             return
         history: tuple[int, ...] = tuple(slot.tokens[: slot.num_confirmed]) if slot is not None else ()
         if slot is None or not history:  # nothing in it: the saved file stays as it was
@@ -223,7 +226,7 @@ class SessionTable:
             return
         history, state = self.kv.export(slot)
         pending = (*main.pending, *([main.next_token] if main.next_token is not None else []))
-        self.store.save_async(SavedSession(session_id, history, pending, session.saved_chat(), state))
+        self.store.save_async(SavedSession(session_id, history, pending, session.saved_chat(), state, slot.adapters))
 
     def _release(self, session: Session) -> None:
         """The stream is gone: free its slots now; their KV stays as a prefix cache."""

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import structlog
 
+from ...domain.requests import AdapterSet
 from ...domain.snapshots import SavedSession
 from ..runner_api import Runner
 from .allocator import Slot, SlotAllocator, common_prefix_length
@@ -31,16 +32,18 @@ class SlotKV:
         self.runner.seq_cp(src.seq_id, dst.seq_id)
         dst.tokens[:] = src.tokens
         dst.num_confirmed = len(dst.tokens)
+        dst.adapters, dst.foreign = src.adapters, False
         dst.save_logits(-1, None)
 
-    def take(self, prompt: Sequence[int], reuse: bool = True) -> Slot:
+    def take(self, prompt: Sequence[int], reuse: bool = True, adapters: AdapterSet = ()) -> Slot:
         """The allocator's slot for a session whose input starts with `prompt`, holding the
         longest cached prefix of it: when the slot was chosen next to busy ones (one KV
         stream per slot) and an idle slot elsewhere holds `min_prefix_reuse` or more tokens
         more, that KV is copied in (a copy of the whole stream at the next decode, instead
         of prefilling those tokens again in a ubatch of their own beside decoding streams).
-        `reuse` False: the session reuses no prefix (prompt logprobs), so nothing is copied."""
-        slot = self.allocator.allocate(prompt)
+        `reuse` False: the session reuses no prefix (prompt logprobs), so nothing is copied.
+        `adapters`: what the session decodes under (a prefix cached under others is not reused)."""
+        slot = self.allocator.allocate(prompt, adapters)
         donor = self.allocator.donor_for(slot, prompt) if reuse else None
         if donor is not None:
             self.copy(donor, slot)
@@ -112,11 +115,12 @@ class SlotKV:
         slot.shift(keep, discard)
         return discard
 
-    def restore(self, saved: SavedSession) -> tuple[Slot, bool]:
+    def restore(self, saved: SavedSession, adapters: AdapterSet = ()) -> tuple[Slot, bool]:
         """A slot holding the saved session's KV: one that still has it in memory, else
-        one loaded from the saved state. False (and an empty slot) when neither serves."""
-        slot = self.allocator.allocate(saved.tokens)
-        if saved.tokens and common_prefix_length(slot.tokens, saved.tokens) == len(saved.tokens):
+        one loaded from the saved state. False (and an empty slot) when neither serves, or
+        when the state was computed under other adapters than `adapters` (the resuming call's)."""
+        slot = self.allocator.allocate(saved.tokens, adapters)
+        if saved.tokens and not slot.foreign and common_prefix_length(slot.tokens, saved.tokens) == len(saved.tokens):
             slot.num_confirmed = len(saved.tokens)
             slot.save_logits(-1, None)
             if slot.take_stale_tail() is None or self._cut(slot, len(saved.tokens)):  # the rest is another continuation
@@ -124,10 +128,11 @@ class SlotKV:
         self.clear(slot)
         if not saved.tokens:
             return slot, True
-        if not saved.state:  # saved without its KV (the session had given its slot up)
+        if not saved.state or saved.adapters != adapters:  # saved without its KV, or another adapter's
             return slot, False
         if self.runner.set_seq_state(slot.seq_id, saved.state):
             slot.tokens[:] = saved.tokens
+            slot.adapters = adapters
             if self.holds_window(slot):
                 return slot, True
             log.warning("session_state_rejected", session_id=saved.session_id, detail="the state lacks window cells")

@@ -1,0 +1,112 @@
+"""LoRA adapters: checked, loaded into llama.cpp, applied to the generation context.
+
+An adapter file is read first with the `gguf` package (no llama.cpp): llama.cpp's loader
+catches what it checks (type, architecture, tensor names and shapes against the base) and
+returns NULL, but it accepts tensor types its CPU matrix kernels lack (an F64 LoRA loads
+and then kills the process at the first decode), so only the types llama.cpp's
+`convert_lora_to_gguf.py` writes pass: F32, F16, BF16, Q8_0.
+
+`Adapters` holds the loaded ones (by name) and sets a set of them on the context
+(`llama_set_adapters_lora`, which does nothing when the set is unchanged). Loading,
+unloading and applying run on the executor thread: llama.cpp's model keeps a registry
+of its adapters that the next graph reservation reads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from ..domain.errors import PreconditionFailed
+from ..domain.requests import AdapterSet
+
+ALLOWED_TENSOR_TYPES = frozenset({"F32", "F16", "BF16", "Q8_0"})
+
+
+class AdapterFileError(PreconditionFailed):
+    """A file that is not a LoRA adapter this server can load for its model."""
+
+
+@dataclass(frozen=True)
+class AdapterFile:
+    """What the file says about itself."""
+
+    path: Path
+    rank: int
+    alpha: float
+    num_tensors: int
+    size_bytes: int
+
+
+def check_adapter_file(path: Path, architecture: str) -> AdapterFile:
+    """The file's facts, or AdapterFileError saying why llama.cpp must not load it."""
+    import gguf  # pure Python; imported here so that the engine's tests need no gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise AdapterFileError(f"{path.name} is not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+    fields = reader.fields
+
+    def text(key: str) -> str:
+        return str(fields[key].contents()) if key in fields else ""
+
+    if text("general.type") != "adapter" or text("adapter.type") != "lora":
+        raise AdapterFileError(f"{path.name} is not a LoRA adapter (general.type {text('general.type')!r}, "
+                               f"adapter.type {text('adapter.type')!r})")
+    if text("general.architecture") != architecture:
+        raise AdapterFileError(f"{path.name} is for {text('general.architecture')!r}; the model is {architecture!r}")
+    bad = sorted({t.tensor_type.name for t in reader.tensors} - ALLOWED_TENSOR_TYPES)
+    if bad:
+        raise AdapterFileError(f"{path.name} has tensors of type {', '.join(bad)}; "
+                               f"a LoRA may use {', '.join(sorted(ALLOWED_TENSOR_TYPES))}")
+    ranks = {int(t.shape[1]) for t in reader.tensors if t.name.endswith(".lora_a") and len(t.shape) == 2}
+    alpha = float(fields["adapter.lora.alpha"].contents()) if "adapter.lora.alpha" in fields else 0.0
+    return AdapterFile(path, max(ranks, default=0), alpha, len(reader.tensors), path.stat().st_size)
+
+
+class Adapters:
+    """The loaded adapters of one model and the set on its generation context."""
+
+    def __init__(self, model: llama_cpp.llama_model_p, ctx: llama_cpp.llama_context_p, architecture: str) -> None:
+        self.model = model
+        self.ctx = ctx
+        self.architecture = architecture
+        self.loaded: dict[str, tuple[ctypes.c_void_p, AdapterFile]] = {}
+        self.current: AdapterSet = ()
+
+    def load(self, name: str, path: Path) -> AdapterFile:
+        """Load `path` as adapter `name` (AdapterFileError when it cannot be)."""
+        if name in self.loaded:
+            raise AdapterFileError(f"an adapter named {name!r} is loaded already")
+        info = check_adapter_file(path, self.architecture)
+        handle = llama_cpp.llama_adapter_lora_init(self.model, str(path).encode())
+        if not handle:
+            raise AdapterFileError(f"llama.cpp refused {path.name} (not a LoRA of this base model: its log says why)")
+        self.loaded[name] = (handle, info)
+        return info
+
+    def unload(self, name: str) -> None:
+        """Free adapter `name`; the context drops it first if it is in the current set."""
+        if any(n == name for n, _ in self.current):
+            self.use(())
+        handle, _ = self.loaded.pop(name)
+        llama_cpp.llama_adapter_lora_free(handle)
+
+    def use(self, adapters: AdapterSet) -> None:
+        """Set `adapters` (loaded names) on the context; nothing when it holds them already."""
+        if adapters == self.current:
+            return
+        n = len(adapters)
+        handles = (llama_cpp.llama_adapter_lora_p_ctypes * n)(*(self.loaded[name][0] for name, _ in adapters))
+        scales = (ctypes.c_float * n)(*(scale for _, scale in adapters))
+        llama_cpp.llama_set_adapters_lora(self.ctx, handles if n else None, n, scales if n else None)
+        self.current = adapters
+
+    def close(self) -> None:
+        self.use(())
+        for name in list(self.loaded):
+            self.unload(name)
