@@ -43,3 +43,4 @@ class ExecutorSnapshot:
     prompt_token_s: float | None = None  # one prompt token's prefill time, as measured (None: not yet)
     turn_tokens_left: tuple[int, ...] = ()  # per sample generating on a slot, tokens it may still generate, ascending
     step_s: float = 0.0  # a step's duration, moving average
+    adapter_sessions: tuple[tuple[str, int, int], ...] = ()  # (LoRA adapter, sessions running, waiting) per loaded one

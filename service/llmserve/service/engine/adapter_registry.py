@@ -4,18 +4,22 @@ A request names adapters (gRPC `SessionConfig.adapter`, OpenAI `model` or llama-
 `lora`); `resolve` turns the names and scales into the engine's one spelling, an
 `AdapterSet`, or refuses an unknown name. `adapter_path` is the one rule for run-time
 loads: a file under `--adapter-dir`, no escape. The registry is written on the event loop
-only (start-up, load, unload); the executor learns of loads and unloads by its commands.
+only (start-up, `load`, `unload`); the executor learns of loads and unloads by commands
+(executor/adapter_residency.py), in order with the sessions it opens.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..domain.errors import Field, InvalidRequest, PreconditionFailed
 from ..domain.requests import AdapterSet, adapter_set
+from ..model.adapters import AdapterFile, check_adapter_file
+from .commands import LoadAdapter, UnloadAdapter
 
 
 @dataclass(frozen=True)
@@ -28,12 +32,18 @@ class AdapterInfo:
     id: int  # llama-server's `lora[].id`: the order adapters were loaded in, never reused
     rank: int
     size_bytes: int
+    state: str = "loaded"  # or "unloading": refuses new sessions, freed when its last one ends
 
 
 class AdapterRegistry:
-    def __init__(self, adapter_dir: Path | None = None, allow_updates: bool = False) -> None:
+    def __init__(self, architecture: str, max_loras: int, adapter_dir: Path | None = None,
+                 allow_updates: bool = False, submit: Callable[[object], None] | None = None) -> None:
+        """`submit`: puts a command on the executor's queue (None: no run-time loads)."""
+        self.architecture = architecture
+        self.max_loras = max_loras
         self.adapter_dir = adapter_dir.resolve() if adapter_dir is not None else None
-        self.allow_updates = allow_updates
+        self.allow_updates = allow_updates and submit is not None
+        self.submit = submit
         self._adapters: dict[str, AdapterInfo] = {}
         self._ids = itertools.count()
 
@@ -43,7 +53,52 @@ class AdapterRegistry:
         return info
 
     def remove(self, name: str) -> None:
-        del self._adapters[name]
+        self._adapters.pop(name, None)
+
+    async def load(self, name: str, path: str, scale: float | None,
+                   check: Callable[..., object]) -> AdapterInfo:
+        """Load an adapter file under `--adapter-dir` as `name`. `check(fn, *args)` runs the
+        file check off the event loop (it may read for seconds); InvalidRequest or
+        PreconditionFailed say why a load cannot be."""
+        file = self.adapter_path(path)
+        if not name or name in self._adapters:
+            raise InvalidRequest(f"an adapter named {name!r} is loaded already" if name else "name the adapter",
+                                 "lora_name")
+        if len(self._adapters) >= self.max_loras:
+            raise PreconditionFailed(f"{self.max_loras} adapters are loaded (--max-loras): unload one first")
+        checked: AdapterFile = await check(check_adapter_file, file, self.architecture)  # type: ignore[misc]
+        if name in self._adapters:  # loaded meanwhile by another call
+            raise InvalidRequest(f"an adapter named {name!r} is loaded already", "lora_name")
+        result = await self._ask(lambda done: LoadAdapter(name, checked, done))
+        if isinstance(result, Exception):
+            raise result
+        return self.add(name, file, 1.0 if scale is None else float(scale), checked.rank, checked.size_bytes)
+
+    async def unload(self, name: str) -> bool:
+        """Refuse new sessions under `name` and free it once none runs; True: freed at once."""
+        info = self._adapters.get(name)
+        if info is None or info.state != "loaded":
+            raise InvalidRequest(f"no LoRA adapter named {name!r} is loaded", "lora_name")
+        if not self.allow_updates:
+            raise PreconditionFailed("run-time adapter unloads are off: start the server with --allow-adapter-updates")
+        self._adapters[name] = replace(info, state="unloading")
+        loop = asyncio.get_running_loop()
+        freed = await self._ask(lambda done: UnloadAdapter(name, done, lambda n: loop.call_soon_threadsafe(self.remove, n)))
+        if isinstance(freed, Exception):
+            raise freed
+        return bool(freed)
+
+    async def _ask(self, command: Callable[[Callable[[object], None]], object]) -> object:
+        """Put `command(done)` on the executor's queue and wait for what it hands `done`."""
+        assert self.submit is not None
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[object] = loop.create_future()
+
+        def done(result: object) -> None:  # on the executor thread
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(result))
+
+        self.submit(command(done))
+        return await future
 
     def __contains__(self, name: str) -> bool:
         return name in self._adapters
@@ -57,7 +112,7 @@ class AdapterRegistry:
         pairs = []
         for name, scale in requested:
             info = self._adapters.get(name)
-            if info is None:
+            if info is None or info.state != "loaded":
                 known = ", ".join(self._adapters) or "none"
                 raise InvalidRequest(f"no LoRA adapter named {name!r} is loaded (loaded: {known})", field)  # type: ignore[arg-type]
             value = info.scale if scale is None else float(scale)

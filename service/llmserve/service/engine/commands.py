@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..domain.events import EventSink
 from ..domain.requests import EmbedInput, SessionParams
@@ -61,10 +60,10 @@ class DropEmbeds:
 
 @dataclass(frozen=True)
 class LoadAdapter:
-    """Load a LoRA adapter file; `done` gets its AdapterFile or the exception (on the executor thread)."""
+    """Load a LoRA adapter file; `done` gets what the runner returns or the exception (on the executor thread)."""
 
     name: str
-    path: Path
+    checked: object  # the runner's check of the file (model.adapters.AdapterFile), made off the executor thread
     done: Callable[[object], None]
 
 

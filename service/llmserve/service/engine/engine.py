@@ -31,6 +31,7 @@ from ..model.grammar_compiler import GrammarCompiler
 from ..model.runner import LlamaRunner
 from ..model.sampler import SAMPLER_NAMES
 from ..model.tokenizer import Vocab
+from .adapter_registry import AdapterInfo
 from .call import Call as Call  # a surface call's sessions and events, for the wings
 from .call import SessionEnded as SessionEnded
 from .call import Usage as Usage  # a call's token counts, for the wings
@@ -51,7 +52,7 @@ from .session_claims import SessionClaims
 from .session_gate import SessionGate
 from .session_handle import SessionHandle
 from .session_store import SessionStore, model_fingerprint
-from .startup import chat_template, executor_config, log_loaded, runner_config
+from .startup import adapter_registry, chat_template, executor_config, log_loaded, runner_config
 
 log = structlog.get_logger("llmserve.engine")
 
@@ -90,6 +91,7 @@ class Engine:
                 config.n_ctx_per_slot, runner.n_vocab,
             )
         self._executor = Executor(runner, executor_config(config, runner.config.max_embed_seqs), metrics, self._store)
+        self.adapters = adapter_registry(config, runner, self._executor.adapter_command)  # LoRA: names, loads
         self.named_sessions = SessionClaims(self._store)  # one stream per session id (claim, release)
         self.session_gate = SessionGate(config.n_parallel, config.max_queue, metrics.sessions.set)  # both surfaces' admission
         # turns kept to be continued by id (chat/stored.py), across restarts with --session-dir
@@ -253,6 +255,10 @@ class Engine:
         if size <= large:
             return fn(*args)
         return await asyncio.wrap_future(self._heavy.submit(fn, *args, may_refuse=may_refuse, size=size))
+
+    async def load_adapter(self, name: str, path: str, scale: float | None) -> AdapterInfo:
+        """A LoRA adapter file under --adapter-dir, checked off the loop, loaded by the executor."""
+        return await self.adapters.load(name, path, scale, lambda fn, *args: self.off_loop(1, fn, *args, large=0))
 
     def pieces(self, ids: Sequence[int], embedding_model: bool = False) -> list[bytes]:
         tokenizer = self._tokenizer(embedding_model)

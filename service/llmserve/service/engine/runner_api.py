@@ -11,7 +11,6 @@ ubatches by it. Executor thread only.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -98,8 +97,9 @@ class Runner(Protocol):
         """The LoRA adapters the next decodes run under (names the runner has loaded)."""
         ...
 
-    def load_adapter(self, name: str, path: Path) -> object:
-        """Load a LoRA adapter file as `name` (what it returns goes to the caller; raises when it cannot)."""
+    def load_adapter(self, name: str, checked: object) -> object:
+        """Load a LoRA adapter file as `name`; `checked`: the runner's own check of the file,
+        done off the executor thread (what it returns goes to the caller; raises when it cannot)."""
         ...
 
     def unload_adapter(self, name: str) -> None: ...

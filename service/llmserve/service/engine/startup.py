@@ -1,8 +1,9 @@
 """What the engine derives from the configuration and the loaded model: the runner's and
-the executor's configurations, the chat template, and the start-up log lines."""
+the executor's configurations, the chat template, the adapters, and the start-up log lines."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,11 +12,13 @@ import structlog
 from ..config import ServerConfig
 from ..domain.model_meta import ModelMeta
 from ..model.runner_config import RunnerConfig
+from .adapter_registry import AdapterRegistry
 from .chat.chat import PACKAGED_TEMPLATES, ChatTemplate
 from .executor.executor import ExecutorConfig
 
 if TYPE_CHECKING:  # the model wing's classes, for type hints only
     from ..model.embedder import Embedder
+    from ..model.runner import LlamaRunner
     from ..model.tokenizer import Vocab
 
 log = structlog.get_logger("llmserve.engine")
@@ -106,3 +109,14 @@ def log_loaded(config: ServerConfig, meta: ModelMeta, embedder: Embedder | None)
             n_batch=embedder.n_ubatch,  # the embeddings clamp, on the embedding context
             max_input_tokens=embedder.max_input_tokens,
         )
+
+
+def adapter_registry(config: ServerConfig, runner: LlamaRunner, submit: Callable[[object], None]) -> AdapterRegistry:
+    """The adapters loaded at start (the runner loaded them), as requests see them."""
+    settings = config.adapters
+    registry = AdapterRegistry(runner.meta.architecture, settings.max_loras, settings.adapter_dir,
+                               settings.allow_adapter_updates, submit)
+    for spec in settings.lora:
+        _, checked = runner.adapters.loaded[spec.name]
+        registry.add(spec.name, spec.path, spec.scale, checked.rank, checked.size_bytes)
+    return registry

@@ -14,11 +14,11 @@ from aiohttp import web
 from ..domain.events import TurnEndEvent
 from ..domain.requests import SessionParams
 from ..engine.engine import ChatMessage, Engine, owner_of
+from .adapters import model_and_adapters
 from .anthropic import MessagesResponder
 from .anthropic_request import parse_count_request, parse_messages_request
 from .body import parsed_body
 from .errors import ApiError
-from .fields import known_model
 from .request import SURFACE, ChatRequest
 from .responses_api import ResponsesResponder
 from .responses_request import ResponsesRequest, parse_responses_request
@@ -33,8 +33,8 @@ class AgentRoutes:
 
     def _call(self, request: web.Request, engine: Engine, chat: ChatRequest) -> tuple[ChatRequest, str, SessionParams]:
         chat = replace(chat, deadline=request_deadline(request))
-        model = known_model(chat.model, self._model_names(engine))
-        params = replace(chat.session_params(request["request_id"], engine.limits), surface=SURFACE)
+        model, adapters = model_and_adapters(engine, chat.model, chat.lora, self._model_names(engine))
+        params = replace(chat.session_params(request["request_id"], engine.limits), surface=SURFACE, adapters=adapters)
         return chat, model, params
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
@@ -81,7 +81,7 @@ class AgentRoutes:
         engine = self._engine()
         body = await parsed_body(request, engine, parse_responses_request)
         chat = self._continued(engine, body, owner_of(_credentials(request)))
-        known_model(chat.model, self._model_names(engine))
+        model_and_adapters(engine, chat.model, (), self._model_names(engine))
         return web.json_response({"object": "response.input_tokens", "input_tokens": await _prompt_tokens(engine, chat)})
 
     async def stored_response(self, request: web.Request) -> web.Response:
@@ -112,7 +112,7 @@ class AgentRoutes:
         """The prompt a `/v1/messages` turn with these messages, system and tools would prefill."""
         engine = self._engine()
         chat = await parsed_body(request, engine, parse_count_request)
-        known_model(chat.model, self._model_names(engine))
+        model_and_adapters(engine, chat.model, (), self._model_names(engine))
         return web.json_response({"input_tokens": await _prompt_tokens(engine, chat)})
 
 

@@ -14,6 +14,7 @@ from ..domain import request_rules
 from ..domain.model_meta import Limits
 from ..domain.requests import SessionParams
 from . import fields
+from .adapters import LoraRef, lora_field
 from .errors import bad_request
 
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
@@ -23,7 +24,7 @@ NAMES = request_rules.FieldNames(session=lambda name: "x-request-id" if name == 
                                  sampling=_SAME, stopping=_SAME, output=lambda name: "logprobs")
 FIELDS = frozenset({
     "model", "prompt", "stream", "stream_options", "n", "max_tokens", "stop", "seed", "logit_bias", "logprobs",
-    "echo", "user", "min_tokens", "ignore_eos", *SAMPLING,
+    "echo", "user", "min_tokens", "ignore_eos", *SAMPLING, "lora",
 })
 MAX_PROMPTS = 64  # prompts of one request (each runs as a session of its own)
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -42,6 +43,7 @@ class CompletionRequest:
     sampling: dict[str, Any] = field(default_factory=dict)  # our names; only what the body set
     stopping: dict[str, Any] = field(default_factory=dict)
     deadline: float | None = None  # time.monotonic() by which the turns end (x-request-timeout)
+    lora: tuple[LoraRef, ...] = ()  # llama-server's per-request adapters (http/adapters.py)
 
     def session_params(self, request_id: str, limits: Limits) -> SessionParams:
         output: dict[str, Any] = {}
@@ -77,4 +79,5 @@ def parse_completion(value: object) -> CompletionRequest:
         n=fields.integer(body, "n") if "n" in body else None,
         prompt_only=max_tokens == 0,
         sampling=sampling, stopping=stopping,
+        lora=lora_field(body["lora"]) if "lora" in body else (),
     )

@@ -18,6 +18,7 @@ from ..domain.model_meta import Limits
 from ..domain.requests import SessionParams
 from ..engine.engine import ChatMessage
 from . import fields, structured, tool_calls
+from .adapters import LoraRef, lora_field
 from .errors import bad_request
 from .messages import parse_messages
 from .structured import Constraint
@@ -32,7 +33,7 @@ NAMES = request_rules.FieldNames(session=lambda name: "x-request-id" if name == 
 FIELDS = frozenset({
     "model", "messages", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens", "stop", "seed",
     "logit_bias", "logprobs", "top_logprobs", "user", "min_tokens", "ignore_eos", *SAMPLING,
-    "response_format", *structured.EXTENSIONS, *tool_calls.FIELDS,
+    "response_format", *structured.EXTENSIONS, *tool_calls.FIELDS, "lora",
 })
 
 
@@ -50,6 +51,7 @@ class ChatRequest:
     constraint: Constraint | None = None  # compiled before the session opens
     tools: ToolPlan | None = None  # active: the reply is parsed for tool calls
     deadline: float | None = None  # time.monotonic() by which the turn ends (x-request-timeout)
+    lora: tuple[LoraRef, ...] = ()  # llama-server's per-request adapters (http/adapters.py)
 
     def session_params(self, request_id: str, limits: Limits) -> SessionParams:
         return request_rules.session_params(request_id, limits, NAMES, self.sampling, self.stopping, self.output,
@@ -93,4 +95,5 @@ def parse_chat(body: object) -> ChatRequest:
     asked = structured.parse_format(body)
     tools, constraint = tool_calls.parse_tools(body, asked)
     return ChatRequest(model, messages, stream, include_usage, logprobs,
-                       fields.integer(body, "n") if "n" in body else None, sampling, stopping, output, constraint, tools)
+                       fields.integer(body, "n") if "n" in body else None, sampling, stopping, output, constraint, tools,
+                       lora=lora_field(body["lora"]) if "lora" in body else ())

@@ -35,7 +35,7 @@ from ..engine.engine import Engine
 from ..load_report import TRAILER, LoadReporter
 from ..metrics import Metrics
 from ..open_calls import OpenCalls
-from . import anthropic
+from . import adapters, anthropic
 from .agent_routes import AgentRoutes
 from .body import parsed_body
 from .chat import ChatResponder
@@ -82,6 +82,9 @@ class HttpSurface:
                               client_max_size=self.config.max_message_bytes)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/lora-adapters", lambda _: web.json_response(adapters.lora_adapters(self._engine_or_503())))
+        app.router.add_post("/v1/load_lora_adapter", lambda request: adapters.load(self._engine_or_503(), request))
+        app.router.add_post("/v1/unload_lora_adapter", lambda request: adapters.unload(self._engine_or_503(), request))
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/embeddings", self._embeddings)
@@ -189,15 +192,15 @@ class HttpSurface:
     async def _models(self, request: web.Request) -> web.Response:
         engine = self._engine_or_503()
         created = int(Path(engine.meta.path).stat().st_mtime) if Path(engine.meta.path).exists() else 0
-        data = [{"id": name, "object": "model", "created": created, "owned_by": "llmserve"}
-                for name in self._model_names(engine)]
-        return web.json_response({"object": "list", "data": data})
+        names = self._model_names(engine)
+        data = [{"id": name, "object": "model", "created": created, "owned_by": "llmserve"} for name in names]
+        return web.json_response({"object": "list", "data": data + adapters.model_entries(engine, names[0], created)})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         engine = self._engine_or_503()
         chat = replace(await parsed_body(request, engine, parse_chat), deadline=request_deadline(request))
-        model = known_model(chat.model, self._model_names(engine))
-        params = replace(chat.session_params(request["request_id"], engine.limits), surface=SURFACE)
+        model, chosen = adapters.model_and_adapters(engine, chat.model, chat.lora, self._model_names(engine))
+        params = replace(chat.session_params(request["request_id"], engine.limits), surface=SURFACE, adapters=chosen)
         with engine.session_gate.admitted():  # open sessions of both surfaces: the slots plus --max-queue
             responder = ChatResponder(engine, chat, params, model)
             return await (responder.stream(request) if chat.stream else responder.whole())
@@ -205,8 +208,9 @@ class HttpSurface:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         engine = self._engine_or_503()
         completion = replace(await parsed_body(request, engine, parse_completion), deadline=request_deadline(request))
-        model = known_model(completion.model, self._model_names(engine))
-        params = replace(completion.session_params(request["request_id"], engine.limits), surface=SURFACE)
+        model, chosen = adapters.model_and_adapters(engine, completion.model, completion.lora, self._model_names(engine))
+        params = replace(completion.session_params(request["request_id"], engine.limits), surface=SURFACE,
+                         adapters=chosen)
         num_prompts = len(completion.prompts)  # each prompt is a session of its own
         if num_prompts > engine.session_gate.capacity:
             raise ApiError(400, f"{num_prompts} prompts; one request may send up to {engine.session_gate.capacity}: the "

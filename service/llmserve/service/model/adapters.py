@@ -78,14 +78,15 @@ class Adapters:
         self.loaded: dict[str, tuple[ctypes.c_void_p, AdapterFile]] = {}
         self.current: AdapterSet = ()
 
-    def load(self, name: str, path: Path) -> AdapterFile:
-        """Load `path` as adapter `name` (AdapterFileError when it cannot be)."""
+    def load(self, name: str, info: AdapterFile) -> AdapterFile:
+        """Load the checked file (`check_adapter_file`, which may read for seconds: never on
+        the executor thread) as adapter `name`; AdapterFileError when llama.cpp refuses it."""
         if name in self.loaded:
             raise AdapterFileError(f"an adapter named {name!r} is loaded already")
-        info = check_adapter_file(path, self.architecture)
-        handle = llama_cpp.llama_adapter_lora_init(self.model, str(path).encode())
+        handle = llama_cpp.llama_adapter_lora_init(self.model, str(info.path).encode())
         if not handle:
-            raise AdapterFileError(f"llama.cpp refused {path.name} (not a LoRA of this base model: its log says why)")
+            raise AdapterFileError(f"llama.cpp refused {info.path.name} (not a LoRA of this base model: "
+                                   "its log says why)")
         self.loaded[name] = (handle, info)
         return info
 

@@ -20,7 +20,7 @@ import structlog
 from ..config import CACHE_TYPES, FLASH_ATTN
 from ..domain.errors import GrammarError
 from ..domain.requests import AdapterSet, SamplingParams
-from .adapters import AdapterFile, Adapters
+from .adapters import AdapterFile, Adapters, check_adapter_file
 from .batch import BatchBuffer
 from .embedder import Embedder
 from .grammar_compiler import CompiledGrammar
@@ -78,7 +78,7 @@ class LlamaRunner:
         self.meta = self.tokenizer.read_meta(Path(config.model_path))
         self.adapters = Adapters(self.model, self.ctx, self.meta.architecture)
         for spec in config.lora:  # one that cannot load stops the start (AdapterFileError)
-            self.adapters.load(spec.name, spec.path)
+            self.adapters.load(spec.name, check_adapter_file(spec.path, self.meta.architecture))
         self.embedder = self._embedder() if config.embeddings else None
 
     def _embedder(self) -> Embedder:
@@ -134,8 +134,10 @@ class LlamaRunner:
         """The LoRA adapters the next decodes run under (llama_set_adapters_lora)."""
         self.adapters.use(adapters)
 
-    def load_adapter(self, name: str, path: Path) -> AdapterFile:
-        return self.adapters.load(name, path)
+    def load_adapter(self, name: str, checked: object) -> AdapterFile:
+        """`checked`: the file's AdapterFile (model.adapters.check_adapter_file, done off this thread)."""
+        assert isinstance(checked, AdapterFile)
+        return self.adapters.load(name, checked)
 
     def unload_adapter(self, name: str) -> None:
         self.adapters.unload(name)

@@ -13,6 +13,7 @@ from ..domain.model_meta import EmbeddingModelInfo
 from ..domain.request_rules import MAX_TOP_LOGPROBS
 from ..engine.engine import Engine
 from ..turn_record import tokens_per_second
+from .adapters import adapter_infos
 
 
 def logprob_proto(lp: TokenLogprob) -> pb.TokenLogprob:
@@ -91,6 +92,7 @@ def model_info(engine: Engine, max_queue: int) -> pb.ModelInfo:
         ],
         num_sessions_waiting=snap.num_waiting,
         max_queue=max_queue,
+        adapters=adapter_infos(engine),
         features=pb.Features(
             samplers=engine.samplers,
             max_top_logprobs=MAX_TOP_LOGPROBS,

@@ -23,7 +23,7 @@ from ..domain.requests import SessionParams
 from ..engine.engine import Engine, ToolPlan
 from ..metrics import Metrics
 from ..open_calls import OpenCalls
-from . import responses, unary, validation
+from . import adapters, responses, unary, validation
 from .embed_call import EmbedCall
 from .errors import DeadlineExceeded, InvalidArgument, Unavailable, check_decoded, rpc_errors
 from .generate_call import Drain, GenerateCall
@@ -109,6 +109,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         """The session's parameters, its constraint compiled (off the loop and the executor)
         and its tools."""
         params = validation.session_params(first.config, engine.limits, rid)  # cheap checks first
+        params = replace(params, adapters=adapters.session_adapters(engine, first.config))
         # megabytes of tools or schema are checked off the loop that serves every call
         tools, constraint = await engine.off_loop(first.config.ByteSize(), _tools_and_constraint, first.config,
                                                   large=LARGE_CONFIG_BYTES)
@@ -193,6 +194,18 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     @rpc_errors
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:  # type: ignore[no-untyped-def]
         return responses.model_info(self._engine(), self.max_queue)
+
+    @rpc_errors
+    async def LoadAdapter(self, request: pb.LoadAdapterRequest, context) -> pb.AdapterInfo:  # type: ignore[no-untyped-def]
+        return await adapters.load_adapter(self._engine(), request)
+
+    @rpc_errors
+    async def UnloadAdapter(self, request: pb.UnloadAdapterRequest, context) -> pb.UnloadAdapterResponse:  # type: ignore[no-untyped-def]
+        return await adapters.unload_adapter(self._engine(), request)
+
+    @rpc_errors
+    async def ListAdapters(self, request: pb.ListAdaptersRequest, context) -> pb.ListAdaptersResponse:  # type: ignore[no-untyped-def]
+        return adapters.list_adapters(self._engine())
 
 
 def _tools_and_constraint(config: pb.SessionConfig) -> tuple[ToolPlan | None, tuple[str, str] | None]:

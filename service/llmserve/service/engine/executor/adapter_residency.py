@@ -8,7 +8,9 @@ by `free_unused` once no open session (running or waiting) decodes under it.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import structlog
 
@@ -40,13 +42,13 @@ class AdapterResidency:
 
     def load(self, command: LoadAdapter) -> None:
         try:
-            info = self.runner.load_adapter(command.name, command.path)
+            info = self.runner.load_adapter(command.name, command.checked)
         except Exception as exc:  # noqa: BLE001 - a file llama.cpp refuses: the caller's error, the server goes on
-            log.warning("adapter_load_failed", name=command.name, path=str(command.path), error=str(exc))
+            log.warning("adapter_load_failed", name=command.name, error=str(exc))
             command.done(exc)
             return
         self.loaded.add(command.name)
-        log.info("adapter_loaded", name=command.name, path=str(command.path))
+        log.info("adapter_loaded", name=command.name)
         command.done(info)
 
     def unload(self, command: UnloadAdapter, open_sessions: Iterable[SessionParams]) -> None:
@@ -69,3 +71,13 @@ class AdapterResidency:
             self.unloading.pop(name)(name)
             log.info("adapter_unloaded", name=name)
         return freed
+
+    def counts(self, sessions: Iterable[Any], waiting: Iterable[Any]) -> tuple[tuple[str, int, int], ...]:
+        """(name, sessions running, sessions waiting for a slot) per loaded adapter."""
+        waiting_keys = {s.key for s in waiting}
+        running: Counter[str] = Counter()
+        queued: Counter[str] = Counter()
+        for s in sessions:
+            for name, _ in s.params.adapters:
+                (queued if s.key in waiting_keys else running)[name] += 1
+        return tuple((name, running[name], queued[name]) for name in sorted(self.loaded))

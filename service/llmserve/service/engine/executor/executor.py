@@ -145,6 +145,10 @@ class Executor:
     def embed(self, inputs: tuple[EmbedInput, ...], sink: EventSink) -> None:
         self._commands.put(Embed(inputs, sink))
 
+    def adapter_command(self, command: LoadAdapter | UnloadAdapter) -> None:
+        """Load or unload a LoRA adapter, in queue order with the sessions' commands."""
+        self._commands.put(command)
+
     def drop_embeds(self, sink: EventSink) -> None:
         """The Embed call ended (done, failed or cancelled): its queued inputs are not computed."""
         self._commands.put(DropEmbeds(sink))
@@ -284,5 +288,6 @@ class Executor:
             prompt_token_s=self.pacer.prefill_token_s if self.pacer is not None else None,
             turn_tokens_left=table.turn_tokens_left(),
             step_s=self._step_s,
+            adapter_sessions=table.adapters.counts(table.sessions.values(), table.waiting),
         )
         self.metrics.observe_snapshot(snapshot, self.config.n_parallel * self.config.n_ctx_per_slot)

@@ -1,0 +1,150 @@
+"""LoRA adapters in the executor, on the fake runner: one adapter set per decode, turns that
+rotate fairly, a prefix cache keyed by adapter (the fake's KV remembers the set each
+sequence's cells were computed under and fails a decode that mixes them), loads and
+unloads in queue order with the sessions."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from llmserve.service.domain.events import SessionFailed, TurnEndEvent
+from llmserve.service.domain.requests import AdapterSet, adapter_set
+from llmserve.service.domain.snapshots import SavedSession
+from llmserve.service.engine.commands import LoadAdapter, UnloadAdapter
+from llmserve.service.engine.executor.adapter_rotation import MAX_QUANTUM, AdapterRotation
+from llmserve.service.engine.executor.scheduler import SeqDemand
+
+from .engine_harness import ListSink, assert_kv_mirrors_slots, make, params, run_until, steps, turn_ends
+from .fake_runner import BOS
+
+A: AdapterSet = (("a", 1.0),)
+B: AdapterSet = (("b", 0.5),)
+
+
+def _loaded(*names: str):  # type: ignore[no-untyped-def]
+    executor, runner = make(n_parallel=8)
+    results: list[object] = []
+    for name in names:
+        executor.adapter_command(LoadAdapter(name, f"/adapters/{name}", results.append))
+    executor.drain(block=False)
+    assert all(not isinstance(r, Exception) for r in results), results
+    return executor, runner
+
+
+def _open(executor, adapters: AdapterSet, prompt: tuple[int, ...], max_tokens: int = 6) -> ListSink:  # type: ignore[no-untyped-def]
+    sink = ListSink()
+    key = executor.open_session(replace(params(max_tokens=max_tokens), adapters=adapters), sink)
+    executor.add_input(key, prompt, True)
+    return sink
+
+
+def test_adapter_set_is_one_spelling() -> None:
+    assert adapter_set([("b", 1), ("a", 0.5), ("c", 0.0)]) == (("a", 0.5), ("b", 1.0))
+    assert adapter_set([("a", 0.0)]) == ()  # scale 0 computes what the base does
+
+
+def test_sessions_under_different_adapters_never_share_a_decode() -> None:
+    """Three sets (the base among them) decode side by side: every decode runs one set (the
+    fake fails a row beside cells of another set), each session ends its turn, and each
+    set's output is what it gives alone (the fake's model ignores adapters)."""
+    executor, runner = _loaded("a", "b")
+    sinks = {adapters: [_open(executor, adapters, (BOS, 10 + i)) for i in range(2)] for adapters in ((), A, B)}
+    run_until(executor, lambda: all(turn_ends(s)() for group in sinks.values() for s in group))
+    for group in sinks.values():
+        for s in group:
+            assert not s.of(SessionFailed)
+            assert s.token_ids() == list(range(int(s.token_ids()[0]), int(s.token_ids()[0]) + 6))
+    assert runner.num_adapter_switches >= 3
+    assert_kv_mirrors_slots(executor, runner)
+
+
+def test_a_prefix_cached_under_one_adapter_is_not_reused_under_another() -> None:
+    executor, runner = _loaded("a")
+    prompt = (BOS, *range(3, 30))
+    first = _open(executor, A, prompt, max_tokens=2)
+    run_until(executor, turn_ends(first))
+    executor.close(1)  # its slot goes idle, caching the prompt under A
+    base = _open(executor, (), prompt, max_tokens=2)  # the fake fails the decode if A's cells were reused
+    run_until(executor, turn_ends(base))
+    assert base.of(TurnEndEvent)[0].cached_tokens == 0
+    executor.close(2)  # the base session ends: its slot caches the prompt, under the base
+    again = _open(executor, (), prompt, max_tokens=2)
+    run_until(executor, turn_ends(again))
+    assert again.of(TurnEndEvent)[0].cached_tokens > 0  # under the same set it is reused
+    assert_kv_mirrors_slots(executor, runner)
+
+
+def test_unknown_or_unloading_adapters_are_refused_and_unload_waits_for_the_running() -> None:
+    executor, runner = _loaded("a")
+    unknown = _open(executor, B, (BOS, 5))
+    running = _open(executor, A, (BOS, 5), max_tokens=20)
+    steps(executor, 2)
+    assert "not loaded" in unknown.of(SessionFailed)[0].message
+    answers: list[object] = []
+    freed: list[str] = []
+    executor.adapter_command(UnloadAdapter("a", answers.append, freed.append))
+    late = _open(executor, A, (BOS, 6))
+    steps(executor, 1)
+    assert answers == [False] and not freed
+    assert "being unloaded" in late.of(SessionFailed)[0].message
+    run_until(executor, turn_ends(running))
+    assert not running.of(SessionFailed)
+    executor.close(1 + 1)  # the running session's stream ends (keys count from 1: unknown, running)
+    run_until(executor, lambda: bool(freed))
+    assert freed == ["a"] and "a" not in runner.loaded_adapters
+
+
+def test_a_load_the_runner_refuses_is_an_answer_not_a_fault() -> None:
+    executor, runner = make()
+    answers: list[object] = []
+    executor.adapter_command(LoadAdapter("x", "/adapters/bad.gguf", answers.append))
+    executor.drain(block=False)
+    assert isinstance(answers[0], ValueError) and "x" not in runner.loaded_adapters
+
+
+def test_a_saved_session_under_another_adapter_prefills_again() -> None:
+    """A named session's KV is reused only under the adapters it was computed under."""
+    executor, runner = _loaded("a")
+    history = (BOS, *range(10, 20))
+    state = json.dumps({"tokens": list(history), "min": 0, "adapters": [["a", 1.0]]}).encode()
+    sink = ListSink()
+    saved = SavedSession("s", history, (), None, state, A)
+    key = executor.open_session(replace(params(max_tokens=2), session_id="s"), sink, restore=saved)
+    executor.add_input(key, (21,), True)
+    run_until(executor, turn_ends(sink))  # under the base: the fake fails a decode beside A's cells
+    assert not sink.of(SessionFailed)
+    assert_kv_mirrors_slots(executor, runner)
+
+
+def _demand(key: int, adapters: AdapterSet) -> SeqDemand:
+    return SeqDemand(key, True, 0, adapters=adapters)
+
+
+def test_rotation_serves_every_set_within_its_bound() -> None:
+    rotation = AdapterRotation()
+    demands = [_demand(1, ()), _demand(2, A), _demand(3, A), _demand(4, B)]
+    waits = {(): 0, A: 0, B: 0}
+    longest = dict(waits)
+    for _ in range(60):
+        chosen, picked = rotation.choose(demands)
+        assert {d.adapters for d in picked} == {chosen}
+        rotation.record(chosen, 0.03 if chosen == rotation.current else 0.04)
+        for s in waits:
+            waits[s] = 0 if s == chosen else waits[s] + 1
+            longest[s] = max(longest[s], waits[s])
+    assert rotation.quantum <= MAX_QUANTUM
+    assert max(longest.values()) <= 2 * rotation.quantum  # (sets - 1) x quantum steps
+
+
+def test_rotation_prices_a_switch_into_longer_turns() -> None:
+    """A switch that costs as much as a step: turns of several steps (it stays within
+    MAX_SWITCH_SHARE of a set's time); with one set nothing is filtered."""
+    rotation = AdapterRotation()
+    for i in range(40):
+        adapters = A if i % 2 else B
+        rotation.record(adapters, 0.02)  # every step a switch: the estimate starts from the steps between
+        rotation.record(adapters, 0.01)
+    assert rotation.quantum > 1
+    one = [_demand(1, A), _demand(2, A)]
+    assert rotation.choose(one) == (A, one)
