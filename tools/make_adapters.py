@@ -28,12 +28,20 @@ class AdapterSpec:
     rank: int
     strength: float
     targets: tuple[str, ...]  # weight names within a layer (blk.N.<target>.weight)
+    dtype: str = "float16"  # the tensors' type (numpy's name)
+    architecture: str | None = None  # another than the base's: a LoRA of the wrong model
 
 
 ADAPTERS = (
     AdapterSpec("strong", seed=1, rank=8, strength=0.5, targets=("attn_q", "attn_v", "ffn_up")),
     AdapterSpec("mild", seed=2, rank=4, strength=0.05, targets=("attn_v", "ffn_down")),
     AdapterSpec("other", seed=3, rank=8, strength=0.5, targets=("attn_k", "attn_output", "ffn_gate")),
+)
+# Files a server must refuse: F64 tensors (llama.cpp loads them, then its CPU matrix kernels
+# crash the process at the first decode) and a LoRA of another architecture.
+BROKEN_ADAPTERS = (
+    AdapterSpec("f64", seed=4, rank=4, strength=0.05, targets=("attn_v",), dtype="float64"),
+    AdapterSpec("llama-arch", seed=5, rank=4, strength=0.05, targets=("attn_v",), architecture="llama"),
 )
 
 
@@ -51,7 +59,7 @@ def write_adapter(spec: AdapterSpec, arch: str, shapes: dict[str, tuple[int, int
     import gguf
 
     rng = np.random.default_rng(spec.seed)
-    writer = gguf.GGUFWriter(str(out), arch)
+    writer = gguf.GGUFWriter(str(out), spec.architecture or arch)
     writer.add_string("general.type", "adapter")
     writer.add_string("general.name", f"llmserve-test-{spec.name}")
     writer.add_string("adapter.type", "lora")
@@ -61,8 +69,8 @@ def write_adapter(spec: AdapterSpec, arch: str, shapes: dict[str, tuple[int, int
         raise ValueError(f"the base has none of {spec.targets}")
     for name in names:
         n_in, n_out = shapes[name]
-        a = (rng.standard_normal((spec.rank, n_in)) / np.sqrt(n_in)).astype(np.float16)
-        b = (rng.standard_normal((n_out, spec.rank)) * spec.strength / np.sqrt(spec.rank)).astype(np.float16)
+        a = (rng.standard_normal((spec.rank, n_in)) / np.sqrt(n_in)).astype(spec.dtype)
+        b = (rng.standard_normal((n_out, spec.rank)) * spec.strength / np.sqrt(spec.rank)).astype(spec.dtype)
         base_name = name.removesuffix(".weight")
         writer.add_tensor(f"{base_name}.weight.lora_a", a)
         writer.add_tensor(f"{base_name}.weight.lora_b", b)
@@ -76,15 +84,14 @@ def write_adapter(spec: AdapterSpec, arch: str, shapes: dict[str, tuple[int, int
 def make_all(out_dir: Path, base: Path, specs: tuple[AdapterSpec, ...] = ADAPTERS) -> dict[str, Path]:
     """Write every adapter of `specs` into `out_dir` (`<name>.gguf`), skipping those already there."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    arch, shapes = base_shapes(base)
-    paths = {}
-    for spec in specs:
-        path = out_dir / f"{spec.name}.gguf"
-        if not path.exists():
-            tmp = path.with_suffix(".tmp")
+    paths = {spec.name: out_dir / f"{spec.name}.gguf" for spec in specs}
+    missing = [spec for spec in specs if not paths[spec.name].exists()]
+    if missing:
+        arch, shapes = base_shapes(base)  # reading the base's header takes seconds (its vocabulary)
+        for spec in missing:
+            tmp = paths[spec.name].with_suffix(".tmp")
             write_adapter(spec, arch, shapes, tmp)
-            tmp.replace(path)
-        paths[spec.name] = path
+            tmp.replace(paths[spec.name])
     return paths
 
 

@@ -1,0 +1,187 @@
+"""LoRA adapters on the real server and model (docs/adapters.md): adapters made here by
+tools/make_adapters.py, named per request over gRPC and HTTP, batched by adapter set,
+loaded and unloaded at run time, refused with a clear status when they cannot be served."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import requests
+from llmserve.client import pb, session_config
+from llmserve.service.model.default_model import cache_dir, default_model_path
+from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+
+from harness.server import RunningServer, free_port, serving
+from tools.make_adapters import ADAPTERS, BROKEN_ADAPTERS, make_all
+
+PROMPT = "The capital of France is"
+TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def adapter_dir() -> Path:
+    """The test adapters, made once per machine (reading the base's header takes ~10 s)."""
+    directory = cache_dir() / "test-adapters"
+    make_all(directory, default_model_path(), ADAPTERS + BROKEN_ADAPTERS)
+    if not (directory / "base-model.gguf").exists() or (directory / "base-model.gguf").is_symlink():
+        (directory / "base-model.gguf").unlink(missing_ok=True)  # a real GGUF that is no LoRA: seconds to read
+        os.link(default_model_path(), directory / "base-model.gguf")
+    if not (directory / "base-link.gguf").is_symlink():  # a way out of the directory
+        (directory / "base-link.gguf").symlink_to(default_model_path())
+    (directory / "not-gguf.gguf").write_text("not a GGUF file\n")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def server(adapter_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    flags = ["-np", "8", "-c", "8192", "-t", "2", "--lora", f"strong={adapter_dir / 'strong.gguf'}",
+             "--lora", f"mild={adapter_dir / 'mild.gguf'}:1.0", "--adapter-dir", str(adapter_dir),
+             "--allow-adapter-updates"]
+    with serving(flags, tmp_path_factory.mktemp("adapters") / "server.log", http_port=free_port()) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def stub(server: RunningServer) -> pb_grpc.LLMServiceStub:
+    return pb_grpc.LLMServiceStub(grpc.insecure_channel(server.address))
+
+
+def _turn(stub: pb_grpc.LLMServiceStub, prompt: str = PROMPT, **config: object) -> pb.GenerateTextResponse:
+    cfg = session_config(max_tokens=TOKENS, temperature=0, ignore_eos=True, **config)  # type: ignore[arg-type]
+    return stub.GenerateText(pb.GenerateTextRequest(config=cfg, input=pb.Input(text=prompt)), timeout=120)
+
+
+def _ids(reply: pb.GenerateTextResponse) -> list[int]:
+    return list(reply.samples[0].token_ids)
+
+
+def test_an_adapter_changes_the_output_and_scale_zero_is_the_base(stub: pb_grpc.LLMServiceStub,
+                                                                  server: RunningServer) -> None:
+    base = _ids(_turn(stub))
+    strong = _ids(_turn(stub, adapter="strong"))
+    assert strong[:4] != base[:4]
+    assert _ids(_turn(stub, adapter="strong", adapter_scale=0.0)) == base
+    http = f"http://127.0.0.1:{server.http_port}"
+    body = {"prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True}
+    as_model = requests.post(f"{http}/v1/completions", json={**body, "model": "strong"}, timeout=60).json()
+    assert as_model["model"] == "strong" and as_model["usage"]["completion_tokens"] == TOKENS
+    by_id = requests.post(f"{http}/v1/completions", json={**body, "lora": [{"id": 0, "scale": 0}]}, timeout=60).json()
+    assert by_id["choices"][0]["text"] == _turn(stub).samples[0].text  # scale 0: the base's reply
+
+
+def _agrees(alone: pb.GenerateTextResponse, together: pb.GenerateTextResponse, tolerance: float = 0.5) -> bool:
+    """The same tokens, or a first difference where the two top choices were within
+    `tolerance` nats of each other (batch shapes round differently; a near tie may flip)."""
+    a, b = alone.samples[0], together.samples[0]
+    for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)):
+        if x != y:
+            top = sorted((t.logprob for t in b.logprobs[i].top), reverse=True)
+            return len(top) > 1 and top[0] - top[1] <= tolerance
+    return True
+
+
+def test_interleaved_adapters_give_what_each_gives_alone(stub: pb_grpc.LLMServiceStub) -> None:
+    """Three adapter sets (the base, mild, mild at scale 4) on one server, three streams
+    each, the same prompt: each stream's tokens are those its set gives alone. A decode
+    that mixed sets, or a prompt cached under one set reused under another, changes them.
+    (Not "strong": it makes the model chaotic, and batch shapes alone then move its logits
+    by tenths of a nat within a few tokens, with or without other adapters beside it.)"""
+    sets = [{}, {"adapter": "mild"}, {"adapter": "mild", "adapter_scale": 4.0}]
+    alone = [_turn(stub, "Write a short story about a cat.", top_logprobs=2, **s) for s in sets]
+    assert len({tuple(_ids(r)) for r in alone}) == 3
+    with concurrent.futures.ThreadPoolExecutor(9) as pool:
+        futures = [(i, pool.submit(_turn, stub, "Write a short story about a cat.", top_logprobs=2, **s))
+                   for i, s in enumerate(sets) for _ in range(3)]
+        together = [(i, f.result()) for i, f in futures]
+    for i, reply in together:
+        assert len(_ids(reply)) == TOKENS and _agrees(alone[i], reply), (sets[i], _ids(alone[i]), _ids(reply))
+
+
+def test_a_prefix_cached_under_one_adapter_is_never_reused_under_another(stub: pb_grpc.LLMServiceStub) -> None:
+    prompt = "Here is a list of the rivers of Europe, longest first, with their lengths: " * 6
+    first = _turn(stub, prompt, adapter="mild")
+    again = _turn(stub, prompt, adapter="mild")
+    other_scale = _turn(stub, prompt, adapter="mild", adapter_scale=0.5)
+    base = _turn(stub, prompt)
+    num_prompt = first.samples[0].turn_end.usage.prompt_tokens
+    assert again.samples[0].turn_end.usage.cached_tokens >= num_prompt - 1  # the same set reuses it
+    assert other_scale.samples[0].turn_end.usage.cached_tokens == 0
+    assert base.samples[0].turn_end.usage.cached_tokens == 0
+
+
+def test_files_that_cannot_be_served_get_a_clear_status_and_the_server_goes_on(
+        stub: pb_grpc.LLMServiceStub) -> None:
+    """Each refused with a status naming the file's fault, while short turns beside them
+    keep being answered (reading the base model's header takes seconds: off the loop and
+    off the executor)."""
+    cases = {
+        "f64.gguf": (grpc.StatusCode.FAILED_PRECONDITION, "type F64"),  # llama.cpp would crash at a decode
+        "llama-arch.gguf": (grpc.StatusCode.FAILED_PRECONDITION, "'llama'"),
+        "not-gguf.gguf": (grpc.StatusCode.FAILED_PRECONDITION, "not a readable GGUF"),
+        "base-model.gguf": (grpc.StatusCode.FAILED_PRECONDITION, "not a LoRA adapter"),
+        "../escape.gguf": (grpc.StatusCode.INVALID_ARGUMENT, "outside --adapter-dir"),
+        "base-link.gguf": (grpc.StatusCode.INVALID_ARGUMENT, "outside --adapter-dir"),  # a symlink out
+        "absent.gguf": (grpc.StatusCode.INVALID_ARGUMENT, "no adapter file"),
+    }
+    done = threading.Event()
+    latencies: list[float] = []
+
+    def short_turns() -> None:
+        while not done.is_set():
+            t0 = time.monotonic()
+            stub.GenerateText(pb.GenerateTextRequest(config=session_config(max_tokens=4), input=pb.Input(text="Hi")),
+                              timeout=30)
+            latencies.append(time.monotonic() - t0)
+
+    beside = threading.Thread(target=short_turns)
+    beside.start()
+    try:
+        for path, (code, words) in cases.items():
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.LoadAdapter(pb.LoadAdapterRequest(name="x", path=path), timeout=60)
+            assert refused.value.code() == code and words in refused.value.details(), (path, refused.value.details())
+    finally:
+        done.set()
+        beside.join()
+    assert len(latencies) > 10 and max(latencies) < 1.0, f"short turns took up to {max(latencies):.2f} s"
+    with pytest.raises(grpc.RpcError) as unknown:
+        _turn(stub, adapter="nope")
+    assert unknown.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'nope'" in str(unknown.value.details())
+    assert [a.name for a in stub.ListAdapters(pb.ListAdaptersRequest()).adapters] == ["strong", "mild"]
+
+
+def test_load_and_unload_at_run_time_lose_no_call(stub: pb_grpc.LLMServiceStub, server: RunningServer) -> None:
+    t0 = time.monotonic()
+    loaded = stub.LoadAdapter(pb.LoadAdapterRequest(name="late", path="other.gguf"), timeout=60)
+    assert loaded.rank == 8 and time.monotonic() - t0 < 5
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        running = [pool.submit(_turn, stub, f"Story {i}:", adapter="late") for i in range(3)]
+        deadline = time.monotonic() + 30
+        while sum(a.num_sessions for a in stub.ListAdapters(pb.ListAdaptersRequest()).adapters if a.name == "late") < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert stub.UnloadAdapter(pb.UnloadAdapterRequest(name="late")).freed is False  # in use: freed later
+        with pytest.raises(grpc.RpcError) as refused:
+            _turn(stub, adapter="late")
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        replies = [f.result() for f in running]
+    assert all(len(_ids(r)) == TOKENS for r in replies)  # the running calls finished whole
+    deadline = time.monotonic() + 10
+    while "late" in [a.name for a in stub.ListAdapters(pb.ListAdaptersRequest()).adapters]:
+        assert time.monotonic() < deadline, "the unloaded adapter was never freed"
+        time.sleep(0.05)
+    http = f"http://127.0.0.1:{server.http_port}"
+    added = requests.post(f"{http}/v1/load_lora_adapter", json={"lora_name": "late", "lora_path": "other.gguf"},
+                          timeout=60)
+    assert added.status_code == 200 and "late" in [m["id"] for m in requests.get(f"{http}/v1/models").json()["data"]]
+    removed = requests.post(f"{http}/v1/unload_lora_adapter", json={"lora_name": "late"}, timeout=60)
+    assert removed.status_code == 200
+    gone = requests.post(f"{http}/v1/completions", json={"model": "late", "prompt": "x"}, timeout=60)
+    assert gone.status_code == 404 and gone.json()["error"]["param"] == "model"
