@@ -12,11 +12,13 @@ from the executor, so both surfaces count: queued requests `llmserve_waiting_ses
 running requests `llmserve_running_sessions`, KV-cache utilization (0..1)
 `llmserve_kv_cells_used_ratio` (docs/observability.md). The load that ORCA reports to
 Envoy is here too: `llmserve_load_utilization`, `llmserve_prefill_tokens_waiting`,
-`llmserve_slot_wait_seconds`.
+`llmserve_slot_wait_seconds`. With LoRA adapters, `llmserve_lora_requests_info` is vLLM's
+`vllm:lora_requests_info` by another name (the gateway's lora-affinity scorer).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prometheus_client import (
@@ -140,6 +142,11 @@ class Metrics:
             "llmserve_spec_accepted_tokens", "Speculative draft tokens accepted", registry=r
         )
         self.kv_used = Gauge("llmserve_kv_cells_used_ratio", "KV cells holding tokens / generation cells", registry=r)
+        self.max_loras = 0  # --max-loras (the Engine sets it): the lora_requests_info gauge's max_lora label
+        self.lora_info = Gauge("llmserve_lora_requests_info", "LoRA adapters of running and waiting sessions, as "
+                               "vLLM's vllm:lora_requests_info (the inference gateway's lora-affinity scorer reads "
+                               "it); the value is when it was set", ["running_lora_adapters", "waiting_lora_adapters",
+                                                                     "max_lora"], registry=r)
         self.prefill_waiting = Gauge("llmserve_prefill_tokens_waiting", "Input tokens of open sessions not yet in the KV",
                                      registry=r)
         self.utilization = Gauge("llmserve_load_utilization", "Load as a fraction of what the replica admits, as "
@@ -191,6 +198,11 @@ class Metrics:
             self.slot_tokens.labels(str(slot.seq_id)).set(slot.num_cached_tokens)
         self.kv_used.set(snapshot.num_kv_tokens / num_cells)
         self.prefill_waiting.set(snapshot.num_prefill_tokens_waiting)
+        if snapshot.adapter_sessions:
+            running = ",".join(name for name, num_running, _ in snapshot.adapter_sessions if num_running)
+            waiting = ",".join(name for name, _, num_waiting in snapshot.adapter_sessions if num_waiting)
+            self.lora_info.clear()
+            self.lora_info.labels(running, waiting, str(self.max_loras)).set(time.time())
 
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)

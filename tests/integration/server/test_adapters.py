@@ -18,6 +18,7 @@ from llmserve.client import pb, session_config
 from llmserve.service.model.default_model import cache_dir, default_model_path
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from harness.metrics import scrape
 from harness.server import RunningServer, free_port, serving
 from tools.make_adapters import ADAPTERS, BROKEN_ADAPTERS, make_all
 
@@ -44,7 +45,8 @@ def server(adapter_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     flags = ["-np", "8", "-c", "8192", "-t", "2", "--lora", f"strong={adapter_dir / 'strong.gguf'}",
              "--lora", f"mild={adapter_dir / 'mild.gguf'}:1.0", "--adapter-dir", str(adapter_dir),
              "--allow-adapter-updates"]
-    with serving(flags, tmp_path_factory.mktemp("adapters") / "server.log", http_port=free_port()) as running:
+    with serving(flags, tmp_path_factory.mktemp("adapters") / "server.log", http_port=free_port(),
+                 metrics=True) as running:
         yield running
 
 
@@ -167,6 +169,9 @@ def test_load_and_unload_at_run_time_lose_no_call(stub: pb_grpc.LLMServiceStub, 
         while sum(a.num_sessions for a in stub.ListAdapters(pb.ListAdaptersRequest()).adapters if a.name == "late") < 3:
             assert time.monotonic() < deadline
             time.sleep(0.01)
+        gauge = scrape(server.metrics_port)  # what the inference gateway's lora-affinity scorer reads
+        assert gauge.has("llmserve_lora_requests_info", running_lora_adapters="late", waiting_lora_adapters="",
+                         max_lora="8")
         assert stub.UnloadAdapter(pb.UnloadAdapterRequest(name="late")).freed is False  # in use: freed later
         with pytest.raises(grpc.RpcError) as refused:
             _turn(stub, adapter="late")

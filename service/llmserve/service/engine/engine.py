@@ -31,7 +31,7 @@ from ..model.grammar_compiler import GrammarCompiler
 from ..model.runner import LlamaRunner
 from ..model.sampler import SAMPLER_NAMES
 from ..model.tokenizer import Vocab
-from .adapter_registry import AdapterInfo
+from .adapter_registry import AdapterInfo as AdapterInfo  # LoRA adapters as listed, for the wings
 from .call import Call as Call  # a surface call's sessions and events, for the wings
 from .call import SessionEnded as SessionEnded
 from .call import Usage as Usage  # a call's token counts, for the wings
@@ -92,6 +92,7 @@ class Engine:
             )
         self._executor = Executor(runner, executor_config(config, runner.config.max_embed_seqs), metrics, self._store)
         self.adapters = adapter_registry(config, runner, self._executor.adapter_command)  # LoRA: names, loads
+        metrics.max_loras = config.adapters.max_loras
         self.named_sessions = SessionClaims(self._store)  # one stream per session id (claim, release)
         self.session_gate = SessionGate(config.n_parallel, config.max_queue, metrics.sessions.set)  # both surfaces' admission
         # turns kept to be continued by id (chat/stored.py), across restarts with --session-dir

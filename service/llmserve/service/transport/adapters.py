@@ -7,8 +7,7 @@ from __future__ import annotations
 from llmserve.v1 import llmserve_pb2 as pb
 
 from ..domain.requests import AdapterSet
-from ..engine.adapter_registry import AdapterInfo
-from ..engine.engine import Engine
+from ..engine.engine import AdapterInfo, Engine
 
 
 def session_adapters(engine: Engine, config: pb.SessionConfig) -> AdapterSet:
