@@ -28,11 +28,11 @@ TOKENS = 24
 
 @pytest.fixture(scope="module")
 def adapter_dir() -> Path:
-    """The test adapters, made once per machine (reading the base's header takes ~10 s)."""
+    """The test adapters, made once per machine (the gguf package reads the base for ~10 s)."""
     directory = cache_dir() / "test-adapters"
     make_all(directory, default_model_path(), ADAPTERS + BROKEN_ADAPTERS)
     if not (directory / "base-model.gguf").exists() or (directory / "base-model.gguf").is_symlink():
-        (directory / "base-model.gguf").unlink(missing_ok=True)  # a real GGUF that is no LoRA: seconds to read
+        (directory / "base-model.gguf").unlink(missing_ok=True)  # a real GGUF that is no LoRA
         os.link(default_model_path(), directory / "base-model.gguf")
     if not (directory / "base-link.gguf").is_symlink():  # a way out of the directory
         (directory / "base-link.gguf").symlink_to(default_model_path())
@@ -121,8 +121,7 @@ def test_a_prefix_cached_under_one_adapter_is_never_reused_under_another(stub: p
 def test_files_that_cannot_be_served_get_a_clear_status_and_the_server_goes_on(
         stub: pb_grpc.LLMServiceStub) -> None:
     """Each refused with a status naming the file's fault, while short turns beside them
-    keep being answered (reading the base model's header takes seconds: off the loop and
-    off the executor)."""
+    keep being answered (the file checks run off the loop and off the executor)."""
     cases = {
         "f64.gguf": (grpc.StatusCode.FAILED_PRECONDITION, "type F64"),  # llama.cpp would crash at a decode
         "llama-arch.gguf": (grpc.StatusCode.FAILED_PRECONDITION, "'llama'"),
@@ -152,7 +151,7 @@ def test_files_that_cannot_be_served_get_a_clear_status_and_the_server_goes_on(
     finally:
         done.set()
         beside.join()
-    assert len(latencies) > 10 and max(latencies) < 1.0, f"short turns took up to {max(latencies):.2f} s"
+    assert latencies and max(latencies) < 1.0, f"short turns took up to {max(latencies):.2f} s"
     with pytest.raises(grpc.RpcError) as unknown:
         _turn(stub, adapter="nope")
     assert unknown.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'nope'" in str(unknown.value.details())
@@ -190,3 +189,21 @@ def test_load_and_unload_at_run_time_lose_no_call(stub: pb_grpc.LLMServiceStub, 
     assert removed.status_code == 200
     gone = requests.post(f"{http}/v1/completions", json={"model": "late", "prompt": "x"}, timeout=60)
     assert gone.status_code == 404 and gone.json()["error"]["param"] == "model"
+
+
+def test_a_named_session_keeps_its_adapter_across_a_restart(adapter_dir: Path, tmp_path: Path) -> None:
+    """A named session's KV is saved with its adapter set: the next process resumes it under
+    that set from the saved state, and under another set prefills the history again."""
+    flags = ["-np", "2", "-c", "4096", "-t", "2", "--lora", f"mild={adapter_dir / 'mild.gguf'}",
+             "--session-dir", str(tmp_path / "sessions")]
+    story = "Here is the beginning of a long story about a lighthouse keeper and his cat. " * 3
+    with serving(flags, tmp_path / "first.log") as first:
+        first_stub = pb_grpc.LLMServiceStub(grpc.insecure_channel(first.address))
+        opened = _turn(first_stub, story, adapter="mild", session_id="keeper")
+    history = opened.samples[0].turn_end.usage.prompt_tokens + TOKENS
+    with serving(flags, tmp_path / "second.log") as second:
+        stub = pb_grpc.LLMServiceStub(grpc.insecure_channel(second.address))
+        resumed = _turn(stub, " Then", adapter="mild", session_id="keeper")
+        assert resumed.samples[0].turn_end.usage.cached_tokens >= history - 1  # the saved KV, under mild
+        under_base = _turn(stub, " Then", session_id="keeper")
+        assert under_base.samples[0].turn_end.usage.cached_tokens == 0  # mild's KV is no prefix for the base

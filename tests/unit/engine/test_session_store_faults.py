@@ -121,3 +121,13 @@ def test_a_state_saved_with_another_swa_cache_size_is_refused(tmp_path: Path) ->
     assert decode(blob, "s", full).tokens == (1, 2, 3)
     with pytest.raises(ValueError, match="another model or KV layout"):
         decode(blob, "s", default)
+
+
+def test_a_saved_session_keeps_the_adapters_its_kv_was_computed_under() -> None:
+    from dataclasses import replace
+
+    from llmserve.service.engine.session_file import decode, encode
+
+    record = replace(_record("s", (1, 2, 3)), adapters=(("mild", 0.5),))
+    assert decode(encode(record, {}), "s", {}).adapters == (("mild", 0.5),)
+    assert decode(encode(_record("s", (1,)), {}), "s", {}).adapters == ()

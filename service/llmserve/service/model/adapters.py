@@ -1,6 +1,6 @@
 """LoRA adapters: checked, loaded into llama.cpp, applied to the generation context.
 
-An adapter file is read first with the `gguf` package (no llama.cpp): llama.cpp's loader
+An adapter file's header is read first (`gguf_header.py`, ggml's parser): llama.cpp's loader
 catches what it checks (type, architecture, tensor names and shapes against the base) and
 returns NULL, but it accepts tensor types its CPU matrix kernels lack (an F64 LoRA loads
 and then kills the process at the first decode), so only the types llama.cpp's
@@ -22,6 +22,7 @@ import llama_cpp
 
 from ..domain.errors import PreconditionFailed
 from ..domain.requests import AdapterSet
+from .gguf_header import read_header
 
 ALLOWED_TENSOR_TYPES = frozenset({"F32", "F16", "BF16", "Q8_0"})
 
@@ -43,29 +44,22 @@ class AdapterFile:
 
 def check_adapter_file(path: Path, architecture: str) -> AdapterFile:
     """The file's facts, or AdapterFileError saying why llama.cpp must not load it."""
-    import gguf  # pure Python; imported here so that the engine's tests need no gguf
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-        raise AdapterFileError(f"{path.name} is not a readable GGUF file ({type(exc).__name__}: {exc})") from None
-    fields = reader.fields
-
-    def text(key: str) -> str:
-        return str(fields[key].contents()) if key in fields else ""
-
-    if text("general.type") != "adapter" or text("adapter.type") != "lora":
-        raise AdapterFileError(f"{path.name} is not a LoRA adapter (general.type {text('general.type')!r}, "
-                               f"adapter.type {text('adapter.type')!r})")
-    if text("general.architecture") != architecture:
-        raise AdapterFileError(f"{path.name} is for {text('general.architecture')!r}; the model is {architecture!r}")
-    bad = sorted({t.tensor_type.name for t in reader.tensors} - ALLOWED_TENSOR_TYPES)
+    header = read_header(path, ("general.type", "general.architecture", "adapter.type"), ("adapter.lora.alpha",),
+                         rows_of=".lora_a")
+    if header is None:
+        raise AdapterFileError(f"{path.name} is not a readable GGUF file")
+    text = header.strings
+    if text.get("general.type") != "adapter" or text.get("adapter.type") != "lora":
+        raise AdapterFileError(f"{path.name} is not a LoRA adapter (general.type {text.get('general.type', '')!r}, "
+                               f"adapter.type {text.get('adapter.type', '')!r})")
+    if text.get("general.architecture") != architecture:
+        raise AdapterFileError(f"{path.name} is for {text.get('general.architecture')!r}; the model is {architecture!r}")
+    bad = sorted(set(header.tensor_types.values()) - ALLOWED_TENSOR_TYPES)
     if bad:
         raise AdapterFileError(f"{path.name} has tensors of type {', '.join(bad)}; "
                                f"a LoRA may use {', '.join(sorted(ALLOWED_TENSOR_TYPES))}")
-    ranks = {int(t.shape[1]) for t in reader.tensors if t.name.endswith(".lora_a") and len(t.shape) == 2}
-    alpha = float(fields["adapter.lora.alpha"].contents()) if "adapter.lora.alpha" in fields else 0.0
-    return AdapterFile(path, max(ranks, default=0), alpha, len(reader.tensors), path.stat().st_size)
+    alpha = header.floats.get("adapter.lora.alpha", 0.0)
+    return AdapterFile(path, max(header.rows.values(), default=0), alpha, len(header.tensor_types), path.stat().st_size)
 
 
 class Adapters:
