@@ -237,7 +237,7 @@ class Executor:
             self.generation.cut_stale_tails(plan, table.samples)  # prefilling slots' stale KV cut (or history requeued)
             output = self.generation.run(plan, table.samples)  # fill, decode, collect
             table.postprocess(output)  # record what entered the KV, sample, end turns
-            self.rotation.record(adapters, time.perf_counter() - start)  # the set's turn, a switch's cost
+            self.rotation.record(adapters)  # the next step goes to the next set with work
         self._account(plan, embed_sizes, start, output)
         return True
 
