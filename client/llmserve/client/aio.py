@@ -51,7 +51,7 @@ class AsyncClient:
     async def stream(self, prompt: Prompt, *, timeout: float | None = None,
                      **config: Any) -> AsyncIterator[pb.GenerateResponse]:
         request = pb.GenerateRequest(config=session_config(**config), input=make_input(prompt), end_of_turn=True)
-        kwargs = self.options.call_kwargs(timeout, request.config.session_id, request.input)
+        kwargs = self.options.call_kwargs(timeout, request.config, request.input)
         retry = ResetRetry(self.options.retries, kwargs["timeout"])  # see `resets`
         try:
             async for response in retried_async(
@@ -127,7 +127,7 @@ class AsyncSession:
         # the server ended the call as INTERNAL "Internal error from Core", hiding the
         # server's status: grpc/grpc#36066.)
         self._config: pb.SessionConfig | None = config
-        self._call = client.stub.Generate(self._pending(), **client.options.call_kwargs(timeout, config.session_id))
+        self._call = client.stub.Generate(self._pending(), **client.options.call_kwargs(timeout, config))
         self._samples = config.n if config.HasField("n") else 1
         self.turn_end: pb.TurnEnd | None = None
         self.turn_ends: tuple[pb.TurnEnd, ...] = ()

@@ -77,11 +77,16 @@ class ConnectionOptions:
         auth = (("authorization", f"Bearer {self.api_key}"),) if self.api_key else ()
         return (*auth, *self.extra_metadata)
 
-    def call_kwargs(self, timeout: float | None = None, session_id: str = "", head: pb.Input | None = None) -> dict[str, Any]:
+    def call_kwargs(self, timeout: float | None = None, config: pb.SessionConfig | None = None,
+                    head: pb.Input | None = None) -> dict[str, Any]:
         """Keyword arguments of one call: `timeout` if given, else the client's default.
-        A Generate call passes its `session_id` and, when one-shot, its input (`head`)
-        for the affinity header."""
-        affinity = self.affinity_key or session_id
+        A Generate call passes its `config` and, when one-shot, its input (`head`) for the
+        affinity header: the caller's key, else the session id, else the LoRA adapter's
+        name (`a-<name>`: calls for one adapter prefer a replica that has it loaded), else
+        (with `derive_affinity`) a key derived from the head."""
+        session_id = config.session_id if config is not None else ""
+        adapter = config.adapter.name if config is not None and config.HasField("adapter") else ""
+        affinity = self.affinity_key or session_id or (f"a-{adapter}" if adapter else "")
         if not affinity and head is not None and self.derive_affinity:
             affinity = prefix_affinity_key(head)
         return {

@@ -62,7 +62,7 @@ class Client:
         """One-turn Generate: yields every response (chunks, then the turn end; with
         n > 1 each sample's, told apart by `index`). `config`: see `session_config`."""
         request = pb.GenerateRequest(config=session_config(**config), input=make_input(prompt), end_of_turn=True)
-        kwargs = self.options.call_kwargs(timeout, request.config.session_id, request.input)
+        kwargs = self.options.call_kwargs(timeout, request.config, request.input)
         try:
             yield from retried(lambda t: self.stub.Generate(iter([request]), **{**kwargs, "timeout": t}),
                                self._reset_retry(kwargs))
@@ -75,7 +75,7 @@ class Client:
     def stream_once(self, prompt: Prompt, *, timeout: float | None = None, **config: Any) -> Iterator[pb.GenerateOnceResponse]:
         """`stream` over the one-shot server-streaming GenerateOnce RPC (no bidi stream)."""
         request = pb.GenerateOnceRequest(config=session_config(**config), input=make_input(prompt))
-        kwargs = self.options.call_kwargs(timeout, request.config.session_id, request.input)
+        kwargs = self.options.call_kwargs(timeout, request.config, request.input)
         try:
             yield from retried(lambda t: self.stub.GenerateOnce(request, **{**kwargs, "timeout": t}),
                                self._reset_retry(kwargs))
@@ -85,7 +85,7 @@ class Client:
     def generate_text(self, prompt: Prompt, *, timeout: float | None = None, **config: Any) -> pb.GenerateTextResponse:
         """One turn over the unary GenerateText RPC: each sample's whole text and turn end."""
         request = pb.GenerateTextRequest(config=session_config(**config), input=make_input(prompt))
-        return self._unary(self.stub.GenerateText, request, timeout, request.config.session_id, request.input)
+        return self._unary(self.stub.GenerateText, request, timeout, request.config, request.input)
 
     def session(self, *, timeout: float | None = None, **config: Any) -> Session:
         """A multi-turn session on one Generate stream (the KV stays on the server's slot).
@@ -109,9 +109,9 @@ class Client:
         """A one-shot call cut by a proxy before its first response is made again (`resets`)."""
         return ResetRetry(self.options.retries, kwargs["timeout"])
 
-    def _unary(self, method: Any, request: Any, timeout: float | None, session_id: str = "",
+    def _unary(self, method: Any, request: Any, timeout: float | None, config: pb.SessionConfig | None = None,
                head: pb.Input | None = None) -> Any:
-        kwargs = self.options.call_kwargs(timeout, session_id, head)
+        kwargs = self.options.call_kwargs(timeout, config, head)
         try:
             return next(retried(lambda t: [method(request, **{**kwargs, "timeout": t})], self._reset_retry(kwargs)))
         except grpc.RpcError as err:
@@ -161,7 +161,7 @@ class Session:
     def __init__(self, client: Client, config: pb.SessionConfig, timeout: float | None = None) -> None:
         self._requests: queue.Queue[object] = queue.Queue()
         self._requests.put(pb.GenerateRequest(config=config))
-        self._call = client.stub.Generate(self._pending(), **client.options.call_kwargs(timeout, config.session_id))
+        self._call = client.stub.Generate(self._pending(), **client.options.call_kwargs(timeout, config))
         self._responses = iter(self._call)
         self._samples = config.n if config.HasField("n") else 1
         self.turn_end: pb.TurnEnd | None = None

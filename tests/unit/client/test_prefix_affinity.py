@@ -1,19 +1,19 @@
 """Prefix affinity without a key (client/llmserve/client/affinity.py): one-shot calls that
-share a head carry one affinity key (with `derive_affinity`); a caller's key or session
-id wins; without it none is derived."""
+share a head carry one affinity key (with `derive_affinity`); a caller's key, session id
+or LoRA adapter wins; without them none is derived."""
 
 from __future__ import annotations
 
 from llmserve.client.affinity import HEAD_CHARS, prefix_affinity_key
 from llmserve.client.connection import AFFINITY_HEADER, ConnectionOptions
-from llmserve.client.requests import make_input
+from llmserve.client.requests import make_input, session_config
 
 SYSTEM = {"role": "system", "content": "You answer questions about the attached contract."}
 
 
 def _key(prompt: object, **options: object) -> str | None:
     options.setdefault("derive_affinity", True)
-    kwargs = ConnectionOptions(**options).call_kwargs(None, "", make_input(prompt))  # type: ignore[arg-type]
+    kwargs = ConnectionOptions(**options).call_kwargs(None, None, make_input(prompt))  # type: ignore[arg-type]
     return dict(kwargs["metadata"]).get(AFFINITY_HEADER)
 
 
@@ -35,8 +35,11 @@ def test_text_prompts_share_a_key_by_their_head() -> None:
 def test_a_callers_key_or_session_wins_and_opting_out_sends_none() -> None:
     prompt = [SYSTEM, {"role": "user", "content": "Hi"}]
     assert _key(prompt, affinity_key="tenant-7") == "tenant-7"
-    session = ConnectionOptions(derive_affinity=True).call_kwargs(None, "my-session", make_input(prompt))
+    session = ConnectionOptions(derive_affinity=True).call_kwargs(None, session_config(session_id="my-session"),
+                                                                 make_input(prompt))
     assert dict(session["metadata"])[AFFINITY_HEADER] == "my-session"
+    tuned = ConnectionOptions(derive_affinity=True).call_kwargs(None, session_config(adapter="support"), make_input(prompt))
+    assert dict(tuned["metadata"])[AFFINITY_HEADER] == "a-support"  # one adapter's calls: one replica
     assert _key(prompt, derive_affinity=False) is None
     assert _key("") is None  # nothing to derive from
     assert prefix_affinity_key(make_input([])) == ""

@@ -180,7 +180,8 @@ def test_error_details_are_read_with_rpc_status() -> None:
 
 def test_generate_calls_carry_the_affinity_header() -> None:
     header = "x-llmserve-affinity"
-    assert (header, "s-1") in ConnectionOptions().call_kwargs(None, "s-1")["metadata"]
+    assert (header, "s-1") in ConnectionOptions().call_kwargs(None, session_config(session_id="s-1"))["metadata"]
     assert dict(ConnectionOptions().call_kwargs(None)["metadata"]).get(header) is None  # no key: none sent
-    chosen = ConnectionOptions(affinity_key="tenant-9", api_key="k").call_kwargs(None, "s-1")["metadata"]
+    chosen = ConnectionOptions(affinity_key="tenant-9", api_key="k").call_kwargs(None, session_config(session_id="s-1"))[
+        "metadata"]
     assert dict(chosen)[header] == "tenant-9" and dict(chosen)["authorization"] == "Bearer k"  # the caller's key wins
