@@ -15,9 +15,9 @@ from aiohttp import web
 
 from ..domain.requests import AdapterSet
 from ..engine.engine import Engine
+from . import fields
 from .body import parsed_body
 from .errors import ApiError, bad_request
-from .fields import known_model
 
 LoraRef = tuple[int | str, float | None]  # an adapter's id or name, and a scale (None: the adapter's own)
 MAX_LORA_ENTRIES = 16
@@ -51,7 +51,7 @@ def model_and_adapters(engine: Engine, model: str | None, lora: tuple[LoraRef, .
     if model is not None and model in registry:
         pairs.append((model, None))
     else:
-        model = known_model(model, names)
+        model = fields.known_model(model, names)
     for ref, scale in lora:
         name = registry.by_id(ref) if isinstance(ref, int) else ref
         if name is None:
@@ -74,9 +74,7 @@ def lora_adapters(engine: Engine) -> list[dict[str, Any]]:
 
 async def load(engine: Engine, request: web.Request) -> web.Response:
     body = await parsed_body(request, engine, lambda value: _fields(value, ("lora_name", "lora_path"), ("scale",)))
-    scale = body.get("scale")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise bad_request("scale must be a number", "scale")
+    scale = fields.number(body, "scale") if "scale" in body else None
     await engine.load_adapter(body["lora_name"], body["lora_path"], scale)
     return web.Response(text=f"Success: LoRA adapter '{body['lora_name']}' added successfully.")
 
@@ -88,12 +86,8 @@ async def unload(engine: Engine, request: web.Request) -> web.Response:
     return web.Response(text=f"Success: LoRA adapter '{body['lora_name']}' removed successfully.{later}")
 
 
-def _fields(body: object, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise bad_request("the body must be a JSON object")
-    for name in body:
-        if name not in required + optional:
-            raise bad_request(f"{name} is not supported by this route", name)
+def _fields(value: object, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    body = fields.body_of(value, required + optional)
     for name in required:
         if not isinstance(body.get(name), str) or not body[name]:
             raise ApiError(400, f"{name} is required (a string)", param=name)

@@ -7,6 +7,7 @@ not an error), so types are checked before each read.
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ class _InitParams(ctypes.Structure):
     _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.POINTER(ctypes.c_void_p))]
 
 
+@functools.cache
 def _ggml() -> ctypes.CDLL:
     lib = ctypes.CDLL("libggml-base.so.0")  # the copy libllama loaded (dlopen finds it by soname)
     lib.gguf_init_from_file.argtypes = [ctypes.c_char_p, _InitParams]

@@ -74,6 +74,8 @@ class AdapterResidency:
 
     def counts(self, sessions: Iterable[Any], waiting: Iterable[Any]) -> tuple[tuple[str, int, int], ...]:
         """(name, sessions running, sessions waiting for a slot) per loaded adapter."""
+        if not self.loaded:  # no adapters (the usual case): nothing to count each step
+            return ()
         waiting_keys = {s.key for s in waiting}
         running: Counter[str] = Counter()
         queued: Counter[str] = Counter()

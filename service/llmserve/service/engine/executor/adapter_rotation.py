@@ -27,7 +27,6 @@ class AdapterRotation:
     """The set the last generation step ran; `choose` reads it, `record` is its one writer."""
 
     current: AdapterSet = ()
-    num_switches: int = 0
 
     def choose(self, demands: Sequence[SeqDemand]) -> tuple[AdapterSet, list[SeqDemand]]:
         """The set the next step runs (the next after the current one, in order, that has
@@ -40,6 +39,4 @@ class AdapterRotation:
 
     def record(self, adapters: AdapterSet) -> None:
         """A generation step ran under `adapters`."""
-        if adapters != self.current:
-            self.current = adapters
-            self.num_switches += 1
+        self.current = adapters
