@@ -29,7 +29,7 @@ FINISH_REASON_ERROR: FinishReason
 FINISH_REASON_TOOL_CALLS: FinishReason
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "presence_penalty", "frequency_penalty", "repeat_last_n", "dynatemp_range", "dynatemp_exponent", "typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "mirostat", "mirostat_tau", "mirostat_eta", "logit_bias")
+    __slots__ = ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "presence_penalty", "frequency_penalty", "repeat_last_n", "dynatemp_range", "dynatemp_exponent", "typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "mirostat", "mirostat_tau", "mirostat_eta", "logit_bias", "deterministic")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class SamplingParams(_message.Message):
     MIROSTAT_TAU_FIELD_NUMBER: _ClassVar[int]
     MIROSTAT_ETA_FIELD_NUMBER: _ClassVar[int]
     LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    DETERMINISTIC_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -85,7 +86,8 @@ class SamplingParams(_message.Message):
     mirostat_tau: float
     mirostat_eta: float
     logit_bias: _containers.ScalarMap[int, float]
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., repeat_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repeat_last_n: _Optional[int] = ..., dynatemp_range: _Optional[float] = ..., dynatemp_exponent: _Optional[float] = ..., typical_p: _Optional[float] = ..., top_n_sigma: _Optional[float] = ..., xtc_probability: _Optional[float] = ..., xtc_threshold: _Optional[float] = ..., dry_multiplier: _Optional[float] = ..., dry_base: _Optional[float] = ..., dry_allowed_length: _Optional[int] = ..., dry_penalty_last_n: _Optional[int] = ..., dry_sequence_breakers: _Optional[_Union[StringList, _Mapping]] = ..., mirostat: _Optional[int] = ..., mirostat_tau: _Optional[float] = ..., mirostat_eta: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ...) -> None: ...
+    deterministic: bool
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., repeat_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repeat_last_n: _Optional[int] = ..., dynatemp_range: _Optional[float] = ..., dynatemp_exponent: _Optional[float] = ..., typical_p: _Optional[float] = ..., top_n_sigma: _Optional[float] = ..., xtc_probability: _Optional[float] = ..., xtc_threshold: _Optional[float] = ..., dry_multiplier: _Optional[float] = ..., dry_base: _Optional[float] = ..., dry_allowed_length: _Optional[int] = ..., dry_penalty_last_n: _Optional[int] = ..., dry_sequence_breakers: _Optional[_Union[StringList, _Mapping]] = ..., mirostat: _Optional[int] = ..., mirostat_tau: _Optional[float] = ..., mirostat_eta: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., deterministic: _Optional[bool] = ...) -> None: ...
 
 class StringList(_message.Message):
     __slots__ = ("values",)

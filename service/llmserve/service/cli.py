@@ -84,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add("--embedding-model", type=Path, help="GGUF embedding model for Embed (its own context; implies --embeddings)")
     f.add("--max-queue", type=int, default=d.max_queue, help="sessions that may wait for a slot; more get RESOURCE_EXHAUSTED")
     f.add("--max-input-tokens", type=int, help="input tokens per session (default and cap: the slot's context)")
+    f.switch("--deterministic",
+             help="every session decodes batch-invariant (greedy output a function of its transcript alone) "
+                  "unless it sets deterministic false; see docs/deterministic.md")
     f.add("--max-message-bytes", type=int, default=d.max_message_bytes, help="largest request message accepted")
     f.add("--shutdown-grace", type=float, default=d.shutdown_grace_s, help="seconds in-flight turns get on SIGTERM")
     f.add("--drain-delay", type=float, default=d.drain_delay_s,
@@ -182,6 +185,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         http=_settings(HttpConnectionSettings, args),
         max_queue=args.max_queue,
         max_input_tokens=args.max_input_tokens,
+        deterministic=args.deterministic,
         max_message_bytes=args.max_message_bytes,
         shutdown_grace_s=args.shutdown_grace,
         drain_delay_s=args.drain_delay,

@@ -194,6 +194,7 @@ class ServerConfig:
     http: HttpConnectionSettings = HttpConnectionSettings()
     max_queue: int = 64  # sessions that may wait for a slot
     max_input_tokens: int | None = None  # per session; None: the slot's context
+    deterministic: bool = False  # sessions decode batch-invariant unless they ask not to (canonical_chunks.py)
     max_message_bytes: int = 16 * 1024 * 1024
     shutdown_grace_s: float = 10.0
     drain_delay_s: float = 0.0  # on SIGTERM: not ready but still serving this long (load balancers' view)

@@ -33,7 +33,7 @@ def _sample_attributes() -> tuple[set[str], set[str]]:
             targets = [node.target]
         else:
             targets = node.targets if isinstance(node, ast.Assign) else []
-        for target in targets:
+        for target in [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]:
             if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
                 names.add(target.attr)
                 annotation = ast.unparse(node.annotation) if isinstance(node, ast.AnnAssign) else ""

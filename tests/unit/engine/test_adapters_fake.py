@@ -12,8 +12,8 @@ from llmserve.service.domain.events import SessionFailed, TurnEndEvent
 from llmserve.service.domain.requests import AdapterSet, adapter_set
 from llmserve.service.domain.snapshots import SavedSession
 from llmserve.service.engine.commands import LoadAdapter, UnloadAdapter
-from llmserve.service.engine.executor.adapter_rotation import AdapterRotation
 from llmserve.service.engine.executor.scheduler import SeqDemand
+from llmserve.service.engine.executor.step_rotation import StepRotation
 
 from .engine_harness import ListSink, assert_kv_mirrors_slots, make, params, run_until, steps, turn_ends
 from .fake_runner import BOS
@@ -123,17 +123,17 @@ def _demand(key: int, adapters: AdapterSet) -> SeqDemand:
 
 def test_rotation_serves_every_set_within_its_bound() -> None:
     """Round robin, one step each: with three sets a set waits two steps at most."""
-    rotation = AdapterRotation()
+    rotation = StepRotation()
     demands = [_demand(1, ()), _demand(2, A), _demand(3, A), _demand(4, B)]
     waits = {(): 0, A: 0, B: 0}
     longest = dict(waits)
     for _ in range(30):
         chosen, picked = rotation.choose(demands)
-        assert {d.adapters for d in picked} == {chosen}
+        assert {d.adapters for d in picked} == {chosen[0]}
         rotation.record(chosen)
         for s in waits:
-            waits[s] = 0 if s == chosen else waits[s] + 1
+            waits[s] = 0 if s == chosen[0] else waits[s] + 1
             longest[s] = max(longest[s], waits[s])
     assert max(longest.values()) == 2
     one = [_demand(1, A), _demand(2, A)]
-    assert rotation.choose(one) == (A, one)  # one set: nothing filtered
+    assert rotation.choose(one) == ((A, -1), one)  # one set: nothing filtered

@@ -16,6 +16,7 @@ class Limits:
     context_shift: bool = False
     n_parallel: int = MAX_SAMPLES
     input_tokens_limit: int | None = None  # --max-input-tokens (None: the slot's context)
+    deterministic: bool = False  # --deterministic: a session's default
 
     @property
     def max_samples(self) -> int:

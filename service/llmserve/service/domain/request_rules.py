@@ -122,6 +122,7 @@ def sampling_params(values: Mapping[str, Any], limits: Limits, name: FieldName, 
         )
     out["seed"] = values["seed"] if "seed" in values else secrets.randbelow(LLAMA_DEFAULT_SEED)
     out["grammar"] = grammar
+    out["deterministic"] = bool(values.get("deterministic", limits.deterministic))
     return SamplingParams(**out)  # type: ignore[arg-type]
 
 
@@ -193,11 +194,15 @@ def session_params(request_id: str, limits: Limits, names: FieldNames, sampling:
         raise InvalidRequest(f"session_id is limited to {MAX_REQUEST_ID_LENGTH} characters", field=name("session_id"))
     if session_id and n > 1:
         raise InvalidRequest("a named session takes one sample per turn (n = 1)", field=name("n"))
+    sampling_checked, output_checked = sampling_params(sampling, limits, names.sampling, grammar), output_params(output, names.output)
+    if sampling_checked.deterministic and output_checked.prompt_logprobs:
+        raise InvalidRequest("prompt logprobs need every prompt row's logits, which a deterministic session's fixed "
+                             "chunks do not compute; set deterministic to false", field=names.output("prompt_logprobs"))
     return SessionParams(
         request_id=request_id,
-        sampling=sampling_params(sampling, limits, names.sampling, grammar),
+        sampling=sampling_checked,
         stopping=stopping_params(stopping, limits, names.stopping),
-        output=output_params(output, names.output),
+        output=output_checked,
         priority=priority,
         num_samples=n,
         session_id=session_id,

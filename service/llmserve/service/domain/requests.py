@@ -36,6 +36,7 @@ class SamplingParams:
     repeat_last_n: int = 64
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: str = ""  # GBNF; a JSON schema arrives here already converted
+    deterministic: bool = False  # batch-invariant: greedy output a function of the transcript alone
 
     @property
     def is_greedy(self) -> bool:

@@ -24,7 +24,7 @@ NAMES = request_rules.FieldNames(session=lambda name: "x-request-id" if name == 
                                  sampling=_SAME, stopping=_SAME, output=lambda name: "logprobs")
 FIELDS = frozenset({
     "model", "prompt", "stream", "stream_options", "n", "max_tokens", "stop", "seed", "logit_bias", "logprobs",
-    "echo", "user", "min_tokens", "ignore_eos", *SAMPLING, "lora",
+    "echo", "user", "min_tokens", "ignore_eos", *SAMPLING, "lora", "deterministic",
 })
 MAX_PROMPTS = 64  # prompts of one request (each runs as a session of its own)
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions

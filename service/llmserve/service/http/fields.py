@@ -134,6 +134,8 @@ def sampling_values(body: Body, names: Collection[str]) -> dict[str, Any]:
         sampling["seed"] = seed(body)
     if "logit_bias" in body:
         sampling["logit_bias"] = logit_bias(body["logit_bias"])
+    if "deterministic" in body:
+        sampling["deterministic"] = boolean(body, "deterministic")
     return sampling
 
 

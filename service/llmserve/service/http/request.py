@@ -33,7 +33,7 @@ NAMES = request_rules.FieldNames(session=lambda name: "x-request-id" if name == 
 FIELDS = frozenset({
     "model", "messages", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens", "stop", "seed",
     "logit_bias", "logprobs", "top_logprobs", "user", "min_tokens", "ignore_eos", *SAMPLING,
-    "response_format", *structured.EXTENSIONS, *tool_calls.FIELDS, "lora",
+    "response_format", *structured.EXTENSIONS, *tool_calls.FIELDS, "lora", "deterministic",
 })
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from ...domain.requests import AdapterSet
 from ..runner_api import StepCosts
+from .canonical_chunks import MAX_CANONICAL_CHUNK, is_canonical
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -55,6 +56,7 @@ class Slot:
     shifted: bool = False  # a context shift moved positions: the KV is no prefix cache
     adapters: AdapterSet = ()  # the LoRA adapters `tokens` were computed under (their KV differs by adapter)
     foreign: bool = False  # `tokens` were computed under other adapters than the session's: none is matched
+    num_canonical: int = 0  # leading tokens computed as whole canonical chunks, each alone (canonical_chunks.py)
 
     def claim(self, adapters: AdapterSet) -> None:
         """A session under `adapters` takes the slot: a KV computed under another set is no
@@ -72,6 +74,7 @@ class Slot:
         self.num_confirmed = len(self.tokens)
         self.save_logits(-1, None)
         self.shifted = True
+        self.num_canonical = 0
 
     def save_logits(self, position: int, logits: Any) -> None:
         self.saved_logits, self.saved_logits_at = logits, position
@@ -94,6 +97,7 @@ class Slot:
             return None
         self.foreign = False
         del self.tokens[self.num_confirmed :]
+        self.num_canonical = min(self.num_canonical, self.num_confirmed)
         if self.saved_logits_at >= self.num_confirmed:
             self.save_logits(-1, None)
         return self.num_confirmed
@@ -103,9 +107,12 @@ class Slot:
         self.num_confirmed -= 1
         return self.tokens[self.num_confirmed]
 
-    def append(self, tokens: Sequence[int]) -> None:
-        """Record tokens just decoded into the KV (the tail must be trimmed first)."""
+    def append(self, tokens: Sequence[int], canonical_chunk: int | None = None) -> None:
+        """Record tokens just decoded into the KV (the tail must be trimmed first);
+        `canonical_chunk`: they were a deterministic sample's prompt chunk, decoded alone."""
         assert len(self.tokens) == self.num_confirmed, "trim the stale tail first"
+        if canonical_chunk is not None and is_canonical(self.num_canonical, len(self.tokens), len(tokens), canonical_chunk):
+            self.num_canonical += len(tokens)
         self.tokens.extend(tokens)
         self.num_confirmed = len(self.tokens)
 
@@ -114,6 +121,7 @@ class Slot:
         self.tokens.clear()
         self.num_confirmed = 0
         self.foreign = False
+        self.num_canonical = 0
         self.save_logits(-1, None)
 
 
@@ -140,17 +148,19 @@ class SlotAllocator:
 
     def __init__(
         self, num_slots: int, n_ctx_per_slot: int, min_prefix_reuse: int = MIN_PREFIX_REUSE,
-        min_scattered_reuse: int | None = None,
+        min_scattered_reuse: int | None = None, canonical_chunk: int = MAX_CANONICAL_CHUNK,
     ) -> None:
         """`min_scattered_reuse`, with one KV stream per slot (None: one buffer): busy sequence ids
         are kept in runs, as each run of consecutive ids is one ubatch of a decode step and
         each ubatch a pass over every weight. A session takes an idle slot next to a busy one
         (a hole between two first) unless a slot elsewhere holds at least this many more
         tokens of its prompt: a prefix shorter than that is cheaper to prefill once than a
-        decode step split in two for the rest of the session (`allocate`)."""
+        decode step split in two for the rest of the session (`allocate`). `canonical_chunk`: what
+        deterministic samples compute their KV in (canonical_chunks.py)."""
         if num_slots < 1 or n_ctx_per_slot < 2:
             raise ValueError("need at least one slot of at least two tokens")
         self.n_ctx_per_slot = n_ctx_per_slot
+        self.canonical_chunk = canonical_chunk
         self.min_prefix_reuse = min_prefix_reuse
         self.min_scattered_reuse = min_scattered_reuse
         self.slots = [Slot(seq_id=i) for i in range(num_slots)]

@@ -51,7 +51,8 @@ class DraftVerifier:
         at_risk = num_draft > 0 and n_swa > 0 and len(s.slot.tokens) + 1 + num_draft >= n_swa
         spec = s.speculation
         acceptance, odds = (spec.acceptance, spec.odds.chance) if spec is not None else (0.0, 0.0)
-        return SeqDemand(s.key, True, 0, num_draft, s.slot.seq_id, at_risk, acceptance, odds, s.params.adapters)
+        return SeqDemand(s.key, True, 0, num_draft, s.slot.seq_id, at_risk, acceptance, odds, s.params.adapters,
+                         s.canonical_chunk is not None)
 
     def verify(self, ready: ReadyRow) -> TurnFinish | None:
         s = ready.sample

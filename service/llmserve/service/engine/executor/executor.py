@@ -29,14 +29,15 @@ from ..commands import STOP, AddInput, Cancel, Close, DropEmbeds, Embed, LoadAda
 from ..runner_api import Runner
 from ..session_store import SessionStore
 from .adapter_residency import AdapterResidency
-from .adapter_rotation import AdapterRotation
 from .allocator import SlotAllocator, min_scattered_reuse
+from .canonical_chunks import canonical_chunk
 from .draft_verifier import DraftVerifier
 from .embedding_step import run_embeddings
 from .generation_step import GenerationStep, StepOutput, StepProfile
 from .scheduler import PlannerState, PrefillPacer, Scheduler, StepPlan
 from .session_table import SessionTable
 from .slot_kv import SlotKV
+from .step_rotation import StepRotation
 from .token_picker import TokenPicker
 
 log = structlog.get_logger("llmserve.executor")
@@ -77,7 +78,8 @@ class Executor:
         self._keys = itertools.count(1)
         per_slot_streams = not config.kv_cache.kv_unified
         scattered = min_scattered_reuse(runner.costs, config.n_ctx_per_slot) if per_slot_streams else None
-        allocator = SlotAllocator(config.n_parallel, config.n_ctx_per_slot, min_scattered_reuse=scattered)
+        allocator = SlotAllocator(config.n_parallel, config.n_ctx_per_slot, min_scattered_reuse=scattered,
+                                  canonical_chunk=canonical_chunk(config.n_batch, config.n_ubatch))
         kv = SlotKV(runner, allocator)
         picker = TokenPicker(runner, kv, self.metrics, config.context_shift.shift_keep)
         spec = config.speculation
@@ -90,7 +92,7 @@ class Executor:
         self.scheduler = Scheduler(config.n_batch, config.n_ubatch, config.max_embed_seqs, fixed_budget, max_draft_rows,
                                    per_slot_streams, runner.costs)
         self.planner = PlannerState()  # what the last plan left for the next (step() keeps it)
-        self.rotation = AdapterRotation()  # which LoRA adapter set has the steps (step() records each)
+        self.rotation = StepRotation()  # which group of sessions has the steps (step() records each)
         self.pacer = PrefillPacer(None if (ms := config.prefill.max_itl_ms) is None else ms / 1000) if fixed_budget is None else None
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._embeds: deque[tuple[EmbedInput, EventSink]] = deque()
@@ -224,7 +226,7 @@ class Executor:
         table.propose_drafts(time.monotonic() + DRAFT_FREE_STEPS * self._step_s)  # speculation: drafts for the generating sequences
         embed_sizes = [len(item.tokens) for item, _ in itertools.islice(self._embeds, self.scheduler.max_embed_seqs)]
         budget = self.pacer.budget() if self.pacer is not None else None
-        adapters, demands = self.rotation.choose(table.demands())  # one adapter set's sessions per decode
+        group, demands = self.rotation.choose(table.demands())  # one adapter set's (or lone) sessions per decode
         plan = self.scheduler.plan(demands, embed_sizes, budget, self.planner)
         self.planner = plan.next_state  # embedding/generation turns, since when each prompt waits
         if plan.is_empty:
@@ -233,11 +235,11 @@ class Executor:
         if plan.is_embedding:
             run_embeddings(self.runner, [self._embeds.popleft() for _ in range(plan.num_embed)], self.metrics)
         else:
-            self.runner.use_adapters(adapters)  # the context's LoRA adapters (llama.cpp keeps an unchanged set)
+            self.runner.use_adapters(group[0])  # the context's LoRA adapters (llama.cpp keeps an unchanged set)
             self.generation.cut_stale_tails(plan, table.samples)  # prefilling slots' stale KV cut (or history requeued)
             output = self.generation.run(plan, table.samples)  # fill, decode, collect
             table.postprocess(output)  # record what entered the KV, sample, end turns
-            self.rotation.record(adapters)  # the next step goes to the next set with work
+            self.rotation.record(group)  # the next step goes to the next group with work
         self._account(plan, embed_sizes, start, output)
         return True
 

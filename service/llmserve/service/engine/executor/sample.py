@@ -1,12 +1,11 @@
 """One KV sequence's decoding state: a sample of a Generate session's turns.
 
-Its slot, the input not yet in the KV (prefilled incrementally, the last token kept back until
-the turn's end so that its logits can be requested), sampler, speculation state and draft, next
-token, the turn under way, saved logits, timings. A session (`session.py`) has one, `main`,
-holding its history across turns; a turn with n > 1 forks more on reserved slots for that turn.
-A turn's last sampled token, which never entered the KV, is the next turn's first pending one:
-the KV mirrors the transcript. A sample owns its writes: other modules call the methods below,
-named for what they record (tests/unit/codebase/test_sample_writes.py).
+Its slot, the input not yet in the KV (the last token kept back until the turn's end, for its
+logits), sampler, speculation state and draft, next token, the turn under way, saved logits,
+timings. A session has one, `main`, holding its history across turns; a turn with n > 1 forks
+more on reserved slots. A turn's last sampled token, which never entered the KV, is the next
+turn's first pending one: the KV mirrors the transcript. A sample owns its writes: other
+modules call its methods, named for what they record (tests/unit/codebase/test_sample_writes.py).
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from ...domain.events import EventSink, FinishReason, TokenLogprob
 from ...domain.requests import SessionParams
 from ...domain.snapshots import SavedSession
 from ..runner_api import TokenSampler
+from . import canonical_chunks as chunks
 from .allocator import Slot, common_prefix_length
 from .speculation import SeqSpeculation
 from .turn import Turn, TurnFinish
@@ -32,25 +32,21 @@ SessionT = TypeVar("SessionT")  # the session a sample belongs to (session.py, w
 class Sample(Generic[SessionT]):
     def __init__(self, key: int, session: SessionT, index: int, params: SessionParams, sink: EventSink,
                  n_ctx_per_slot: int, t_open: float, sampler: TokenSampler | None = None,
-                 speculation: SeqSpeculation | None = None) -> None:
+                 speculation: SeqSpeculation | None = None, canonical_chunk: int | None = None) -> None:
         """`key`: what plans and steps address it by (the main sample's is its session's);
         `index`: in the turn's n outputs; `params`: a forked sample's have its own seed, and
-        `sampler` is made from them; `speculation`: drafting state (None: no speculation)."""
-        self.key = key
-        self.session = session
-        self.index = index
-        self.params = params
-        self.sink = sink
+        `sampler` is made from them; `speculation`: drafting state (None: no speculation);
+        `canonical_chunk`: deterministic, its KV computed in these chunks (canonical_chunks.py)."""
+        self.key, self.session, self.index, self.params, self.sink = key, session, index, params, sink
         self.n_ctx_per_slot = n_ctx_per_slot  # KV cells this sample may hold
+        self.canonical_chunk = canonical_chunk
         self.t_open = t_open  # when its session opened
         self.prompt_logits: np.ndarray | None = None  # last evaluated row, for prompt logprobs
         self.ready_logits: np.ndarray | None = None  # saved logits to sample the turn's first token from
-        self.t_last_token = 0.0
+        self.t_last_token, self.queue_ms = 0.0, 0.0
         self.t_slot = 0.0  # when the slot was attached
-        self.queue_ms = 0.0
         self.slot: Slot | None = None
-        self.sampler = sampler
-        self.speculation = speculation
+        self.sampler, self.speculation = sampler, speculation
         self.draft: list[int] = []  # proposed for the coming step
         self.pending: list[int] = []  # input not yet in the KV
         self.next_token: int | None = None  # sampled, waits to be decoded
@@ -65,7 +61,7 @@ class Sample(Generic[SessionT]):
         assert self.turn is not None
         speculation = SeqSpeculation(self.speculation.settings) if self.speculation is not None else None
         forked = Sample(key, self.session, index, params, self.sink, self.n_ctx_per_slot, self.t_open, sampler,
-                        speculation)
+                        speculation, self.canonical_chunk)
         forked.slot = slot
         sampler.accept(slot.tokens)
         forked.turn = self.turn.fork()
@@ -82,8 +78,7 @@ class Sample(Generic[SessionT]):
         """Chat: `tokens` are the whole rendered conversation. What the KV already
         holds of it is reused; the rest of the old history becomes a stale tail."""
         self.pending.clear()
-        self.turn_input = 0
-        self.turn_cached = 0
+        self.turn_input = self.turn_cached = 0
         if self.slot is not None:
             self.slot.num_confirmed = 0
         self.add_input(tokens)
@@ -92,7 +87,7 @@ class Sample(Generic[SessionT]):
         self.turn_input += len(tokens)
         if self.slot is not None and not self.pending:
             # The input continues the confirmed history: reuse what the slot caches.
-            matched = self.slot.match(tokens)
+            matched = self.slot.match(tokens[: chunks.num_reusable(self.slot, len(tokens), self.canonical_chunk)])
             self.turn_cached += matched
             tokens = tokens[matched:]
         self.pending.extend(tokens)
@@ -101,14 +96,12 @@ class Sample(Generic[SessionT]):
 
     def attach(self, slot: Slot, reusable: Callable[[int, int], bool]) -> None:
         """Got a slot: confirm the cached prefix of the pending input if it is worth it."""
-        self.slot = slot
-        self.t_slot = time.monotonic()
-        self.queue_ms = (self.t_slot - self.t_open) * 1000.0
+        self._took(slot)
         shared = common_prefix_length(slot.tokens, self.pending)
         if not self.params.output.reuses_prefix or not reusable(shared, len(self.pending)):
             matched = 0
         else:
-            matched = slot.match(self.pending)
+            matched = slot.match(self.pending[: chunks.num_reusable(slot, len(self.pending), self.canonical_chunk)])
         self.turn_cached += matched
         del self.pending[:matched]
         self._keep_a_token_for_logits()
@@ -117,9 +110,7 @@ class Sample(Generic[SessionT]):
     def resume(self, slot: Slot, saved: SavedSession, loaded: bool) -> None:
         """Got a slot for a saved session: holding its KV if `loaded`, else empty, and the
         saved history is prefilled again."""
-        self.slot = slot
-        self.t_slot = time.monotonic()
-        self.queue_ms = (self.t_slot - self.t_open) * 1000.0
+        self._took(slot)
         if loaded:
             slot.num_confirmed = len(slot.tokens)
             self.pending[:0] = saved.pending
@@ -128,6 +119,10 @@ class Sample(Generic[SessionT]):
             self.pending[:0] = (*saved.tokens, *saved.pending)
         self._keep_a_token_for_logits()
         self._accept_history()
+
+    def _took(self, slot: Slot) -> None:
+        self.slot, self.t_slot = slot, time.monotonic()
+        self.queue_ms = (self.t_slot - self.t_open) * 1000.0
 
     def prefill_again(self, history: list[int]) -> bool:
         """The slot's KV was dropped (see `SlotKV.trim_stale_tail`): `history` is
@@ -142,8 +137,7 @@ class Sample(Generic[SessionT]):
         return True
 
     def _accept_history(self) -> None:
-        # Penalties and DRY see the cached prefix as if it had been prefilled, so a cache
-        # hit samples as a miss would.
+        # Penalties and DRY see a cached prefix as if prefilled: a cache hit samples as a miss would.
         if self.sampler is not None and self.slot is not None:
             self.sampler.accept(self.slot.tokens[: self.slot.num_confirmed])
 
@@ -154,8 +148,7 @@ class Sample(Generic[SessionT]):
         self._keep_a_token_for_logits()
 
     def _keep_a_token_for_logits(self) -> None:
-        # Everything is cached: sample from the logits saved when this prompt last
-        # ended here, else decode the last token again to get its logits.
+        # All cached: sample from the logits saved when a prompt last ended here, else decode the last token again.
         if self.turn is not None and self.slot is not None and not self.pending:
             if self.next_token is None and self.slot.num_confirmed > 0:
                 saved = self.slot.logits_at(self.slot.num_confirmed - 1)
@@ -180,6 +173,8 @@ class Sample(Generic[SessionT]):
         if self.slot is None or self.generating or self.overflowed or self.num_context_tokens > self.n_ctx_per_slot:
             return 0
         ready = len(self.pending) if self.turn is not None else max(len(self.pending) - 1, 0)
+        if self.canonical_chunk is not None:
+            ready = chunks.num_ready(self.slot.num_confirmed, ready, self.canonical_chunk, self.turn is not None)
         # Prompt logprobs need logits for every row: llama.cpp's output buffer holds
         # rows x vocabulary floats (1 MiB a row for 262k), so those prompts go in chunks.
         return min(ready, PROMPT_LOGPROBS_CHUNK) if self.params.output.prompt_logprobs else ready
@@ -207,8 +202,7 @@ class Sample(Generic[SessionT]):
         # Everything before the old pending input has been through the sampler already.
         self.num_accepted_ahead += len(history) + len(sampled)
         self.pending[:0] = [*history, *sampled]
-        self.next_token = None
-        self.draft = []
+        self.next_token, self.draft = None, []
         if self.turn is None or self.turn.t_first_token is None:
             self.turn_cached = 0  # the coming turn's cached tokens: what the slot still holds at reattach
         self.slot = None
@@ -218,7 +212,8 @@ class Sample(Generic[SessionT]):
         """After preemption, `slot`: confirm what it caches of the history but a token to decode
         for the logits the turn samples from next. Returns how many tokens it caches."""
         self.slot = slot
-        matched = slot.match(self.pending[:-1])
+        matched = slot.match(self.pending[: min(len(self.pending) - 1, chunks.num_reusable(slot, len(self.pending),
+                                                                                         self.canonical_chunk))])
         del self.pending[:matched]
         self.num_accepted_ahead = max(0, self.num_accepted_ahead - matched)
         if self.turn is None or self.turn.t_first_token is None:
@@ -246,7 +241,7 @@ class Sample(Generic[SessionT]):
         """A prompt chunk entered the KV: it leaves `pending`, the sampler sees it but the leading
         tokens it saw (returns how many); `logits` (its last row's) wait for a prompt ending here."""
         assert self.slot is not None and self.sampler is not None
-        self.slot.append(tokens)
+        self.slot.append(tokens, self.canonical_chunk)
         if logits is not None:
             self.slot.save_logits(len(self.slot.tokens) - 1, logits.copy())
         del self.pending[: len(tokens)]
@@ -287,13 +282,19 @@ class Sample(Generic[SessionT]):
         t_slot = None if self.slot is None else self.t_slot  # None: ended waiting for a slot
         self.sink.put(turn.end_event(finish, self.index, self.params.sampling.seed, final, self.t_open, t_slot,
                                      self.queue_ms))
-        self.turn = None
-        self.next_token = None
-        self.prompt_logits = None
-        self.queue_ms = 0.0
-        self.overflowed = False
-        self.turn_input = 0
+        self.turn, self.next_token, self.prompt_logits = None, None, None
+        self.queue_ms, self.overflowed, self.turn_input = 0.0, False, 0
+        self._rewind_to_canonical()
         self.turn_cached = self.slot.num_confirmed if self.slot else 0
         if finish.last_token is not None:
             # The transcript goes on from it: it enters the KV with the next turn's input.
             self.pending.append(finish.last_token)
+
+    def _rewind_to_canonical(self) -> None:
+        """Deterministic: the history past the last whole canonical chunk (the prompt's last
+        chunk, the reply) is computed again, in chunks, with the next turn's input."""
+        slot = self.slot
+        if self.canonical_chunk is not None and slot is not None:
+            start = chunks.rewind_point(min(slot.num_canonical, slot.num_confirmed), self.canonical_chunk)
+            history, slot.num_confirmed = slot.tokens[start : slot.num_confirmed], start
+            self.prefill_again(history)

@@ -48,7 +48,8 @@ class SeqDemand:
     window_at_risk: bool = False  # long enough that a split draft could cost a sliding-window cell
     draft_acceptance: float = 0.5  # the accepted share of its drafts lately (SeqSpeculation.acceptance)
     draft_odds: float = 0.5  # its per-token draft odds lately (SeqSpeculation.odds)
-    adapters: AdapterSet = ()  # the LoRA adapters it decodes under: one decode runs one set (AdapterRotation)
+    adapters: AdapterSet = ()  # the LoRA adapters it decodes under: one decode runs one set (StepRotation)
+    alone: bool = False  # deterministic: its rows share no decode (canonical_chunks.py, StepRotation)
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,10 @@ MAX_BACKLOG = 64
 class Session:
     def __init__(self, key: int, params: SessionParams, sink: EventSink, n_ctx_per_slot: int,
                  deadline: float | None = None, sampler: TokenSampler | None = None,
-                 speculation: SeqSpeculation | None = None, t_open: float | None = None) -> None:
-        """`sampler`, `speculation`: the main sample's (see `Sample`); `t_open`: when the
-        stream opened (None: now)."""
+                 speculation: SeqSpeculation | None = None, t_open: float | None = None,
+                 canonical_chunk: int | None = None) -> None:
+        """`sampler`, `speculation`, `canonical_chunk`: the main sample's (see `Sample`);
+        `t_open`: when the stream opened (None: now)."""
         self.key = key
         self.params = params
         self.sink = sink
@@ -51,7 +52,7 @@ class Session:
         self.grammar: object | None = None  # the compiled constraint its samplers clone
         self.later: deque[tuple[tuple[int, ...], bool, bool]] = deque()  # input sent during a turn
         self.samples: list[Sample[Session]] = [
-            Sample(key, self, 0, params, sink, n_ctx_per_slot, self.t_open, sampler, speculation)]
+            Sample(key, self, 0, params, sink, n_ctx_per_slot, self.t_open, sampler, speculation, canonical_chunk)]
         self.reserved: list[Slot] = []  # slots held for the other samples until they fork
         self.samples_open = 0  # samples of the current turn still generating
         self.forked = False  # the current turn's other samples forked (or there are none)

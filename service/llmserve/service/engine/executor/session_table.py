@@ -81,8 +81,9 @@ class SessionTable:
             if params.session_id and self.store is not None:
                 self.store.settle(params.session_id)
             return
+        chunk = self.allocator.canonical_chunk if params.sampling.deterministic else None  # no drafts: one shape
         session = Session(command.key, params, command.sink, self.n_ctx_per_slot, command.deadline, sampler,
-                          self._speculation(), t_open)
+                          self._speculation() if chunk is None else None, t_open, chunk)
         session.grammar = command.grammar
         session.restore, session.conversation = command.restore, command.conversation
         self.sessions[command.key] = session
@@ -115,10 +116,9 @@ class SessionTable:
 
     def demands(self) -> list[SeqDemand]:
         """What each sample with a slot could put in the next decode (reads only)."""
-        v = self.verifier
         return [
-            v.demand(s) if v and s.generating else SeqDemand(s.key, s.generating, s.num_prefill_ready, 0, s.slot.seq_id,
-                                                             adapters=s.params.adapters)
+            self.verifier.demand(s) if self.verifier and s.generating else SeqDemand(s.key, s.generating, s.num_prefill_ready, 0, s.slot.seq_id,
+                                                             adapters=s.params.adapters, alone=s.canonical_chunk is not None)
             for s in self.samples.values()
             if s.slot is not None and not s.session.paused
         ]

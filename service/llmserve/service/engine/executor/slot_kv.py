@@ -32,7 +32,7 @@ class SlotKV:
         self.runner.seq_cp(src.seq_id, dst.seq_id)
         dst.tokens[:] = src.tokens
         dst.num_confirmed = len(dst.tokens)
-        dst.adapters, dst.foreign = src.adapters, False
+        dst.adapters, dst.foreign, dst.num_canonical = src.adapters, False, src.num_canonical
         dst.save_logits(-1, None)
 
     def take(self, prompt: Sequence[int], reuse: bool = True, adapters: AdapterSet = ()) -> Slot:
