@@ -64,6 +64,8 @@ def test_the_chunk_rules() -> None:
     assert chunks.num_ready(100, 150, 64, True) == 28  # back on the grid
     assert chunks.is_canonical(64, 64, 64, 64) and not chunks.is_canonical(64, 64, 30, 64)
     assert not chunks.is_canonical(0, 64, 64, 64)  # a gap: not computed on a canonical prefix
+    assert chunks.reusable(128, 0, 100, 64) == 64  # a shared prefix ending mid-chunk: the whole chunks before it
+    assert chunks.reusable(64, 0, 149, 64) == 64  # no more than was computed canonically
 
 
 def test_a_deterministic_session_decodes_alone_in_canonical_chunks() -> None:
@@ -99,6 +101,17 @@ def test_a_warm_cache_serves_whole_canonical_chunks_only() -> None:
     shared, _ = _open(executor, prompt, False, max_tokens=2)  # not deterministic: all but the last token
     run_until(executor, turn_ends(shared))
     assert shared.of(TurnEndEvent)[0].cached_tokens >= 149
+    assert_kv_mirrors_slots(executor, runner)
+
+
+def test_a_prefix_shared_to_mid_chunk_is_reused_to_the_chunk_before() -> None:
+    executor, runner = make(n_parallel=1)
+    first, key = _open(executor, (BOS, *range(3, 152)), True, max_tokens=2)
+    run_until(executor, turn_ends(first))
+    executor.close(key)
+    other, _ = _open(executor, (BOS, *range(3, 103), *range(200, 240)), True, max_tokens=2)  # shares 101 tokens
+    run_until(executor, turn_ends(other))
+    assert other.of(TurnEndEvent)[0].cached_tokens == 64
     assert_kv_mirrors_slots(executor, runner)
 
 

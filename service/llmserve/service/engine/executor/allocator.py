@@ -22,7 +22,7 @@ from typing import Any
 
 from ...domain.requests import AdapterSet
 from ..runner_api import StepCosts
-from .canonical_chunks import MAX_CANONICAL_CHUNK, is_canonical
+from .canonical_chunks import MAX_CANONICAL_CHUNK, is_canonical, reusable
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -82,12 +82,16 @@ class Slot:
     def logits_at(self, position: int) -> Any:
         return self.saved_logits if self.saved_logits_at == position else None
 
-    def match(self, new_tokens: Sequence[int]) -> int:
-        """Confirm as many leading `new_tokens` as the cached tail already holds."""
+    def match(self, new_tokens: Sequence[int], canonical_chunk: int | None = None) -> int:
+        """Confirm as many leading `new_tokens` as the cached tail already holds; for a
+        deterministic sample (`canonical_chunk`), only up to a whole canonical chunk that ends
+        before the last of `new_tokens` (canonical_chunks.py)."""
         if self.foreign:
             return 0
         tail = self.tokens[self.num_confirmed :]
         n = common_prefix_length(tail, new_tokens)
+        if canonical_chunk is not None:
+            n = reusable(self.num_canonical, self.num_confirmed, min(n, len(new_tokens) - 1), canonical_chunk)
         self.num_confirmed += n
         return n
 

@@ -14,8 +14,6 @@ cold cache, as turn N of a session or as a fresh request with the same transcrip
 
 from __future__ import annotations
 
-from typing import Protocol
-
 MAX_CANONICAL_CHUNK = 256  # a chunk runs alone, so it is what the other sessions wait for
 
 
@@ -43,16 +41,7 @@ def rewind_point(num_canonical: int, chunk: int) -> int:
     return num_canonical // chunk * chunk
 
 
-class CachedKV(Protocol):
-    num_canonical: int
-    num_confirmed: int
-
-
-def num_reusable(slot: CachedKV, num_input: int, chunk: int | None) -> int:
-    """Of `num_input` tokens that follow the slot's confirmed ones, how many may come from its
-    cache: all (`chunk` None: not deterministic), else up to the last whole canonical chunk
-    that ends before the input's last token."""
-    if chunk is None:
-        return num_input
-    end = rewind_point(min(slot.num_canonical, slot.num_confirmed + num_input - 1), chunk)
-    return max(0, end - slot.num_confirmed)
+def reusable(num_canonical: int, num_confirmed: int, num_shared: int, chunk: int) -> int:
+    """Of `num_shared` cached tokens that follow `num_confirmed` confirmed ones, how many a
+    deterministic sample takes: up to the end of the last whole canonical chunk among them."""
+    return max(0, rewind_point(min(num_canonical, num_confirmed + num_shared), chunk) - num_confirmed)

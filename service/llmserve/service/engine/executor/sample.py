@@ -87,7 +87,7 @@ class Sample(Generic[SessionT]):
         self.turn_input += len(tokens)
         if self.slot is not None and not self.pending:
             # The input continues the confirmed history: reuse what the slot caches.
-            matched = self.slot.match(tokens[: chunks.num_reusable(self.slot, len(tokens), self.canonical_chunk)])
+            matched = self.slot.match(tokens, self.canonical_chunk)
             self.turn_cached += matched
             tokens = tokens[matched:]
         self.pending.extend(tokens)
@@ -101,7 +101,7 @@ class Sample(Generic[SessionT]):
         if not self.params.output.reuses_prefix or not reusable(shared, len(self.pending)):
             matched = 0
         else:
-            matched = slot.match(self.pending[: chunks.num_reusable(slot, len(self.pending), self.canonical_chunk)])
+            matched = slot.match(self.pending, self.canonical_chunk)
         self.turn_cached += matched
         del self.pending[:matched]
         self._keep_a_token_for_logits()
@@ -212,8 +212,7 @@ class Sample(Generic[SessionT]):
         """After preemption, `slot`: confirm what it caches of the history but a token to decode
         for the logits the turn samples from next. Returns how many tokens it caches."""
         self.slot = slot
-        matched = slot.match(self.pending[: min(len(self.pending) - 1, chunks.num_reusable(slot, len(self.pending),
-                                                                                         self.canonical_chunk))])
+        matched = slot.match(self.pending[:-1], self.canonical_chunk)
         del self.pending[:matched]
         self.num_accepted_ahead = max(0, self.num_accepted_ahead - matched)
         if self.turn is None or self.turn.t_first_token is None:
