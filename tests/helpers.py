@@ -12,6 +12,8 @@ from collections.abc import Iterator, Sequence
 
 import grpc
 import numpy as np
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
@@ -20,6 +22,17 @@ from harness.server import ROOT
 BUF = ROOT / "node_modules/.bin/buf"
 
 _END = object()
+
+
+def field_of(err: grpc.RpcError) -> str:
+    """The field a refused call names (its status's BadRequest detail; "" if none)."""
+    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    assert status is not None
+    for detail in status.details:
+        bad = error_details_pb2.BadRequest()
+        if detail.Unpack(bad):
+            return bad.field_violations[0].field
+    return ""
 
 
 def generate(address: str, *requests: pb.GenerateRequest, timeout: float = 60) -> Responses:

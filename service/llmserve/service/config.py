@@ -288,6 +288,9 @@ class ServerConfig:
         if self.embedding_model_path is not None and not self.embeddings:
             raise ValueError("--embedding-model serves Embed: it needs embeddings on")
         self.kv_cache.validate()
+        if self.deterministic and self.kv_cache.kv_unified:
+            raise ValueError("--deterministic needs one KV stream per slot (the default): with --kv-unified a "
+                             "session's cells sit among the others' and its output moves with theirs")
         self.adapters.validate()
         if self.context_shift.keep < 0 or self.context_shift.keep >= self.n_ctx_per_slot // 2:
             raise ValueError(f"--keep must be in [0, {self.n_ctx_per_slot // 2}) (half a slot's context)")

@@ -4,23 +4,10 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 from llmserve.client import Client, make_input, pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from tests.helpers import generate
-
-
-def _field_of(err: grpc.RpcError) -> str:
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
-    assert status is not None
-    for detail in status.details:
-        bad = error_details_pb2.BadRequest()
-        if detail.Unpack(bad):
-            return bad.field_violations[0].field
-    return ""
-
+from tests.helpers import field_of, generate
 
 CASES = {
     "empty input": (pb.GenerateRequest(config=session_config(), end_of_turn=True), "input"),
@@ -66,7 +53,7 @@ def test_bad_generate_input_is_invalid_argument(server, case: str) -> None:  # t
     with pytest.raises(grpc.RpcError) as err:
         generate(server.address, request, timeout=30)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
-    assert _field_of(err.value) == field
+    assert field_of(err.value) == field
     with Client(server.address, timeout=30) as client:  # the server keeps serving
         assert client.generate("Hello", max_tokens=2).turn_end.usage.completion_tokens == 2
 
@@ -93,12 +80,12 @@ def test_limits_on_stop_strings_and_embed_messages(server) -> None:  # type: ign
         with pytest.raises(grpc.RpcError) as err:
             generate(server.address, request, timeout=30)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert _field_of(err.value) == field
+        assert field_of(err.value) == field
     with grpc.insecure_channel(server.address) as channel, pytest.raises(grpc.RpcError) as err:
         request = pb.EmbedRequest(inputs=[pb.Input(text="x")] * 1025)
         list(pb_grpc.LLMServiceStub(channel).Embed(iter([request]), timeout=30))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert _field_of(err.value) == "inputs"
+    assert field_of(err.value) == "inputs"
 
 
 def test_message_larger_than_the_limit_is_refused_by_grpc(server) -> None:  # type: ignore[no-untyped-def]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from llmserve.service.domain.errors import InvalidRequest
+from llmserve.service.domain.errors import InvalidRequest, PreconditionFailed
 from llmserve.service.domain.events import TurnEndEvent
 from llmserve.service.domain.model_meta import Limits
 from llmserve.service.domain.request_rules import FieldNames, prefixed, session_params
@@ -139,3 +139,6 @@ def test_the_rules_resolve_the_server_default_and_refuse_prompt_logprobs() -> No
     with pytest.raises(InvalidRequest) as refused:
         session_params("r", on, names, {}, {}, {"prompt_logprobs": True})
     assert refused.value.field == "prompt_logprobs"
+    with pytest.raises(PreconditionFailed) as unified:  # cells among the others': no invariance to offer
+        session_params("r", Limits(64, 256, kv_per_slot=False), names, {"deterministic": True}, {}, {})
+    assert unified.value.field == "deterministic"

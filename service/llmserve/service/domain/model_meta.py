@@ -17,6 +17,7 @@ class Limits:
     n_parallel: int = MAX_SAMPLES
     input_tokens_limit: int | None = None  # --max-input-tokens (None: the slot's context)
     deterministic: bool = False  # --deterministic: a session's default
+    kv_per_slot: bool = True  # one KV stream per slot (no --kv-unified): what deterministic sessions need
 
     @property
     def max_samples(self) -> int:

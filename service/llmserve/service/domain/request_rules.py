@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidRequest
+from .errors import InvalidRequest, PreconditionFailed
 from .model_meta import Limits
 from .requests import OutputParams, SamplingParams, SessionParams, StoppingParams
 
@@ -123,6 +123,9 @@ def sampling_params(values: Mapping[str, Any], limits: Limits, name: FieldName, 
     out["seed"] = values["seed"] if "seed" in values else secrets.randbelow(LLAMA_DEFAULT_SEED)
     out["grammar"] = grammar
     out["deterministic"] = bool(values.get("deterministic", limits.deterministic))
+    if out["deterministic"] and not limits.kv_per_slot:
+        raise PreconditionFailed("deterministic sessions need one KV stream per slot; this server runs --kv-unified",
+                                 field=name("deterministic"))
     return SamplingParams(**out)  # type: ignore[arg-type]
 
 

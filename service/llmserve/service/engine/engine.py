@@ -80,7 +80,7 @@ class Engine:
         shifts = config.context_shift.context_shift
         self.limits = Limits(n_vocab=runner.n_vocab, n_ctx_per_slot=config.n_ctx_per_slot, context_shift=shifts,
                              n_parallel=config.n_parallel, input_tokens_limit=config.max_input_tokens,
-                             deterministic=config.deterministic)
+                             deterministic=config.deterministic, kv_per_slot=not config.kv_cache.kv_unified)
         self.chat_template = chat_template(config, runner.tokenizer, self.meta)
         if shifts and not runner.can_shift:
             raise RuntimeError("--context-shift: this model's memory cannot shift positions")
