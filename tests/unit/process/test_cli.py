@@ -15,7 +15,7 @@ FLAGS = [
     "--embeddings", "--embedding-model", "--max-queue", "--max-input-tokens", "--max-message-bytes", "--shutdown-grace",
     "--drain-delay",
     "--metrics-port", "--metrics-host", "--tls-cert", "--tls-key", "--tls-client-ca", "--api-key",
-    "--log-format", "--verbose", "--otlp-traces-endpoint",
+    "--log-format", "--verbose", "--otlp-traces-endpoint", "--deterministic",
 ]
 
 
@@ -90,7 +90,8 @@ def test_settings_objects_are_built_from_the_flags_their_fields_are_named_after(
     assert (plain.speculation, plain.prefill, plain.kv_cache, plain.context_shift) == (
         SpeculationSettings(), PrefillSettings(), KVCacheSettings(), ContextShiftSettings())
     refused = ((["--draft-max", "-1"], "--draft-max, --draft-min"), (["--spec-type", "eagle"], "--spec-type eagle"),
-               (["-ctv", "q8_0", "-fa", "off"], "needs flash attention"), (["--keep", "-1"], "--keep must be"))
+               (["-ctv", "q8_0", "-fa", "off"], "needs flash attention"), (["--keep", "-1"], "--keep must be"),
+               (["--deterministic", "-kvu"], "--deterministic needs one KV stream per slot"))
     for bad, message in refused:
         with pytest.raises(ValueError, match=message):
             cli.build_config(cli.parse_args(["serve", *bad]))
