@@ -158,6 +158,7 @@ class FakeRunner:
         self.kv_adapters: dict[int, AdapterSet] = {}  # seq_id -> the set its cells were computed under
         self.num_adapter_switches = 0
         self.loaded_adapters: set[str] = set()
+        self.adapter_files: dict[str, object] = {}
 
     def use_adapters(self, adapters: AdapterSet) -> None:
         assert all(name in self.loaded_adapters for name, _ in adapters), f"{adapters} are not all loaded"
@@ -168,12 +169,14 @@ class FakeRunner:
         if "bad" in str(path):
             raise ValueError(f"{path} is not a LoRA adapter")
         self.loaded_adapters.add(name)
+        self.adapter_files[name] = path
         return {"name": name}
 
-    def unload_adapter(self, name: str) -> None:
+    def unload_adapter(self, name: str) -> object:
         if name in dict(self.adapters):  # as the real runner: the context drops it first
             self.adapters = ()
         self.loaded_adapters.remove(name)
+        return self.adapter_files.pop(name)
 
     def decode(self) -> int:
         self.num_decodes += 1

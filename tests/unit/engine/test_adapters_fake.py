@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+from llmserve.service.domain.errors import FailureKind
 from llmserve.service.domain.events import SessionFailed, TurnEndEvent
 from llmserve.service.domain.requests import AdapterSet, adapter_set
 from llmserve.service.domain.snapshots import SavedSession
@@ -137,3 +138,45 @@ def test_rotation_serves_every_set_within_its_bound() -> None:
     assert max(longest.values()) == 2
     one = [_demand(1, A), _demand(2, A)]
     assert rotation.choose(one) == ((A, -1), one)  # one set: nothing filtered
+
+
+def test_beyond_max_loras_the_least_recently_named_idle_adapter_is_evicted() -> None:
+    """--max-loras 2 with three adapters: a third load evicts the idle one named longest ago,
+    which loads again when a session names it; never more than two resident."""
+    executor, runner = make(n_parallel=4)
+    executor.table.adapters.max_loras = 2
+    results: list[object] = []
+    for name in ("a", "b"):
+        executor.adapter_command(LoadAdapter(name, f"/adapters/{name}", results.append))
+    executor.drain(block=False)
+    run_until(executor, turn_ends(_open(executor, B, (BOS, 5), max_tokens=2)))
+    run_until(executor, turn_ends(_open(executor, A, (BOS, 5), max_tokens=2)))  # a named last
+    executor.close(1)
+    executor.close(2)  # both idle
+    executor.adapter_command(LoadAdapter("c", "/adapters/c", results.append))
+    executor.drain(block=False)
+    assert runner.loaded_adapters == {"a", "c"}  # b evicted: named least recently
+    again = _open(executor, B, (BOS, 6), max_tokens=2)
+    run_until(executor, turn_ends(again))
+    assert not again.of(SessionFailed) and "b" in runner.loaded_adapters and len(runner.loaded_adapters) == 2
+    assert not [r for r in results if isinstance(r, Exception)]
+
+
+def test_with_every_resident_adapter_in_use_a_new_one_is_refused_busy() -> None:
+    executor, runner = make(n_parallel=4)
+    executor.table.adapters.max_loras = 1
+    answers: list[object] = []
+    executor.adapter_command(LoadAdapter("a", "/adapters/a", answers.append))
+    executor.adapter_command(LoadAdapter("b", "/adapters/b", answers.append))  # no room: available
+    executor.drain(block=False)
+    running = _open(executor, A, (BOS, 5), max_tokens=30)
+    steps(executor, 2)
+    refused = _open(executor, (("b", 1.0),), (BOS, 6))
+    steps(executor, 1)
+    failure = refused.of(SessionFailed)[0]
+    assert failure.kind == FailureKind.BUSY and "--max-loras" in failure.message
+    run_until(executor, turn_ends(running))
+    freed: list[str] = []
+    executor.adapter_command(UnloadAdapter("b", answers.append, freed.append))  # available: freed at once
+    executor.drain(block=False)
+    assert freed == ["b"] and runner.loaded_adapters == {"a"}

@@ -57,6 +57,7 @@ class FailureKind(enum.Enum):
     INVALID = enum.auto()  # the request's input cannot be served
     DEADLINE = enum.auto()  # the call's deadline passed, or its reader stopped reading
     SHUTDOWN = enum.auto()  # the server is shutting down: retry elsewhere
+    BUSY = enum.auto()  # no room for it now (every resident LoRA adapter in use): retry shortly
     INTERNAL = enum.auto()  # a bug (logged)
 
 

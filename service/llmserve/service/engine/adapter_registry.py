@@ -1,4 +1,5 @@
-"""The LoRA adapters a request may name, as the event loop sees them.
+"""The LoRA adapters a request may name, as the event loop sees them (resident or not: the
+executor keeps --max-loras of them in memory, executor/adapter_residency.py).
 
 A request names adapters (gRPC `SessionConfig.adapter`, OpenAI `model` or llama-server's
 `lora`); `resolve` turns the names and scales into the engine's one spelling, an
@@ -32,7 +33,8 @@ class AdapterInfo:
     id: int  # llama-server's `lora[].id`: the order adapters were loaded in, never reused
     rank: int
     size_bytes: int
-    state: str = "loaded"  # or "unloading": refuses new sessions, freed when its last one ends
+    state: str = "loaded"  # resident; "available": loads when a session names it (beyond --max-loras);
+    # "unloading": refuses new sessions, freed when its last one ends
 
 
 class AdapterRegistry:
@@ -46,6 +48,7 @@ class AdapterRegistry:
         self.submit = submit
         self._adapters: dict[str, AdapterInfo] = {}
         self._ids = itertools.count()
+        self.resident: Callable[[], set[str]] = lambda: set(self._adapters)  # the Engine's: the executor's snapshot
 
     def add(self, name: str, path: Path, scale: float, rank: int, size_bytes: int) -> AdapterInfo:
         info = AdapterInfo(name, str(path), scale, next(self._ids), rank, size_bytes)
@@ -64,8 +67,6 @@ class AdapterRegistry:
         if not name or name in self._adapters:
             raise InvalidRequest(f"an adapter named {name!r} is loaded already" if name else "name the adapter",
                                  "lora_name")
-        if len(self._adapters) >= self.max_loras:
-            raise PreconditionFailed(f"{self.max_loras} adapters are loaded (--max-loras): unload one first")
         checked: AdapterFile = await check(check_adapter_file, file, self.architecture)  # type: ignore[misc]
         if name in self._adapters:  # loaded meanwhile by another call
             raise InvalidRequest(f"an adapter named {name!r} is loaded already", "lora_name")
@@ -104,7 +105,10 @@ class AdapterRegistry:
         return name in self._adapters
 
     def listing(self) -> tuple[AdapterInfo, ...]:
-        return tuple(sorted(self._adapters.values(), key=lambda info: info.id))
+        """Every adapter a request may name (or that is being unloaded), with its state."""
+        resident = self.resident()
+        return tuple(info if info.state != "loaded" or info.name in resident else replace(info, state="available")
+                     for info in sorted(self._adapters.values(), key=lambda info: info.id))
 
     def resolve(self, requested: Sequence[tuple[str, float | None]], field: object = Field.ADAPTER) -> AdapterSet:
         """(name, scale or None for the adapter's own) pairs as an AdapterSet; InvalidRequest

@@ -93,6 +93,7 @@ class Engine:
             )
         self._executor = Executor(runner, executor_config(config, runner.config.max_embed_seqs), metrics, self._store)
         self.adapters = adapter_registry(config, runner, self._executor.adapter_command)  # LoRA: names, loads
+        self.adapters.resident = lambda: {name for name, _, _ in self._executor.snapshot.adapter_sessions}
         metrics.max_loras = config.adapters.max_loras
         self.named_sessions = SessionClaims(self._store)  # one stream per session id (claim, release)
         self.session_gate = SessionGate(config.n_parallel, config.max_queue, metrics.sessions.set)  # both surfaces' admission

@@ -54,6 +54,7 @@ def executor_config(config: ServerConfig, max_embed_seqs: int) -> ExecutorConfig
         kv_cache=config.kv_cache,
         context_shift=config.context_shift,
         lora_names=tuple(spec.name for spec in config.adapters.lora),
+        max_loras=config.adapters.max_loras,
     )
 
 

@@ -33,6 +33,7 @@ _OF_FAILURE = {
     FailureKind.INVALID: (400, "invalid_request_error"),
     FailureKind.DEADLINE: (408, "timeout"),
     FailureKind.SHUTDOWN: (503, "service_unavailable"),
+    FailureKind.BUSY: (503, "service_unavailable"),
     FailureKind.INTERNAL: (500, "server_error"),
 }
 FIELD_NAMES = {

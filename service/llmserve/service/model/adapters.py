@@ -84,12 +84,13 @@ class Adapters:
         self.loaded[name] = (handle, info)
         return info
 
-    def unload(self, name: str) -> None:
-        """Free adapter `name`; the context drops it first if it is in the current set."""
+    def unload(self, name: str) -> AdapterFile:
+        """Free adapter `name` (returns its file); the context drops it first if it is in the current set."""
         if any(n == name for n, _ in self.current):
             self.use(())
-        handle, _ = self.loaded.pop(name)
+        handle, info = self.loaded.pop(name)
         llama_cpp.llama_adapter_lora_free(handle)
+        return info
 
     def use(self, adapters: AdapterSet) -> None:
         """Set `adapters` (loaded names) on the context; nothing when it holds them already."""

@@ -139,8 +139,8 @@ class LlamaRunner:
         assert isinstance(checked, AdapterFile)
         return self.adapters.load(name, checked)
 
-    def unload_adapter(self, name: str) -> None:
-        self.adapters.unload(name)
+    def unload_adapter(self, name: str) -> AdapterFile:
+        return self.adapters.unload(name)
 
     def logits_row(self, row: int) -> np.ndarray:
         """A view (no copy) of the logits of batch row `row` from the last decode."""

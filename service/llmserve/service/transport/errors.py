@@ -130,6 +130,7 @@ _OF_FAILURE = {
     FailureKind.INVALID: InvalidArgument,
     FailureKind.DEADLINE: DeadlineExceeded,
     FailureKind.SHUTDOWN: Unavailable,
+    FailureKind.BUSY: ResourceExhausted,
     FailureKind.INTERNAL: Internal,
 }
 FIELD_NAMES = {

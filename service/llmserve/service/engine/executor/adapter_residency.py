@@ -4,6 +4,13 @@ Loads and unloads arrive as commands, in queue order with the sessions' `Open`s,
 session opened after an unload was asked for is refused here even if the event loop
 checked its adapter before. An adapter being unloaded refuses new sessions and is freed
 by `free_unused` once no open session (running or waiting) decodes under it.
+
+At most `max_loras` adapters are resident (in llama.cpp's memory); the others a request may
+name are *available*: checked files that load when a session first names them. To make room
+the least recently named resident adapter that no open session uses is evicted (vLLM's LRU
+beyond `--max-loras`); when every resident one is in use, the new session is refused with a
+retry hint. A load (`LoadAdapter`) with no room leaves the adapter available. An evicted
+adapter's KV in the prefix cache stays valid: the same file loads again.
 """
 
 from __future__ import annotations
@@ -20,38 +27,82 @@ from ..commands import LoadAdapter, UnloadAdapter
 from ..runner_api import Runner
 
 log = structlog.get_logger("llmserve.adapters")
+RETRY_AFTER_S = 1.0  # a session refused for room: resident adapters free up as their sessions end
 
 
 class AdapterUnavailable(PreconditionFailed):
-    """A session names an adapter that is not loaded, or is being unloaded."""
+    """A session names an adapter that is not loaded, is being unloaded, or has no room."""
 
 
 class AdapterResidency:
-    def __init__(self, runner: Runner, loaded: Iterable[str] = ()) -> None:
+    def __init__(self, runner: Runner, loaded: Iterable[str] = (), max_loras: int = 8) -> None:
         self.runner = runner
-        self.loaded = set(loaded)
+        self.max_loras = max_loras
+        self.loaded = set(loaded)  # resident
+        self.available: dict[str, object] = {}  # name -> its checked file, loaded on first use
         self.unloading: dict[str, Callable[[str], None]] = {}  # name -> tell the loop when it is freed
+        self.last_named: dict[str, int] = {}  # name -> the open that last named it (the LRU order)
+        self.num_opens = 0
 
-    def check(self, adapters: AdapterSet) -> None:
-        """AdapterUnavailable unless every adapter of the set can take a new session."""
+    def check(self, adapters: AdapterSet, open_sessions: Iterable[SessionParams]) -> None:
+        """Make every adapter of the set resident for a new session (evicting idle ones), or
+        AdapterUnavailable: one is unknown, being unloaded, or there is no room."""
         for name, _ in adapters:
-            if name not in self.loaded:
-                raise AdapterUnavailable(f"the LoRA adapter {name!r} is not loaded")
             if name in self.unloading:
                 raise AdapterUnavailable(f"the LoRA adapter {name!r} is being unloaded")
+            if name not in self.loaded and name not in self.available:
+                raise AdapterUnavailable(f"the LoRA adapter {name!r} is not loaded")
+        in_use = {n for params in open_sessions for n, _ in params.adapters} | {n for n, _ in adapters}
+        for name, _ in adapters:
+            if name not in self.loaded:
+                self._make_room(in_use)
+                try:
+                    self._load(name, self.available[name])
+                except Exception as exc:  # noqa: BLE001 - llama.cpp refused the file it loaded before
+                    raise AdapterUnavailable(f"the LoRA adapter {name!r} failed to load: {exc}") from exc
+                del self.available[name]
+            self.last_named[name] = self.num_opens
+        self.num_opens += 1
 
-    def load(self, command: LoadAdapter) -> None:
+    def _make_room(self, in_use: set[str]) -> None:
+        if len(self.loaded) < self.max_loras:
+            return
+        idle = [name for name in self.loaded if name not in in_use and name not in self.unloading]
+        if not idle:
+            raise AdapterUnavailable(f"all {self.max_loras} resident LoRA adapters (--max-loras) are in use",
+                                     retry_after_s=RETRY_AFTER_S)
+        victim = min(idle, key=lambda name: self.last_named.get(name, -1))
+        self.available[victim] = self.runner.unload_adapter(victim)
+        self.loaded.discard(victim)
+        log.info("adapter_evicted", name=victim)
+
+    def _load(self, name: str, checked: object) -> object:
+        info = self.runner.load_adapter(name, checked)
+        self.loaded.add(name)
+        log.info("adapter_loaded", name=name)
+        return info
+
+    def load(self, command: LoadAdapter, open_sessions: Iterable[SessionParams]) -> None:
+        """A run-time load: resident if there is room (or an idle adapter to evict), else available."""
         try:
-            info = self.runner.load_adapter(command.name, command.checked)
+            self._make_room({n for params in open_sessions for n, _ in params.adapters})
+        except AdapterUnavailable:
+            self.available[command.name] = command.checked
+            command.done(command.checked)
+            return
+        try:
+            info = self._load(command.name, command.checked)
         except Exception as exc:  # noqa: BLE001 - a file llama.cpp refuses: the caller's error, the server goes on
             log.warning("adapter_load_failed", name=command.name, error=str(exc))
             command.done(exc)
             return
-        self.loaded.add(command.name)
-        log.info("adapter_loaded", name=command.name)
         command.done(info)
 
     def unload(self, command: UnloadAdapter, open_sessions: Iterable[SessionParams]) -> None:
+        if self.available.pop(command.name, None) is not None:
+            command.freed(command.name)
+            command.done(True)
+            return
         if command.name not in self.loaded or command.name in self.unloading:
             command.done(AdapterUnavailable(f"the LoRA adapter {command.name!r} is not loaded"))
             return
@@ -73,7 +124,7 @@ class AdapterResidency:
         return freed
 
     def counts(self, sessions: Iterable[Any], waiting: Iterable[Any]) -> tuple[tuple[str, int, int], ...]:
-        """(name, sessions running, sessions waiting for a slot) per loaded adapter."""
+        """(name, sessions running, sessions waiting for a slot) per resident adapter."""
         if not self.loaded:  # no adapters (the usual case): nothing to count each step
             return ()
         waiting_keys = {s.key for s in waiting}

@@ -64,6 +64,7 @@ class ExecutorConfig:
     kv_cache: KVCacheSettings = KVCacheSettings()  # kv_unified off: one KV stream per slot
     context_shift: ContextShiftSettings = ContextShiftSettings()  # off by default
     lora_names: tuple[str, ...] = ()  # the LoRA adapters the runner loaded at start
+    max_loras: int = 8  # resident at once (adapter_residency.py)
 
 
 class Executor:
@@ -84,7 +85,7 @@ class Executor:
         picker = TokenPicker(runner, kv, self.metrics, config.context_shift.shift_keep)
         spec = config.speculation
         verifier = DraftVerifier(runner, picker, spec, self.metrics) if spec.enabled else None
-        residency = AdapterResidency(runner, config.lora_names)
+        residency = AdapterResidency(runner, config.lora_names, config.max_loras)
         self.table = SessionTable(runner, allocator, kv, picker, self._keys, store, verifier, residency)
         self.generation = GenerationStep(runner, kv, order_by_seq_id=per_slot_streams, n_ubatch=config.n_ubatch)
         max_draft_rows = spec.spec_max_rows if spec.enabled else 0
@@ -195,7 +196,8 @@ class Executor:
             elif isinstance(command, DropEmbeds):
                 self._embeds = deque(entry for entry in self._embeds if entry[1] is not command.sink)
             elif isinstance(command, LoadAdapter):
-                self.table.adapters.load(command)
+                self.table.adapters.load(command, (s.params for s in self.table.sessions.values()))
+                self.table.kv.forget_adapter(command.name)  # KV cached under an earlier file of that name
             elif isinstance(command, UnloadAdapter):
                 self.table.adapters.unload(command, (s.params for s in self.table.sessions.values()))
             else:

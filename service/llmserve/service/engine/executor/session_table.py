@@ -1,8 +1,7 @@
-"""The executor's table of Generate sessions: their lifecycle from open to release.
-
-Opening, input and turn ends, cancels, closes, admission to slots (priority, then FIFO), deadlines, forking a turn
-into n samples (`Session.fork_samples`), applying each step's output (recording what entered the KV, sampling the
-ready rows, ending turns), saving/restoring named sessions. `sessions`: the streams by key; `samples`: every sample."""
+"""The executor's table of Generate sessions: their lifecycle from open to release. Opening, input and turn ends,
+cancels, closes, admission to slots (priority, then FIFO), deadlines, forking a turn into n samples
+(`Session.fork_samples`), applying each step's output (recording what entered the KV, sampling the ready rows,
+ending turns), saving/restoring named sessions. `sessions`: the streams by key; `samples`: every sample."""
 
 from __future__ import annotations
 
@@ -73,11 +72,12 @@ class SessionTable:
 
     def _open(self, command: Open) -> None:
         params, t_open = command.params, time.monotonic()
-        try:
-            self.adapters.check(params.adapters)  # loaded, not being unloaded (in queue order with the unloads)
+        try:  # adapters resident, none being unloaded (in queue order with the unloads)
+            self.adapters.check(params.adapters, (s.params for s in self.sessions.values()))
             sampler = self._sampler(params.sampling, params.stopping.ignore_eos, command.grammar)
         except (GrammarError, AdapterUnavailable) as exc:  # the transport checks first; this is the backstop
-            command.sink.put(SessionFailed(FailureKind.INVALID, str(exc)))
+            busy = isinstance(exc, AdapterUnavailable) and exc.retry_after_s is not None  # no room now
+            command.sink.put(SessionFailed(FailureKind.BUSY if busy else FailureKind.INVALID, str(exc)))
             if params.session_id and self.store is not None:
                 self.store.settle(params.session_id)
             return

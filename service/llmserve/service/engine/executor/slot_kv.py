@@ -50,6 +50,12 @@ class SlotKV:
             slot.num_confirmed = 0  # nothing is the new session's until it matches
         return slot
 
+    def forget_adapter(self, name: str) -> None:
+        """Idle slots cached under adapter `name` drop their KV (a new file may bear the name)."""
+        for slot in self.allocator.slots:
+            if not slot.busy and any(n == name for n, _ in slot.adapters):
+                self.clear(slot)
+
     def clear(self, slot: Slot) -> None:
         self.runner.seq_rm(slot.seq_id, -1, -1)
         slot.reset()
