@@ -198,8 +198,10 @@ class Executor:
             elif isinstance(command, LoadAdapter):
                 self.table.adapters.load(command, (s.params for s in self.table.sessions.values()))
                 self.table.kv.forget_adapter(command.name)  # KV cached under an earlier file of that name
+                self._publish()  # the resident adapters, as listed
             elif isinstance(command, UnloadAdapter):
                 self.table.adapters.unload(command, (s.params for s in self.table.sessions.values()))
+                self._publish()
             else:
                 self._handle(command)
 
