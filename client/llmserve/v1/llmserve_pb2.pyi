@@ -190,7 +190,7 @@ class ToolCallDelta(_message.Message):
     def __init__(self, index: _Optional[int] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class SessionConfig(_message.Message):
-    __slots__ = ("request_id", "sampling", "stopping", "add_bos", "priority", "output", "constraint", "n", "session_id", "tools", "tool_choice", "parallel_tool_calls", "adapter")
+    __slots__ = ("request_id", "sampling", "stopping", "add_bos", "priority", "output", "constraint", "n", "session_id", "tools", "tool_choice", "parallel_tool_calls", "adapter", "continue_from")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STOPPING_FIELD_NUMBER: _ClassVar[int]
@@ -204,6 +204,7 @@ class SessionConfig(_message.Message):
     TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    CONTINUE_FROM_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     sampling: SamplingParams
     stopping: StoppingCriteria
@@ -217,7 +218,8 @@ class SessionConfig(_message.Message):
     tool_choice: ToolChoice
     parallel_tool_calls: bool
     adapter: AdapterRef
-    def __init__(self, request_id: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., add_bos: _Optional[bool] = ..., priority: _Optional[int] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., n: _Optional[int] = ..., session_id: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ...) -> None: ...
+    continue_from: str
+    def __init__(self, request_id: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., add_bos: _Optional[bool] = ..., priority: _Optional[int] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., n: _Optional[int] = ..., session_id: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., continue_from: _Optional[str] = ...) -> None: ...
 
 class AdapterRef(_message.Message):
     __slots__ = ("name", "scale")

@@ -37,6 +37,8 @@ from .call import SessionEnded as SessionEnded
 from .call import Usage as Usage  # a call's token counts, for the wings
 from .chat.chat import ChatMessage, Conversation
 from .chat.stored import ConversationStore
+from .chat.stored import StoredConversation as StoredConversation
+from .chat.stored import continued as continued  # a turn continuing a stored conversation, for the wings
 from .chat.stored import owner_of as owner_of  # stored conversations' owners, for the wings
 from .chat.tools import Tool as Tool  # tool calling, for the transport wings
 from .chat.tools import ToolChoice as ToolChoice

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from ..domain.events import TurnEndEvent
 from ..domain.requests import SessionParams
-from ..engine.engine import ChatMessage, Engine, owner_of
+from ..engine.engine import ChatMessage, Engine, continued, owner_of
 from .adapters import model_and_adapters
 from .anthropic import MessagesResponder
 from .anthropic_request import parse_count_request, parse_messages_request
@@ -73,8 +73,7 @@ class AgentRoutes:
         if stored is None:
             raise ApiError(400, f"previous response {body.previous_id!r} not found (never stored, deleted, or expired)",
                            param="previous_response_id", code="previous_response_not_found")
-        k, messages = body.num_instructions, body.chat.messages
-        return replace(body.chat, messages=[*messages[:k], *stored.messages, *messages[k:]])
+        return replace(body.chat, messages=continued(stored, body.chat.messages, body.num_instructions))
 
     async def input_tokens(self, request: web.Request) -> web.Response:
         """`POST /v1/responses/input_tokens`: the prompt the same `/v1/responses` request would prefill."""

@@ -19,8 +19,17 @@ from llmserve.v1 import llmserve_pb2 as pb
 from ..domain.events import FinishReason, PromptLogprobsEvent, TokenEvent, ToolCall, TurnEndEvent
 from ..domain.requests import SessionParams
 from ..domain.snapshots import SavedSession
-from ..engine.engine import ChatMessage, Engine, SessionEnded, SessionHandle, ToolPlan
-from .errors import DeadlineExceeded, Unavailable, check_decoded, error_from_failure
+from ..engine.engine import (
+    ChatMessage,
+    Engine,
+    SessionEnded,
+    SessionHandle,
+    StoredConversation,
+    ToolPlan,
+    continued,
+    owner_of,
+)
+from .errors import DeadlineExceeded, InvalidArgument, Unavailable, check_decoded, error_from_failure
 from .inputs import input_tokens
 from .responses import logprob_proto, turn_end_proto
 
@@ -45,9 +54,11 @@ class GenerateCall:
 
     def __init__(self, engine: Engine, first: pb.GenerateRequest, params: SessionParams, deadline: float | None,
                  restore: SavedSession | None = None, grammar: object | None = None,
-                 tools: ToolPlan | None = None) -> None:
-        """`grammar`: the compiled constraint (Engine.compile_async); `tools`: the session's plan."""
+                 tools: ToolPlan | None = None, continues: StoredConversation | None = None) -> None:
+        """`grammar`: the compiled constraint (Engine.compile_async); `tools`: the session's plan;
+        `continues`: the stored conversation the first messages follow (`stored_conversation`)."""
         self.engine = engine
+        self.continues = continues
         self.first = first
         self.request_id = params.request_id
         add_bos = first.config.add_bos if first.config.HasField("add_bos") else True
@@ -109,13 +120,33 @@ class GenerateCall:
         if message.HasField("input") and message.input.WhichOneof("kind") == "messages":
             messages = [ChatMessage(m.role, m.content, tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls),
                                     m.tool_call_id) for m in message.input.messages.messages]
+            if self.continues is not None:  # after the leading system messages, as an HTTP continuation's
+                lead = next((i for i, m in enumerate(messages) if m.role not in ("system", "developer")), len(messages))
+                messages, self.continues = continued(self.continues, messages, lead), None
             await session.add_messages(messages, message.end_of_turn)
             return
         tokens: tuple[int, ...] = ()
+        if self.continues is not None and message.HasField("input"):
+            raise InvalidArgument("config.continue_from continues a chat: send input.messages", field="input")
         if message.HasField("input"):
             session.check_takes_tokens()
             tokens = await input_tokens(self.engine, message.input, "input", session.needs_bos)
         session.add_tokens(tokens, message.end_of_turn)
+
+
+def stored_conversation(engine: Engine, config: pb.SessionConfig, credentials: str) -> StoredConversation | None:
+    """The stored conversation `config.continue_from` names, if the caller's key (`credentials`:
+    its authorization metadata) stored it; InvalidArgument naming the field if not."""
+    if not config.continue_from:
+        return None
+    if config.session_id:
+        raise InvalidArgument("a named session resumes its own conversation; continue_from starts one from a "
+                              "stored conversation", field="config.continue_from")
+    stored = engine.conversations.get(config.continue_from, owner_of(credentials))
+    if stored is None:
+        raise InvalidArgument(f"no stored conversation {config.continue_from!r} (never stored, deleted, expired, "
+                              "or stored with another key)", field="config.continue_from")
+    return stored
 
 
 def _response(request_id: str, event: TokenEvent | PromptLogprobsEvent | TurnEndEvent) -> pb.GenerateResponse:

@@ -26,7 +26,7 @@ from ..open_calls import OpenCalls
 from . import adapters, responses, unary, validation
 from .embed_call import EmbedCall
 from .errors import DeadlineExceeded, InvalidArgument, Unavailable, check_decoded, rpc_errors
-from .generate_call import Drain, GenerateCall
+from .generate_call import Drain, GenerateCall, stored_conversation
 from .tool_config import tool_plan
 
 log = structlog.get_logger("llmserve.servicer")
@@ -157,8 +157,10 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         params, grammar, tools = await self._session_params(engine, first, rid)
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
+        credentials = dict(context.invocation_metadata() or ()).get("authorization", "")
+        continues = stored_conversation(engine, first.config, credentials)  # continue_from: HTTP's stored turns
         restore = await engine.named_sessions.claim(params.session_id)  # one stream per session id
-        call = GenerateCall(engine, first, params, deadline, restore, grammar, tools)
+        call = GenerateCall(engine, first, params, deadline, restore, grammar, tools, continues)
         self._generate_calls.add(call)
         if self.calls.draining:
             call.sink.put_local(Drain())

@@ -21,7 +21,7 @@ import hashlib
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +38,12 @@ MAX_STORED = 1024
 MAX_BYTES = 64 << 20
 MAX_AGE_S = 24 * 3600.0
 SIZE_OVERHEAD = 1024  # bytes an entry counts beyond its text (the record's fields, ids)
+
+
+def continued(stored: StoredConversation, messages: Sequence[ChatMessage], num_leading: int) -> list[ChatMessage]:
+    """A turn that continues a stored conversation: its first `num_leading` messages (its
+    instructions), the stored conversation, then the rest of its own."""
+    return [*messages[:num_leading], *stored.messages, *messages[num_leading:]]
 
 
 def owner_of(credentials: str) -> str:
