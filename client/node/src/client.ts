@@ -20,6 +20,7 @@ import {
   type GenerateTextResponse,
   type Input,
   type ModelInfo,
+  type SessionConfig,
 } from "./gen/llmserve/v1/llmserve_pb.js";
 import { prefixAffinityKey } from "./affinity.js";
 import { AFFINITY_HEADER, openTransport, type ClientOptions } from "./connection.js";
@@ -78,8 +79,12 @@ export class Client {
     this.rpc = createClient(LLMService, this.transport);
   }
 
-  private call(options: CallOptions, sessionId = "", generate = false, head?: Input) {
-    let affinity = generate ? this.options.affinityKey || sessionId : "";
+  /** Per-call options and headers. A Generate call's affinity header: the caller's key, else
+   * the session id, else the LoRA adapter's name (`a-<name>`: an adapter's calls prefer a
+   * replica that has it loaded), else (with `deriveAffinity`) a key from the input's head. */
+  private call(options: CallOptions, config?: SessionConfig, generate = false, head?: Input) {
+    const adapter = config?.adapter?.name ? `a-${config.adapter.name}` : "";
+    let affinity = generate ? this.options.affinityKey || config?.sessionId || adapter : "";
     if (!affinity && head && this.options.deriveAffinity) affinity = prefixAffinityKey(head);
     return {
       timeoutMs: options.timeoutMs,
@@ -95,14 +100,14 @@ export class Client {
   async *stream(prompt: Prompt, options: GenerateOptions = {}): AsyncGenerator<GenerateResponse> {
     const config = sessionConfig(options);
     const request = create(GenerateRequestSchema, { config, input: makeInput(prompt), endOfTurn: true });
-    yield* cancellable((signal) => this.rpc.generate(once(request), { ...this.call(options, config.sessionId, true, request.input), signal }), options.signal);
+    yield* cancellable((signal) => this.rpc.generate(once(request), { ...this.call(options, config, true, request.input), signal }), options.signal);
   }
 
   /** `stream` over the server-streaming GenerateOnce RPC (no bidi stream). */
   async *streamOnce(prompt: Prompt, options: GenerateOptions = {}): AsyncGenerator<GenerateOnceResponse> {
     const config = sessionConfig(options);
     const request = create(GenerateOnceRequestSchema, { config, input: makeInput(prompt) });
-    yield* cancellable((signal) => this.rpc.generateOnce(request, { ...this.call(options, config.sessionId, true, request.input), signal }), options.signal);
+    yield* cancellable((signal) => this.rpc.generateOnce(request, { ...this.call(options, config, true, request.input), signal }), options.signal);
   }
 
   /** One turn, collected: text, token ids, turn end (sample 0's; `samples` has every one). */
@@ -114,7 +119,7 @@ export class Client {
   async generateText(prompt: Prompt, options: GenerateOptions = {}): Promise<GenerateTextResponse> {
     const config = sessionConfig(options);
     const request = create(GenerateTextRequestSchema, { config, input: makeInput(prompt) });
-    return this.unary(() => this.rpc.generateText(request, this.call(options, config.sessionId, true, request.input)));
+    return this.unary(() => this.rpc.generateText(request, this.call(options, config, true, request.input)));
   }
 
   /**
@@ -124,7 +129,7 @@ export class Client {
    */
   session(options: GenerateConfig & SessionCallOptions = {}): Session {
     const config = sessionConfig(options);
-    return new Session(this.rpc, config, this.call(options, config.sessionId, true));
+    return new Session(this.rpc, config, this.call(options, config, true));
   }
 
   /**

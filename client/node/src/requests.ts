@@ -6,6 +6,7 @@
  */
 import { create, isMessage, type MessageInitShape } from "@bufbuild/protobuf";
 import {
+  AdapterRefSchema,
   ConstraintSchema,
   EmbedRequestSchema,
   InputSchema,
@@ -51,6 +52,9 @@ export type SamplingOptions = Omit<MessageInitShape<typeof SamplingParamsSchema>
  * Tools: `tools` (`{name, description?, parameters?}`, parameters a JSON Schema object or
  * text), `toolChoice` ("none", "auto", "required" or a tool's name), `parallelToolCalls`;
  * calls come back in `TurnEnd.toolCalls`.
+ * LoRA: `adapter` (a loaded adapter's name) and `adapterScale` (unset: the adapter's own).
+ * `continueFrom`: a stored conversation's id (a response stored by POST /v1/responses) that
+ * the first turn's messages continue.
  * Sampling: every SamplingParams field (`temperature`, `topK`, `seed`, `logitBias`, ...).
  * `config`: a SessionConfig init merged under the flat options.
  */
@@ -78,6 +82,9 @@ export type GenerateConfig = SamplingOptions & {
   tools?: ToolInit[];
   toolChoice?: string;
   parallelToolCalls?: boolean;
+  adapter?: string;
+  adapterScale?: number;
+  continueFrom?: string;
   config?: MessageInitShape<typeof SessionConfigSchema>;
 };
 
@@ -95,7 +102,7 @@ const TOOL_MODES: Record<string, ToolChoice_Mode> = {
 const SESSION_KEYS = new Set([
   "requestId", "sessionId", "priority", "addBos", "n", "maxTokens", "minTokens", "stop", "stopTokenIds",
   "ignoreEos", "logprobs", "topLogprobs", "promptLogprobs", "includeSpecial", "grammar", "jsonSchema", "regex", "choice",
-  "jsonObject", "strict", "tools", "toolChoice", "parallelToolCalls", "config",
+  "jsonObject", "strict", "tools", "toolChoice", "parallelToolCalls", "adapter", "adapterScale", "continueFrom", "config",
 ]);
 /** Keys of call options that may ride along in the same object; not config. */
 const CALL_KEYS = new Set(["timeoutMs", "signal", "headers"]);
@@ -183,6 +190,8 @@ export function sessionConfig(options: GenerateConfig = {}): SessionConfig {
       : { mode: ToolChoice_Mode.FUNCTION, functionName: o.toolChoice });
   }
   if (o.parallelToolCalls !== undefined) config.parallelToolCalls = o.parallelToolCalls;
+  if (o.adapter !== undefined) config.adapter = create(AdapterRefSchema, { name: o.adapter, scale: o.adapterScale });
+  if (o.continueFrom !== undefined) config.continueFrom = o.continueFrom;
   return config;
 }
 

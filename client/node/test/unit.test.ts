@@ -129,3 +129,25 @@ test("deriveAffinity sends the derived key; a caller's key wins; off by default"
   await new Client({ transport }).generateText(prompt);
   assert.deepEqual(seen, [prefixAffinityKey(makeInput(prompt)), "tenant-7", null]);
 });
+
+test("a call under a LoRA adapter sends a-<adapter> unless a key or session id is set (as the Python SDK)", async () => {
+  const seen: (string | null)[] = [];
+  const transport = createRouterTransport(({ service }) =>
+    service(pb.LLMService, {
+      generateText: (_req, ctx) => {
+        seen.push(ctx.requestHeader.get("x-llmserve-affinity"));
+        return create(pb.GenerateTextResponseSchema, {});
+      },
+    }),
+  );
+  const client = new Client({ transport, deriveAffinity: true });
+  await client.generateText("Hi", { adapter: "support" });
+  await client.generateText("Hi", { adapter: "support", sessionId: "s1" });
+  await new Client({ transport, affinityKey: "tenant-7" }).generateText("Hi", { adapter: "support" });
+  assert.deepEqual(seen, ["a-support", "s1", "tenant-7"]);
+  const config = sessionConfig({ adapter: "support", adapterScale: 0.5, continueFrom: "resp_1" });
+  assert.equal(config.adapter?.name, "support");
+  assert.equal(config.adapter?.scale, 0.5);
+  assert.equal(config.continueFrom, "resp_1");
+  assert.equal(sessionConfig({ adapter: "x" }).adapter?.scale, undefined);
+});

@@ -36,9 +36,9 @@ SAMPLING = ["temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penal
 FIELDS = {
     CHAT: ["model", "messages", "stream", "stream_options", "max_completion_tokens", "logprobs", "top_logprobs",
            "user", "response_format", "grammar", "regex", "choice", "tools", "tool_choice", "parallel_tool_calls",
-           "no_such_field", *SAMPLING],
-    COMPLETIONS: ["model", "prompt", "stream", "stream_options", "logprobs", "echo", "user", "no_such_field",
-                  *SAMPLING],
+           "lora", "deterministic", "no_such_field", *SAMPLING],
+    COMPLETIONS: ["model", "prompt", "stream", "stream_options", "logprobs", "echo", "user", "lora", "deterministic",
+                  "no_such_field", *SAMPLING],
     EMBEDDINGS: ["model", "input", "encoding_format", "dimensions", "user", "no_such_field"],
     RESPONSES: ["model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
                 "max_output_tokens", "temperature", "top_p", "stream", "include", "metadata", "reasoning", "store",

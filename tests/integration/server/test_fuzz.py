@@ -87,6 +87,7 @@ def valid_generate_requests(draw):  # type: ignore[no-untyped-def]
     if draw(st.booleans()):
         c.output.top_logprobs = draw(st.integers(0, 20))
     c.output.prompt_logprobs, c.output.include_special = draw(st.booleans()), draw(st.booleans())
+    c.sampling.deterministic = draw(st.booleans()) and not c.output.prompt_logprobs  # they exclude each other
     if draw(st.booleans()):
         c.n = draw(st.integers(1, 4))
     kind = draw(st.sampled_from(["none", "grammar", "schema"]))
@@ -108,7 +109,8 @@ def _mutations(draw, r: pb.GenerateRequest) -> str:  # type: ignore[no-untyped-d
     kind = draw(st.sampled_from(["float", "int", "bias_token", "bias_value", "seed", "max_tokens", "min_tokens",
                                  "stop_empty", "stop_long", "stop_many", "stop_id", "stop_ids_many", "top_logprobs",
                                  "n", "request_id", "grammar", "schema", "schema_bound", "empty_text",
-                                 "empty_tokens", "token_outside", "no_config"]))
+                                 "empty_tokens", "token_outside", "deterministic", "adapter", "continue_from",
+                                 "no_config"]))
     if kind == "float":
         name = draw(st.sampled_from(sorted(FLOAT_RANGES)))
         setattr(c.sampling, name, draw(_float_outside(*FLOAT_RANGES[name])))
@@ -150,6 +152,15 @@ def _mutations(draw, r: pb.GenerateRequest) -> str:  # type: ignore[no-untyped-d
     if kind == "request_id":
         c.request_id = draw(st.text(min_size=129, max_size=200))
         return "config.request_id"
+    if kind == "deterministic":  # with prompt logprobs: the fixed chunks do not score every row
+        c.sampling.deterministic, c.output.prompt_logprobs = True, True
+        return "config.output.prompt_logprobs"
+    if kind == "adapter":  # this server loads none
+        c.adapter.name = draw(st.text(min_size=1, max_size=40))
+        return "config.adapter"
+    if kind == "continue_from":  # nothing was stored
+        c.continue_from = draw(st.text(min_size=1, max_size=40))
+        return "config.continue_from"
     if kind == "grammar":
         c.constraint.grammar = draw(st.sampled_from(["", "root ::= (((", "root ::= [a-", "root ::= undefined_rule"]))
         return "config.constraint.grammar"
