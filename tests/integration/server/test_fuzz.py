@@ -1,13 +1,9 @@
-"""Property-based fuzzing of every request field (hypothesis), split by what the values are.
-
-- Valid values (every field within its documented range, max_tokens small so that a call
-  finishes fast) must be served OK within CALL_TIMEOUT: never DEADLINE_EXCEEDED, never
-  a refusal.
-- A valid request with exactly one invalid value must be INVALID_ARGUMENT, and its
-  google.rpc.BadRequest must name that value's field.
-- Bytes that do not parse as the method's request (invalid UTF-8 in a string field
-  included) must be INVALID_ARGUMENT.
-"""
+"""Property-based fuzzing of every request field (hypothesis), split by what the values are:
+valid values (each field within its documented range, max_tokens small so a call finishes
+fast) are served OK within CALL_TIMEOUT, never DEADLINE_EXCEEDED, never refused; a valid
+request with exactly one invalid value is INVALID_ARGUMENT, its google.rpc.BadRequest naming
+that value's field; bytes that do not parse as the method's request (invalid UTF-8 in a
+string field included) are INVALID_ARGUMENT."""
 
 from __future__ import annotations
 
@@ -107,10 +103,9 @@ def _mutations(draw, r: pb.GenerateRequest) -> str:  # type: ignore[no-untyped-d
     """Make one value of `r` invalid; returns the field the refusal must name."""
     c = r.config
     kind = draw(st.sampled_from(["float", "int", "bias_token", "bias_value", "seed", "max_tokens", "min_tokens",
-                                 "stop_empty", "stop_long", "stop_many", "stop_id", "stop_ids_many", "top_logprobs",
-                                 "n", "request_id", "grammar", "schema", "schema_bound", "empty_text",
-                                 "empty_tokens", "token_outside", "deterministic", "adapter", "continue_from",
-                                 "no_config"]))
+                                 "stop_empty", "stop_long", "stop_many", "stop_id", "stop_ids_many", "top_logprobs", "n",
+                                 "request_id", "grammar", "schema", "schema_bound", "empty_text", "empty_tokens",
+                                 "token_outside", "deterministic", "adapter", "continue_from", "no_config"]))
     if kind == "float":
         name = draw(st.sampled_from(sorted(FLOAT_RANGES)))
         setattr(c.sampling, name, draw(_float_outside(*FLOAT_RANGES[name])))
@@ -127,10 +122,12 @@ def _mutations(draw, r: pb.GenerateRequest) -> str:  # type: ignore[no-untyped-d
     simple = {"seed": ("sampling", "seed", st.just(0xFFFFFFFF), "config.sampling.seed"),
               "max_tokens": ("stopping", "max_tokens", _int_outside(1, N_CTX_PER_SLOT), "config.stopping.max_tokens"),
               "min_tokens": ("stopping", "min_tokens", _int_outside(0, c.stopping.max_tokens), "config.stopping.min_tokens"),
-              "top_logprobs": ("output", "top_logprobs", _int_outside(0, 20), "config.output.top_logprobs")}
+              "top_logprobs": ("output", "top_logprobs", _int_outside(0, 20), "config.output.top_logprobs"),
+              "adapter": ("adapter", "name", st.text(min_size=1, max_size=40), "config.adapter"),  # none loaded
+              "continue_from": ("", "continue_from", st.text(min_size=1, max_size=40), "config.continue_from")}
     if kind in simple:
         part, name, values, field = simple[kind]
-        setattr(getattr(c, part), name, draw(values))
+        setattr(getattr(c, part) if part else c, name, draw(values))
         return field
     if kind in ("stop_empty", "stop_long"):
         at = draw(st.integers(0, min(len(c.stopping.stop), 15)))
@@ -153,14 +150,8 @@ def _mutations(draw, r: pb.GenerateRequest) -> str:  # type: ignore[no-untyped-d
         c.request_id = draw(st.text(min_size=129, max_size=200))
         return "config.request_id"
     if kind == "deterministic":  # with prompt logprobs: the fixed chunks do not score every row
-        c.sampling.deterministic, c.output.prompt_logprobs = True, True
+        c.sampling.deterministic = c.output.prompt_logprobs = True
         return "config.output.prompt_logprobs"
-    if kind == "adapter":  # this server loads none
-        c.adapter.name = draw(st.text(min_size=1, max_size=40))
-        return "config.adapter"
-    if kind == "continue_from":  # nothing was stored
-        c.continue_from = draw(st.text(min_size=1, max_size=40))
-        return "config.continue_from"
     if kind == "grammar":
         c.constraint.grammar = draw(st.sampled_from(["", "root ::= (((", "root ::= [a-", "root ::= undefined_rule"]))
         return "config.constraint.grammar"
