@@ -113,7 +113,8 @@ test("derived affinity keys match the Python SDK's", () => {
   assert.equal(key(""), "");
 });
 
-test("deriveAffinity sends the derived key; a caller's key wins; off by default", async () => {
+/** A transport whose GenerateText records each call's affinity header in `seen`. */
+function affinityRecorder() {
   const seen: (string | null)[] = [];
   const transport = createRouterTransport(({ service }) =>
     service(pb.LLMService, {
@@ -123,6 +124,11 @@ test("deriveAffinity sends the derived key; a caller's key wins; off by default"
       },
     }),
   );
+  return { seen, transport };
+}
+
+test("deriveAffinity sends the derived key; a caller's key wins; off by default", async () => {
+  const { seen, transport } = affinityRecorder();
   const prompt = [{ role: "user", content: "Hi" }];
   await new Client({ transport, deriveAffinity: true }).generateText(prompt);
   await new Client({ transport, deriveAffinity: true, affinityKey: "tenant-7" }).generateText(prompt);
@@ -131,15 +137,7 @@ test("deriveAffinity sends the derived key; a caller's key wins; off by default"
 });
 
 test("a call under a LoRA adapter sends a-<adapter> unless a key or session id is set (as the Python SDK)", async () => {
-  const seen: (string | null)[] = [];
-  const transport = createRouterTransport(({ service }) =>
-    service(pb.LLMService, {
-      generateText: (_req, ctx) => {
-        seen.push(ctx.requestHeader.get("x-llmserve-affinity"));
-        return create(pb.GenerateTextResponseSchema, {});
-      },
-    }),
-  );
+  const { seen, transport } = affinityRecorder();
   const client = new Client({ transport, deriveAffinity: true });
   await client.generateText("Hi", { adapter: "support" });
   await client.generateText("Hi", { adapter: "support", sessionId: "s1" });

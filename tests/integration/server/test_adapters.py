@@ -219,6 +219,10 @@ def test_beyond_max_loras_an_idle_adapter_is_evicted_and_loads_again_when_named(
     with serving(flags, tmp_path / "server.log", http_port=free_port()) as running:
         stub = pb_grpc.LLMServiceStub(grpc.insecure_channel(running.address))
         mild = _turn(stub, adapter="mild", top_logprobs=2)
+        deadline = time.monotonic() + 10  # the call's session closes just after its reply: then mild is idle
+        while any(a.num_sessions for a in stub.ListAdapters(pb.ListAdaptersRequest()).adapters):
+            assert time.monotonic() < deadline, "mild's session never closed"
+            time.sleep(0.05)
         stub.LoadAdapter(pb.LoadAdapterRequest(name="other", path="other.gguf"), timeout=60)
         states = {a.name: a.state for a in stub.ListAdapters(pb.ListAdaptersRequest()).adapters}
         assert states == {"mild": "available", "other": "loaded"}
