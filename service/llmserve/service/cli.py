@@ -26,6 +26,7 @@ from . import __version__
 from .config import (
     CACHE_TYPES,
     DEFAULT_PARALLEL,
+    TOOL_FORMATS,
     AdapterSettings,
     ContextShiftSettings,
     HttpConnectionSettings,
@@ -151,6 +152,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add("--session-dir", type=Path, help="save sessions with a session_id here, to restore them after a restart")
     f.add("--session-dir-max-bytes", type=int, default=d.session_dir_max_bytes, help="size cap of --session-dir (LRU)")
     f.add("--chat-template-file", type=Path, help="jinja2 chat template overriding the model's")
+    f.add("--tool-format", default=d.tool_format,
+          help=f"{'|'.join(TOOL_FORMATS)}: tool calls in the model's own syntax (hermes, llama3, mistral, mistral-args), the generic JSON "
+               "format, or auto: the chat template's, generic when it declares none")
     f.add("--log-format", default=d.log_format, help="json, console, or auto (console on a TTY)")
     f.switch("-v", "--verbose", help="debug logs, including llama.cpp's info lines")
 
@@ -210,6 +214,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         tls_client_ca=args.tls_client_ca,
         api_key=args.api_key,
         chat_template_file=args.chat_template_file,
+        tool_format=args.tool_format,
         kv_cache=_settings(KVCacheSettings, args),
         step_costs=args.step_costs,
         context_shift=_settings(ContextShiftSettings, args),

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+TOOL_FORMATS = ("auto", "generic", "hermes", "llama3", "mistral", "mistral-args")  # engine/chat/tool_formats.py
 CACHE_TYPES = {  # name -> ggml_type id (ggml.h)
     "f32": 0,
     "f16": 1,
@@ -219,6 +220,7 @@ class ServerConfig:
     tls_client_ca: Path | None = None
     api_key: str | None = None
     chat_template_file: Path | None = None
+    tool_format: str = "auto"  # engine/chat/tool_formats.py NAMES: auto picks the chat template's
     kv_cache: KVCacheSettings = KVCacheSettings()
     step_costs: str = "measure"  # what a step costs by rows: timed at start-up (cached), or "builtin"
     context_shift: ContextShiftSettings = ContextShiftSettings()
@@ -255,6 +257,8 @@ class ServerConfig:
             raise ValueError("--threads must be at least 1")
         if self.step_costs not in STEP_COSTS:
             raise ValueError(f"--step-costs {self.step_costs}: expected measure or builtin")
+        if self.tool_format not in TOOL_FORMATS:
+            raise ValueError(f"--tool-format {self.tool_format}: expected one of {', '.join(TOOL_FORMATS)}")
         if self.first_message_timeout_s <= 0 or self.grammar_timeout_s <= 0 or self.grammar_max_mb < 16:
             raise ValueError("--first-message-timeout and --grammar-timeout must be positive, --grammar-max-mb >= 16")
         spec, prefill = self.speculation, self.prefill

@@ -26,9 +26,9 @@ class StubHandle:
         self.observed: list[object] = []
         self.closed = False
 
-    async def observe(self, event: object) -> object:
+    async def observe(self, event: object) -> tuple[object, ...]:
         self.observed.append(event)
-        return event
+        return (event,)
 
     def close(self) -> None:
         assert not self.closed, "closed twice"

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from llmserve.service.config import ServerConfig
-from llmserve.service.engine.chat.chat import PACKAGED_TEMPLATES, ChatMessage
+from llmserve.service.engine.chat.chat import PACKAGED_TEMPLATES
 from llmserve.service.engine.startup import chat_template
 
 from .fake_runner import META, piece_of
@@ -28,7 +28,7 @@ def test_the_flag_then_the_model_then_the_package_then_none(tmp_path: Path) -> N
     assert in_model is not None and in_model.origin == "model"
     packaged = chat_template(ServerConfig(), _Vocab(), gemma)  # type: ignore[arg-type]
     assert packaged is not None and packaged.origin == "packaged"
-    rendered = packaged.render([ChatMessage("user", "Hi")])
+    rendered = packaged.render([{"role": "user", "content": "Hi"}])
     assert "<start_of_turn>user\nHi<end_of_turn>" in rendered and rendered.endswith("<start_of_turn>model\n")
     assert chat_template(ServerConfig(), _Vocab(), META) is None  # type: ignore[arg-type]  # another architecture
 

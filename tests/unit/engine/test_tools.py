@@ -11,11 +11,11 @@ import pytest
 from llmserve.service.domain.errors import Field, InvalidRequest
 from llmserve.service.domain.events import ToolCall
 from llmserve.service.engine.chat.chat import ChatMessage
+from llmserve.service.engine.chat.tool_messages import as_generic_messages
 from llmserve.service.engine.chat.tool_reply import parse_reply
 from llmserve.service.engine.chat.tools import (
     Tool,
     ToolChoice,
-    as_generic_messages,
     check_tools,
     plan_tools,
     preamble,

@@ -72,12 +72,12 @@ class Call:
             if not isinstance(event, (TokenEvent, PromptLogprobsEvent, TurnEndEvent)):
                 continue
             assert isinstance(tag, int)
-            event = await self.sessions[tag].observe(event)  # with tools: the answer's text and the calls
-            if isinstance(event, TurnEndEvent):
-                record_turn(self._metrics, event, self._params)
-                if event.final and self._one_turn:  # its slot serves the next session at once
-                    self._close(tag)
-            yield tag, event
+            for observed in await self.sessions[tag].observe(event):  # with tools: the answer's text and the calls
+                if isinstance(observed, TurnEndEvent):
+                    record_turn(self._metrics, observed, self._params)
+                    if observed.final and self._one_turn:  # its slot serves the next session at once
+                        self._close(tag)
+                yield tag, observed
 
     def close(self) -> None:
         """The call is over, however it ended: its open sessions close (their slots free

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import structlog
@@ -40,6 +41,10 @@ from .chat.stored import ConversationStore
 from .chat.stored import StoredConversation as StoredConversation
 from .chat.stored import continued as continued  # a turn continuing a stored conversation, for the wings
 from .chat.stored import owner_of as owner_of  # stored conversations' owners, for the wings
+from .chat.tool_formats import GENERIC as GENERIC  # the generic tool format, for the wings
+from .chat.tool_formats import ToolFormat as ToolFormat
+from .chat.tool_formats import choose, template_tools
+from .chat.tool_messages import as_generic_messages, template_messages
 from .chat.tools import Tool as Tool  # tool calling, for the transport wings
 from .chat.tools import ToolChoice as ToolChoice
 from .chat.tools import ToolPlan as ToolPlan
@@ -84,6 +89,9 @@ class Engine:
                              n_parallel=config.n_parallel, input_tokens_limit=config.max_input_tokens,
                              deterministic=config.deterministic, kv_per_slot=not config.kv_cache.kv_unified)
         self.chat_template = chat_template(config, runner.tokenizer, self.meta)
+        source = self.chat_template.source if self.chat_template is not None else None
+        self.tool_format: ToolFormat = choose(config.tool_format, source)  # --tool-format; auto: the template's
+        log.info("tool_format", name=self.tool_format.name, asked=config.tool_format)
         if shifts and not runner.can_shift:
             raise RuntimeError("--context-shift: this model's memory cannot shift positions")
         self._store: SessionStore | None = None
@@ -170,10 +178,13 @@ class Engine:
         if params.session_id and self._store is not None:
             self._store.begin(params.session_id)  # a reopen waits until this session is saved
         conversation = Conversation(restore.chat if restore is not None else None)
+        if tools is not None and tools.active and tools.format.special_tags:  # the reply shows the tags it is read by
+            params = replace(params, output=replace(params.output, include_special=True))
         key = self._executor.open_session(params, sink, deadline, restore, grammar, conversation)
         render = self._render_offloaded if self.chat_template is not None else None
         return SessionHandle(self._executor, key, conversation, self.limits, render, self.limits.max_input_tokens,
-                             params.stopping.max_tokens, add_bos and self.meta.add_bos, restore, tools)
+                             params.stopping.max_tokens, add_bos and self.meta.add_bos, restore, tools,
+                             self.tool_format)
 
     @property
     def session_store_fault(self) -> str | None:
@@ -206,11 +217,18 @@ class Engine:
 
     def render_chat(self, messages: Sequence[ChatMessage], tools: ToolPlan | None = None) -> tuple[int, ...]:
         """The conversation rendered with the chat template, as tokens (the template must
-        exist); an active tool plan's preamble first. Blocking: call it off the event loop."""
+        exist). In the generic tool format calls and results as plain messages, an active
+        plan's preamble first; in a native one the template renders them, and the plan's
+        tools. Blocking: call it off the event loop."""
         assert self.chat_template is not None
-        if tools is not None:
-            messages = with_preamble(messages, tools)
-        text = self.chat_template.render(list(messages), add_generation_prompt=True)
+        if self.tool_format.native:
+            listed = template_tools(tools.tools) if tools is not None and tools.active else None
+            text = self.chat_template.render(template_messages(messages), tools=listed)
+        else:
+            messages = as_generic_messages(messages)
+            if tools is not None and tools.active:
+                messages = with_preamble(messages, tools)
+            text = self.chat_template.render([{"role": m.role, "content": m.content} for m in messages])
         return tuple(self._runner.tokenizer.tokenize(text, add_special=False, parse_special=True))
 
     # ---------------------------------------------------------------- Embed

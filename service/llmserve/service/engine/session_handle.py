@@ -19,8 +19,11 @@ from ..domain.events import FinishReason, TokenEvent, TurnEndEvent
 from ..domain.model_meta import Limits
 from ..domain.snapshots import SavedSession
 from .chat.chat import ChatMessage, Conversation
+from .chat.native_reply import NativeReader
+from .chat.tool_formats import GENERIC, ToolFormat
+from .chat.tool_messages import as_generic_messages, call_arguments
 from .chat.tool_reply import ReplyReader
-from .chat.tools import ToolPlan, as_generic_messages
+from .chat.tools import ToolPlan
 from .executor.executor import Executor
 
 MAX_TURNS_PENDING = 2  # the running turn and one queued behind it
@@ -34,13 +37,14 @@ class SessionHandle:
 
     def __init__(self, executor: Executor, key: int, conversation: Conversation, limits: Limits,
                  render_chat: RenderChat | None, max_input_tokens: int, max_tokens: int | None,
-                 add_bos: bool, restore: SavedSession | None, tools: ToolPlan | None = None) -> None:
+                 add_bos: bool, restore: SavedSession | None, tools: ToolPlan | None = None,
+                 tool_format: ToolFormat = GENERIC) -> None:
         """`key`: the executor's name for the session; `conversation`: the one the executor
         saves with a named session; `render_chat`: the chat template as tokens, on the
         engine's offload pool (None: the model has none); `max_tokens`: the per-turn limit; `add_bos`: whether the first text
         starts with BOS; `restore`: the saved session it goes on from; `tools`: an active
-        plan puts its preamble in the rendering and reads each reply for calls (its
-        constraint must be the session's grammar)."""
+        plan's tools are rendered and each reply is read for calls, in `tool_format` (the
+        engine's; its constraint must be the session's grammar)."""
         self._executor = executor
         self.key = key
         self.conversation = conversation
@@ -55,7 +59,8 @@ class SessionHandle:
         self._has_history = restore is not None
         self.needs_bos = add_bos and restore is None
         self._tools = tools if tools is not None and tools.active else None
-        self._replies: dict[int, ReplyReader] = {}  # per sample, with tools
+        self._tool_format = tool_format
+        self._replies: dict[int, ReplyReader | NativeReader] = {}  # per sample, with tools
 
     @property
     def num_turns_pending(self) -> int:
@@ -96,7 +101,10 @@ class SessionHandle:
             )
         if not self.conversation.started and (self._has_history or self._turn_tokens):
             raise InvalidRequest("a session that started with text or tokens cannot switch to messages", field=Field.INPUT)
-        messages = as_generic_messages(messages)
+        if self._tool_format.native:  # kept as they are for the template; InvalidRequest: arguments not JSON
+            call_arguments(messages)
+        else:  # kept as the plain text they render as
+            messages = as_generic_messages(messages)
         self.conversation.check(messages)
         if end_of_turn and self.num_turns_pending >= MAX_TURNS_PENDING:
             raise self._turn_queue_full()
@@ -161,11 +169,11 @@ class SessionHandle:
 
     # ----------------------------------------------------------------- events
 
-    async def observe(self, event: object) -> object:
+    async def observe(self, event: object) -> tuple[object, ...]:
         """`Call.events` calls this with each event and hands on what it returns: sample 0's
         text is the chat's reply; a turn's end lets deferred chat messages run. With tools,
         token events carry the answer's text and the calls as they form, and a turn end
-        the parsed calls (`_read_reply`)."""
+        the parsed calls, after the answer's last text if it was held back (`_read_reply`)."""
         chat = self.conversation.started
         if isinstance(event, TokenEvent) and event.index == 0 and chat:
             self.conversation.on_reply_text(event.text)
@@ -176,17 +184,27 @@ class SessionHandle:
                 self.conversation.end_reply()
             if event.final:
                 await self._run_deferred()
-        return self._read_reply(event) if self._tools is not None else event
+        return self._read_reply(event) if self._tools is not None else (event,)
 
-    def _read_reply(self, event: object) -> object:
+    def _reader(self, index: int) -> ReplyReader | NativeReader:
+        if index not in self._replies:
+            fmt = self._tool_format
+            self._replies[index] = NativeReader(fmt) if fmt.native else ReplyReader()
+        return self._replies[index]
+
+    def _read_reply(self, event: object) -> tuple[object, ...]:
         if isinstance(event, TokenEvent):
-            text, calls = self._replies.setdefault(event.index, ReplyReader()).feed(event.text)
-            return replace(event, text=text, tool_calls=calls)
+            text, calls = self._reader(event.index).feed(event.text)
+            return (replace(event, text=text, tool_calls=calls),)
         if isinstance(event, TurnEndEvent):
-            reply = self._replies.pop(event.index, ReplyReader()).finish()
+            reader = self._reader(event.index)
+            del self._replies[event.index]
+            rest = reader.flush()
+            reply = reader.finish()
             if reply.tool_calls and event.finish_reason in (FinishReason.STOP, FinishReason.STOP_SEQUENCE):
-                return replace(event, finish_reason=FinishReason.TOOL_CALLS, tool_calls=reply.tool_calls)
-        return event
+                event = replace(event, finish_reason=FinishReason.TOOL_CALLS, tool_calls=reply.tool_calls)
+            return (TokenEvent(rest, (), index=event.index), event) if rest else (event,)
+        return (event,)
 
     async def _run_deferred(self) -> None:
         while self.conversation.has_deferred and not self.num_turns_open:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 from aiohttp import web
 
@@ -39,7 +40,7 @@ class AgentRoutes:
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         engine = self._engine()
-        body = await parsed_body(request, engine, parse_messages_request)
+        body = await parsed_body(request, engine, partial(parse_messages_request, tool_format=engine.tool_format))
         chat, model, params = self._call(request, engine, body.chat)
         with engine.session_gate.admitted():  # open sessions of every route: the slots plus --max-queue
             responder = MessagesResponder(engine, chat, params, model)
@@ -47,7 +48,7 @@ class AgentRoutes:
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         engine = self._engine()
-        body = await parsed_body(request, engine, parse_responses_request)
+        body = await parsed_body(request, engine, partial(parse_responses_request, tool_format=engine.tool_format))
         owner = owner_of(_credentials(request))
         chat, model, params = self._call(request, engine, self._continued(engine, body, owner))
         said = tuple(chat.messages[body.num_instructions:])
@@ -78,7 +79,7 @@ class AgentRoutes:
     async def input_tokens(self, request: web.Request) -> web.Response:
         """`POST /v1/responses/input_tokens`: the prompt the same `/v1/responses` request would prefill."""
         engine = self._engine()
-        body = await parsed_body(request, engine, parse_responses_request)
+        body = await parsed_body(request, engine, partial(parse_responses_request, tool_format=engine.tool_format))
         chat = self._continued(engine, body, owner_of(_credentials(request)))
         model_and_adapters(engine, chat.model, (), self._model_names(engine))
         return web.json_response({"object": "response.input_tokens", "input_tokens": await _prompt_tokens(engine, chat)})
@@ -110,7 +111,7 @@ class AgentRoutes:
     async def count_tokens(self, request: web.Request) -> web.Response:
         """The prompt a `/v1/messages` turn with these messages, system and tools would prefill."""
         engine = self._engine()
-        chat = await parsed_body(request, engine, parse_count_request)
+        chat = await parsed_body(request, engine, partial(parse_count_request, tool_format=engine.tool_format))
         model_and_adapters(engine, chat.model, (), self._model_names(engine))
         return web.json_response({"input_tokens": await _prompt_tokens(engine, chat)})
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from ..engine.engine import GENERIC, ToolFormat
 from .errors import bad_request
 from .fields import Body, body_of, integer
 from .request import ChatRequest, parse_chat
@@ -41,7 +42,7 @@ class MessagesRequest:
     stream: bool
 
 
-def parse_messages_request(value: object) -> MessagesRequest:
+def parse_messages_request(value: object, tool_format: ToolFormat = GENERIC) -> MessagesRequest:
     body = body_of(value, FIELDS)
     for name in IGNORED.intersection(body):
         log.debug("field_ignored", field=name, route="/v1/messages")
@@ -55,14 +56,15 @@ def parse_messages_request(value: object) -> MessagesRequest:
     if "stop_sequences" in body:
         chat["stop"] = _strings(body["stop_sequences"], "stop_sequences")
     chat.update(_tools(body))
-    request = parse_chat(chat)
+    request = parse_chat(chat, tool_format)
     return MessagesRequest(request, request.model, request.stream)
 
 
-def parse_count_request(value: object) -> ChatRequest:
+def parse_count_request(value: object, tool_format: ToolFormat = GENERIC) -> ChatRequest:
     """`/v1/messages/count_tokens`: the messages, system and tools a request would render."""
     body = body_of(value, COUNT_FIELDS)
-    return parse_chat({"messages": chat_messages(body), **_tools(body), **{k: body[k] for k in ("model",) if k in body}})
+    return parse_chat({"messages": chat_messages(body), **_tools(body), **{k: body[k] for k in ("model",) if k in body}},
+                      tool_format)
 
 
 def chat_messages(body: Body) -> list[dict[str, Any]]:

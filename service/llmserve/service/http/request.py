@@ -16,7 +16,7 @@ from typing import Any
 from ..domain import request_rules
 from ..domain.model_meta import Limits
 from ..domain.requests import SessionParams
-from ..engine.engine import ChatMessage
+from ..engine.engine import GENERIC, ChatMessage, ToolFormat
 from . import fields, structured, tool_calls
 from .adapters import LoraRef, lora_field
 from .errors import bad_request
@@ -58,7 +58,8 @@ class ChatRequest:
                                             num_samples=self.n)
 
 
-def parse_chat(body: object) -> ChatRequest:
+def parse_chat(body: object, tool_format: ToolFormat = GENERIC) -> ChatRequest:
+    """A chat body; its tools planned in `tool_format` (the engine's)."""
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")
     body = {k: v for k, v in body.items() if v is not None}
@@ -93,7 +94,7 @@ def parse_chat(body: object) -> ChatRequest:
         raise bad_request("model must be a string", "model")
     messages = parse_messages(body["messages"])
     asked = structured.parse_format(body)
-    tools, constraint = tool_calls.parse_tools(body, asked)
+    tools, constraint = tool_calls.parse_tools(body, asked, tool_format)
     return ChatRequest(model, messages, stream, include_usage, logprobs,
                        fields.integer(body, "n") if "n" in body else None, sampling, stopping, output, constraint, tools,
                        lora=lora_field(body["lora"]) if "lora" in body else ())

@@ -20,6 +20,7 @@ from typing import Any
 
 import structlog
 
+from ..engine.engine import GENERIC, ToolFormat
 from .errors import bad_request
 from .fields import Body, body_of, integer
 from .request import ChatRequest, parse_chat
@@ -50,7 +51,7 @@ class ResponsesRequest:
         return 1 if "instructions" in self.body else 0
 
 
-def parse_responses_request(value: object) -> ResponsesRequest:
+def parse_responses_request(value: object, tool_format: ToolFormat = GENERIC) -> ResponsesRequest:
     body = body_of(value, FIELDS)
     for name in IGNORED.intersection(body):
         log.debug("field_ignored", field=name, route="/v1/responses")
@@ -77,7 +78,7 @@ def parse_responses_request(value: object) -> ResponsesRequest:
     if not isinstance(store, bool):
         raise bad_request("store must be a boolean", "store")
     previous = _string(body["previous_response_id"], "previous_response_id") if "previous_response_id" in body else None
-    return ResponsesRequest(parse_chat(chat), body, store, previous, _items(body["input"]))
+    return ResponsesRequest(parse_chat(chat, tool_format), body, store, previous, _items(body["input"]))
 
 
 def _items(value: object) -> tuple[dict[str, Any], ...]:

@@ -24,6 +24,7 @@ import ssl
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import structlog
@@ -198,7 +199,7 @@ class HttpSurface:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         engine = self._engine_or_503()
-        chat = replace(await parsed_body(request, engine, parse_chat), deadline=request_deadline(request))
+        chat = replace(await parsed_body(request, engine, partial(parse_chat, tool_format=engine.tool_format)), deadline=request_deadline(request))
         model, chosen = adapters.model_and_adapters(engine, chat.model, chat.lora, self._model_names(engine))
         params = replace(chat.session_params(request["request_id"], engine.limits), surface=SURFACE, adapters=chosen)
         with engine.session_gate.admitted():  # open sessions of both surfaces: the slots plus --max-queue

@@ -16,14 +16,15 @@ from typing import Any
 
 from ..domain.errors import InvalidRequest
 from ..domain.events import ToolCall, ToolCallDelta
-from ..engine.engine import Tool, ToolChoice, ToolPlan, session_tools
+from ..engine.engine import Tool, ToolChoice, ToolFormat, ToolPlan, session_tools
 from .errors import bad_request
 from .structured import Constraint, Format
 
 FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
 
 
-def parse_tools(body: dict[str, Any], asked: Format) -> tuple[ToolPlan | None, Constraint | None]:
+def parse_tools(body: dict[str, Any], asked: Format,
+                tool_format: ToolFormat) -> tuple[ToolPlan | None, Constraint | None]:
     """The session's tools (None when the body has no tools, and no tool_choice) and the
     constraint it compiles: with a possible call the reply's, else the one asked."""
     if not any(name in body for name in FIELDS):
@@ -36,12 +37,11 @@ def parse_tools(body: dict[str, Any], asked: Format) -> tuple[ToolPlan | None, C
     constraint = asked.constraint
     try:
         plan, compiled = session_tools(tools, choice, parallel, (constraint.kind, constraint.text) if constraint else None,
-                                       constraint.param if constraint else "response_format")
+                                       constraint.param if constraint else "response_format", tool_format)
     except InvalidRequest as exc:
         raise bad_request(str(exc), _param(exc.field or "tools")) from None
-    if plan.active:
-        assert compiled is not None
-        constraint = Constraint(*compiled, _param(plan.field))
+    if plan.active:  # the reply's constraint (None: a native format's reply that may answer)
+        constraint = Constraint(*compiled, _param(plan.field)) if compiled is not None else None
     return plan, constraint
 
 

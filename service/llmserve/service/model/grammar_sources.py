@@ -15,7 +15,7 @@ from llama_cpp.llama_grammar import INVALID_RULE_CHARS_RE, RESERVED_NAMES, Schem
 from ..domain.schema_pointer import resolve_pointer
 from .grammar_ends import unending_rules
 
-KINDS = ("grammar", "json_schema", "regex", "choice", "json_object")
+KINDS = ("grammar", "json_schema", "regex", "choice", "json_object", "tool_frames")
 
 # The converter's JSON string character admits raw control characters, which JSON forbids
 # (JSON.parse and Python's json.loads refuse them); newer llama.cpp excludes them too.
@@ -82,7 +82,35 @@ class _Converter(SchemaConverter):
 def _schema_gbnf(text: str) -> str:
     converter = _Converter()
     converter.visit(converter.resolve_refs(json.loads(text), "schema"), "")
-    gbnf = converter.format_grammar()
+    return _checked(converter.format_grammar())
+
+
+def _frames_gbnf(text: str) -> str:
+    """Tool calls in a model's own syntax (engine/chat/tools.py `call_frames`): 1..max_calls
+    frames `opening call closing` (newline apart) of one JSON schema, or with `named`,
+    frames `opening name[ARGS]arguments`, each name with its arguments' schema."""
+    document = json.loads(text)
+    converter = _Converter()
+    converter._rules["frame"] = ""  # held: no schema's rule may take these names
+    literal = converter._format_literal
+    if "named" in document:
+        options = []
+        for i, tool in enumerate(document["named"]):
+            converter.visit(converter.resolve_refs(tool["schema"], f"tool{i}"), f"arguments-{i}")
+            options.append(f"{literal(tool['name'] + '[ARGS]')} arguments-{i}")
+        parts, separator = [literal(document["opening"]), f"({' | '.join(options)})"], ""
+    else:
+        converter.visit(converter.resolve_refs(document["schema"], "schema"), "call")
+        parts = [literal(document["opening"])] if document["opening"] else []
+        parts += ["call", literal(document["closing"])] if document["closing"] else ["call"]
+        separator = literal("\n") + " "
+    max_calls = int(document["max_calls"])
+    converter._rules["frame"] = " ".join(parts)
+    converter._rules["root"] = "frame" + (f" ({separator}frame){{0,{max_calls - 1}}}" if max_calls > 1 else "")
+    return _checked(converter.format_grammar())
+
+
+def _checked(gbnf: str) -> str:
     unending = unending_rules(gbnf)
     if unending:
         raise ValueError(f"the schema has no finite instance: its grammar's rules {', '.join(unending[:4])} never "
@@ -99,6 +127,8 @@ def to_gbnf(kind: str, text: str) -> str:
         return _schema_gbnf(text)
     if kind == "json_object":
         return _schema_gbnf('{"type": "object"}')
+    if kind == "tool_frames":
+        return _frames_gbnf(text)
     converter = _Converter(raw_pattern=True)
     if kind == "regex":
         pattern = text if text.startswith("^") else "^" + text

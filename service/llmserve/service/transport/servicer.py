@@ -20,7 +20,7 @@ from llmserve.v1 import llmserve_pb2 as pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
 from ..domain.requests import SessionParams
-from ..engine.engine import Engine, ToolPlan
+from ..engine.engine import Engine, ToolFormat, ToolPlan
 from ..metrics import Metrics
 from ..open_calls import OpenCalls
 from . import adapters, responses, unary, validation
@@ -112,7 +112,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         params = replace(params, adapters=adapters.session_adapters(engine, first.config))
         # megabytes of tools or schema are checked off the loop that serves every call
         tools, constraint = await engine.off_loop(first.config.ByteSize(), _tools_and_constraint, first.config,
-                                                  large=LARGE_CONFIG_BYTES)
+                                                  engine.tool_format, large=LARGE_CONFIG_BYTES)
         if constraint is None:
             return params, None, tools
         kind, text = constraint
@@ -210,6 +210,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         return adapters.list_adapters(self._engine())
 
 
-def _tools_and_constraint(config: pb.SessionConfig) -> tuple[ToolPlan | None, tuple[str, str] | None]:
+def _tools_and_constraint(config: pb.SessionConfig,
+                          tool_format: ToolFormat) -> tuple[ToolPlan | None, tuple[str, str] | None]:
     """The session's tools (checked) and the constraint to compile: JSON work that grows with the config."""
-    return tool_plan(config, validation.constraint_of(config.constraint))
+    return tool_plan(config, validation.constraint_of(config.constraint), tool_format)

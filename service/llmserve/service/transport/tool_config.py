@@ -11,7 +11,7 @@ from __future__ import annotations
 from llmserve.v1 import llmserve_pb2 as pb
 
 from ..domain.errors import InvalidRequest
-from ..engine.engine import Tool, ToolChoice, ToolPlan, session_tools
+from ..engine.engine import Tool, ToolChoice, ToolFormat, ToolPlan, session_tools
 
 _MODES = {
     pb.ToolChoice.MODE_NONE: "none",
@@ -30,8 +30,8 @@ def _choice(config: pb.SessionConfig) -> ToolChoice:
     return ToolChoice(_MODES[mode], config.tool_choice.function_name)
 
 
-def tool_plan(config: pb.SessionConfig,
-              constraint: tuple[str, str] | None) -> tuple[ToolPlan | None, tuple[str, str] | None]:
+def tool_plan(config: pb.SessionConfig, constraint: tuple[str, str] | None,
+              tool_format: ToolFormat) -> tuple[ToolPlan | None, tuple[str, str] | None]:
     """The session's plan (None without tools) and the constraint to compile. With an active
     plan, a refusal of that constraint names `config.` + the plan's field."""
     if not config.tools and not config.HasField("tool_choice") and not config.parallel_tool_calls:
@@ -40,6 +40,6 @@ def tool_plan(config: pb.SessionConfig,
     choice = _choice(config)
     field = f"constraint.{constraint[0]}" if constraint is not None else "constraint"
     try:
-        return session_tools(tools, choice, config.parallel_tool_calls, constraint, field)
+        return session_tools(tools, choice, config.parallel_tool_calls, constraint, field, tool_format)
     except InvalidRequest as exc:
         raise InvalidRequest(str(exc), field=f"config.{exc.field}" if exc.field else "config.tools") from None

@@ -9,12 +9,15 @@ prefix the previous rendering left, so only the new tokens are prefilled.
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import jinja2
+from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ...domain.errors import Field, InvalidRequest
@@ -48,11 +51,19 @@ class ChatMessage:
 PACKAGED_TEMPLATES = {"gemma3": Path(__file__).parent / "templates" / "gemma3.jinja"}
 
 
+def _tojson(value: Any, indent: int | None = None, separators: tuple[str, str] | None = None,
+            sort_keys: bool = False, ensure_ascii: bool = False) -> str:
+    """Hugging Face's `tojson` (templates' tool listings): plain JSON, not jinja2's HTML-escaped one."""
+    return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
+
+
 class ChatTemplate:
     def __init__(self, source: str, bos_token: str, eos_token: str, origin: str) -> None:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.filters["tojson"] = _tojson
+        self.source = source
         try:
             self._template = env.from_string(source)
         except jinja2.TemplateSyntaxError as exc:
@@ -65,14 +76,19 @@ class ChatTemplate:
     def from_file(cls, path: Path, bos_token: str, eos_token: str, origin: str = "file") -> ChatTemplate:
         return cls(path.read_text(encoding="utf-8"), bos_token, eos_token, origin)
 
-    def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
-        """The prompt text; InvalidRequest when the template refuses the conversation."""
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt text of messages as templates take them (`{"role", "content"}`, and with
+        a native tool format `tool_calls` / `tool_call_id`: tool_messages.py), with `tools`
+        when given; InvalidRequest when the template refuses the conversation."""
+        extra = {"tools": tools} if tools is not None else {}
         try:
             return self._template.render(
-                messages=[{"role": m.role, "content": m.content} for m in messages],
+                messages=messages,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
                 add_generation_prompt=add_generation_prompt,
+                **extra,
             )
         except TemplateError as exc:
             raise InvalidRequest(f"the chat template refused the conversation: {exc}", field=Field.MESSAGES) from None

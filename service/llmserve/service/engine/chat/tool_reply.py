@@ -16,25 +16,12 @@ streamed and has no finished calls.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ...domain.events import ToolCall, ToolCallDelta
+from .json_scan import CallView, Partial, members, read_call, skip_space, string_prefix, value_end
 from .tools import Reply, new_call_id
-
-_SPACE = " \t\n\r"
-_SCALAR = set("+-0123456789.eEtrufalsn")
-
-
-class _Partial(Exception):
-    """The text ends inside the value being read."""
-
-
-@dataclass
-class _CallView:
-    name: str | None = None  # once its string is complete
-    arguments: tuple[int, int] | None = None  # raw span [start, end)
-    arguments_closed: bool = False
 
 
 @dataclass
@@ -44,137 +31,45 @@ class _View:
     kind: str = ""  # "response", "calls", "text" (not the format), or "" (not yet known)
     answer: tuple[int, int] | None = None  # the response value's raw span
     answer_closed: bool = False
-    calls: list[_CallView] = field(default_factory=list)
+    calls: list[CallView] = field(default_factory=list)
     closed: bool = False  # the top-level object is complete (and nothing but space follows)
 
 
-def _space(s: str, i: int) -> int:
-    while i < len(s) and s[i] in _SPACE:
-        i += 1
-    if i >= len(s):
-        raise _Partial
-    return i
-
-
-def _string_end(s: str, i: int) -> int:
-    """`s[i]` opens a string: the index after its closing quote."""
-    j = i + 1
-    while j < len(s):
-        if s[j] == "\\":
-            j += 2
-            continue
-        if s[j] == '"':
-            return j + 1
-        j += 1
-    raise _Partial
-
-
-def _value_end(s: str, i: int) -> int:
-    """The index after the JSON value that starts at `s[i]`; ValueError if it is not JSON."""
-    c = s[i]
-    if c == '"':
-        return _string_end(s, i)
-    if c in "{[":
-        depth, j = 0, i
-        while j < len(s):
-            if s[j] == '"':
-                j = _string_end(s, j)
-                continue
-            if s[j] in "{[":
-                depth += 1
-            elif s[j] in "}]":
-                depth -= 1
-                if depth == 0:
-                    return j + 1
-            j += 1
-        raise _Partial
-    j = i
-    while j < len(s) and s[j] in _SCALAR:
-        j += 1
-    if j == i:
-        raise ValueError(f"not JSON at {i}")
-    if j == len(s):
-        raise _Partial  # a number may go on
-    return j
-
-
-def _members(s: str, i: int):  # type: ignore[no-untyped-def]
-    """An object's members from its `{` at `s[i]`: yields (key, value start); the caller
-    reads the value and sends back its end. Returns the index after `}`."""
-    if s[i] != "{":
-        raise ValueError("not an object")
-    i += 1
-    while True:
-        i = _space(s, i)
-        if s[i] == "}":
-            return i + 1
-        if s[i] == ",":
-            i += 1
-            continue
-        if s[i] != '"':
-            raise ValueError("a key must be a string")
-        end = _string_end(s, i)
-        key = json.loads(s[i:end])
-        i = _space(s, end)
-        if s[i] != ":":
-            raise ValueError("':' expected")
-        i = yield key, _space(s, i + 1)
-
-
-def _read_call(s: str, i: int, call: _CallView) -> int:
-    members = _members(s, i)
-    try:
-        key, at = next(members)
-        while True:
-            if key == "name":
-                end = _value_end(s, at)
-                call.name = json.loads(s[at:end])
-            elif key == "arguments":
-                call.arguments = (at, len(s))
-                end = _value_end(s, at)
-                call.arguments, call.arguments_closed = (at, end), True
-            else:
-                end = _value_end(s, at)
-            key, at = members.send(end)
-    except StopIteration as done:
-        return int(done.value)
-
-
 def _scan(s: str, view: _View) -> None:
-    members = _members(s, _space(s, 0))
+    reader = members(s, skip_space(s, 0))
     try:
-        key, at = next(members)
+        key, at = next(reader)
     except StopIteration:
         view.closed = True  # {}
         return
     while True:
         if key == "response":
             view.kind, view.answer = "response", (at, len(s))
-            end = _value_end(s, at)
+            end = value_end(s, at)
             view.answer, view.answer_closed = (at, end), True
         elif key == "tool_call":
             view.kind = "calls"
-            view.calls.append(_CallView())
-            end = _read_call(s, at, view.calls[-1])
+            view.calls.append(CallView())
+            end = read_call(s, at, view.calls[-1])
         elif key == "tool_calls":
             view.kind = "calls"
             if s[at] != "[":
                 raise ValueError("tool_calls must be an array")
             end = at + 1
             while True:
-                end = _space(s, end)
+                end = skip_space(s, end)
                 if s[end] == "]":
                     end += 1
                     break
                 if s[end] == ",":
                     end += 1
                     continue
-                view.calls.append(_CallView())
-                end = _read_call(s, end, view.calls[-1])
+                view.calls.append(CallView())
+                end = read_call(s, end, view.calls[-1])
         else:
-            end = _value_end(s, at)
+            end = value_end(s, at)
         try:
-            key, at = members.send(end)
+            key, at = reader.send(end)
         except StopIteration as done:
             view.closed = s[int(done.value):].strip() == ""
             return
@@ -184,25 +79,48 @@ def _view(text: str) -> _View:
     view = _View()
     try:
         _scan(text, view)
-    except _Partial:
+    except Partial:
         pass
     except (ValueError, IndexError):
         view.kind = "text"  # not the format (no grammar held it): plain text
     return view
 
 
-def _string_prefix(raw: str, closed: bool) -> str:
-    """The decoded text of a (possibly unfinished) JSON string, up to its last whole character."""
-    body = raw[1:-1] if closed else raw[1:]
-    for cut in range(0, min(len(body), 12) + 1):
-        try:
-            text = json.loads('"' + body[: len(body) - cut] + '"')
-        except ValueError:
-            continue
-        if not closed and text and "\ud800" <= text[-1] <= "\udbff":
-            text = text[:-1]  # half of a surrogate pair: wait for the other half
-        return str(text)
-    return ""
+class CallStreamer:
+    """The calls of one reply as deltas: each call's head (index, a new id, its name) once its
+    name is complete, then fragments of its arguments' raw JSON text. Calls stream in order:
+    a later call waits for this one's head. `new_id` makes the ids (the format's shape)."""
+
+    def __init__(self, new_id: Callable[[], str] = new_call_id) -> None:
+        self._new_id = new_id
+        self._heads: list[tuple[str, str]] = []  # (id, name) of each call whose head was returned
+        self._arguments_sent: list[int] = []
+
+    def deltas(self, text: str, calls: list[CallView]) -> list[ToolCallDelta]:
+        """What `calls`, as read from `text`, add since the last call."""
+        deltas: list[ToolCallDelta] = []
+        for k, call in enumerate(calls):
+            if call.name is None:
+                break
+            if k == len(self._heads):
+                self._heads.append((self._new_id(), call.name))
+                self._arguments_sent.append(0)
+                deltas.append(ToolCallDelta(k, self._heads[k][0], call.name, ""))
+            if call.arguments is not None:
+                start, end = call.arguments
+                fragment = text[start + self._arguments_sent[k]:end]
+                if fragment:
+                    self._arguments_sent[k] += len(fragment)
+                    deltas.append(ToolCallDelta(k, "", "", fragment))
+        return deltas
+
+    def finished(self, text: str, calls: list[CallView]) -> tuple[ToolCall, ...] | None:
+        """The whole calls, with the ids streamed; None unless every call's arguments closed."""
+        if not calls or not all(c.arguments_closed and c.arguments is not None for c in calls):
+            return None
+        self.deltas(text, calls)  # heads of calls not yet fed
+        return tuple(ToolCall(call_id, name, text[c.arguments[0]:c.arguments[1]])  # type: ignore[index]
+                     for (call_id, name), c in zip(self._heads, calls, strict=True))
 
 
 class ReplyReader:
@@ -211,8 +129,7 @@ class ReplyReader:
     def __init__(self) -> None:
         self._text = ""
         self._answer_sent = 0  # characters of the answer already returned
-        self._calls: list[tuple[str, str]] = []  # (id, name) of each call whose head was returned
-        self._arguments_sent: list[int] = []
+        self._calls = CallStreamer()
 
     def feed(self, text: str) -> tuple[str, tuple[ToolCallDelta, ...]]:
         """The reply's next text → (new answer text, new call deltas)."""
@@ -224,38 +141,28 @@ class ReplyReader:
         elif view.kind == "response" and view.answer is not None:
             start, end = view.answer
             raw = self._text[start:end]
-            whole = _string_prefix(raw, view.answer_closed) if raw.startswith('"') else raw
+            whole = string_prefix(raw, view.answer_closed) if raw.startswith('"') else raw
             answer, self._answer_sent = whole[self._answer_sent:], max(self._answer_sent, len(whole))
-        deltas: list[ToolCallDelta] = []
-        for k, call in enumerate(view.calls if view.kind == "calls" else ()):
-            if call.name is None:
-                break  # calls stream in order: a later call waits for this one's head
-            if k == len(self._calls):
-                self._calls.append((new_call_id(), call.name))
-                self._arguments_sent.append(0)
-                deltas.append(ToolCallDelta(k, self._calls[k][0], call.name, ""))
-            if call.arguments is not None:
-                start, end = call.arguments
-                fragment = self._text[start + self._arguments_sent[k]:end]
-                if fragment:
-                    self._arguments_sent[k] += len(fragment)
-                    deltas.append(ToolCallDelta(k, "", "", fragment))
-        return answer, tuple(deltas)
+        calls = self._calls.deltas(self._text, view.calls) if view.kind == "calls" else []
+        return answer, tuple(calls)
+
+    def flush(self) -> str:
+        """The reply ended: nothing is held back in this format (its answer is a JSON string)."""
+        return ""
 
     def finish(self) -> Reply:
         """The whole reply. A finished call needs its arguments complete; a reply that is not
         the format at all (no grammar held it) is its text."""
         view = _view(self._text)
-        if view.kind == "calls" and view.closed and all(c.arguments_closed for c in view.calls):
-            calls = []
-            for (call_id, name), call in zip(self._calls, view.calls, strict=True):
-                assert call.arguments is not None
-                calls.append(ToolCall(call_id, name, self._text[call.arguments[0]:call.arguments[1]]))
-            return Reply(None, tuple(calls))
+        if view.kind == "calls" and view.closed:
+            calls = self._calls.finished(self._text, view.calls)
+            if calls is not None:
+                return Reply(None, calls)
+            return Reply("")
         if view.kind == "response" and view.answer is not None:
             start, end = view.answer
             raw = self._text[start:end]
-            return Reply(_string_prefix(raw, view.answer_closed) if raw.startswith('"') else raw)
+            return Reply(string_prefix(raw, view.answer_closed) if raw.startswith('"') else raw)
         if view.kind == "text" or (view.kind == "" and view.closed):
             return Reply(self._text)
         return Reply("")  # calls cut short, or a reply cut before its kind was known

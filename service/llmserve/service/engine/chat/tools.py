@@ -26,10 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...domain.errors import Field, InvalidRequest
+from ...domain.errors import InvalidRequest
 from ...domain.events import ToolCall
 from ...domain.schema_checks import check_object_schema
 from .chat import ChatMessage
+from .tool_formats import GENERIC, ToolFormat
 
 MAX_TOOLS = 128
 MAX_PARALLEL_CALLS = 8  # calls in one reply: a small model repeats calls until the grammar stops it
@@ -104,10 +105,10 @@ def check_tools(tools: Sequence[Tool], choice: ToolChoice, field: str = "tools")
         raise InvalidRequest("tool_choice asks for a call but there are no tools", field="tool_choice")
 
 
-def _call_schema(tool: Tool, defs: dict[str, Any]) -> dict[str, Any]:
+def _call_schema(tool: Tool, defs: dict[str, Any], arguments_key: str = "arguments") -> dict[str, Any]:
     arguments = _hoisted(json.loads(tool.parameters), f"tool-{tool.name}", defs)
-    return {"type": "object", "properties": {"name": {"const": tool.name}, "arguments": arguments},
-            "required": ["name", "arguments"]}
+    return {"type": "object", "properties": {"name": {"const": tool.name}, arguments_key: arguments},
+            "required": ["name", arguments_key]}
 
 
 def _hoisted(document: dict[str, Any], key: str, defs: dict[str, Any]) -> dict[str, Any]:
@@ -172,46 +173,77 @@ def new_call_id() -> str:
 
 @dataclass(frozen=True)
 class ToolPlan:
-    """A session's tools; `schema` is the reply's JSON schema, None when no call is possible.
-    `field`: what a refusal of the compiled reply names (the one callable tool's parameters
-    when nothing else is in the reply schema, else the tools). Logprobs beside tools are
-    served, on every surface: they are the sampled tokens' (the reply's JSON), as the
-    chunks' token ids are."""
+    """A session's tools, in `format` (tool_formats.py). `schema`: in the generic format the
+    reply's JSON schema, None when no call is possible; in a native one the calls' frames
+    (`call_frames`) when the reply must call, else None (not held). `field`: what a refusal
+    of the compiled reply names (the one callable tool's parameters when nothing else is in
+    the reply schema, else the tools). Logprobs beside tools are served, on every surface:
+    they are the sampled tokens' (the reply's text), as the chunks' token ids are."""
 
     tools: tuple[Tool, ...]
     choice: ToolChoice
     schema: dict[str, Any] | None
     field: str = "tools"
+    format: ToolFormat = GENERIC
 
     @property
     def active(self) -> bool:
-        return self.schema is not None
+        """A call is possible: the tools are rendered and replies are read for calls."""
+        return bool(self.tools) and self.choice.mode != "none"
 
 
 Constraint = tuple[str, str]  # (kind, text), as `Engine.compile_async` takes it
 
 
 def plan_tools(tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
-               answer_schema: dict[str, Any] | None = None, field: str = "tools") -> ToolPlan:
+               answer_schema: dict[str, Any] | None = None, field: str = "tools",
+               tool_format: ToolFormat = GENERIC) -> ToolPlan:
     """The checked tools (InvalidRequest naming the field) and the reply's schema.
     `answer_schema`: what a text answer's `response` must follow (response_format)."""
     check_tools(tools, choice, field)
     callable_at = [i for i, t in enumerate(tools) if choice.mode != "function" or t.name == choice.name]
     alone = len(callable_at) == 1 and (answer_schema is None or choice.mode != "auto")
-    return ToolPlan(tuple(tools), choice, reply_schema(tools, choice, parallel, answer_schema),
-                    f"{field}[{callable_at[0]}].parameters" if alone else field)
+    if tool_format.native:
+        must_call = choice.mode in ("required", "function")
+        schema = call_frames(tool_format, [tools[i] for i in callable_at], parallel) if must_call else None
+    else:
+        schema = reply_schema(tools, choice, parallel, answer_schema)
+    return ToolPlan(tuple(tools), choice, schema, f"{field}[{callable_at[0]}].parameters" if alone else field,
+                    tool_format)
+
+
+def call_frames(fmt: ToolFormat, tools: Sequence[Tool], parallel: bool) -> dict[str, Any]:
+    """The "tool_frames" constraint's document (model/grammar_sources.py): a reply of 1 (or
+    with `parallel`, up to MAX_PARALLEL_CALLS) calls of `tools`, in `fmt`'s syntax."""
+    max_calls = MAX_PARALLEL_CALLS if parallel and fmt.name != "llama3" else 1  # Llama 3.x: one call a reply
+    if fmt.args_tag:
+        return {"named": [{"name": t.name, "schema": json.loads(t.parameters)} for t in tools],
+                "opening": fmt.opening, "max_calls": max_calls}
+    defs: dict[str, Any] = {}
+    calls = [_call_schema(t, defs, fmt.arguments_key) for t in tools]
+    one: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    if fmt.array:
+        one = {"type": "array", "items": one, "minItems": 1, "maxItems": max_calls}
+        return {"schema": {**one, "$defs": defs}, "opening": fmt.opening, "closing": "", "max_calls": 1}
+    framed = bool(fmt.closing)  # hermes: <tool_call>\n{...}\n</tool_call> per call
+    return {"schema": {**one, "$defs": defs}, "opening": fmt.opening + "\n" if framed else "",
+            "closing": "\n" + fmt.closing if framed else "", "max_calls": max_calls if framed else 1}
 
 
 def session_tools(tools: Sequence[Tool], choice: ToolChoice, parallel: bool, constraint: Constraint | None,
-                  constraint_field: str) -> tuple[ToolPlan, Constraint | None]:
+                  constraint_field: str, tool_format: ToolFormat = GENERIC) -> tuple[ToolPlan, Constraint | None]:
     """A session's plan (`plan_tools`) and the constraint it compiles: with an active plan
-    its reply's, else `constraint`. Beside a possible call, `constraint` (named
-    `constraint_field` in a refusal) must be JSON, what a text answer's `response` follows
-    (as OpenAI's response_format beside tools): json_schema or json_object. Another kind
-    cannot hold a reply that may call tools."""
+    its reply's (None: a native format's reply that may answer), else `constraint`. Beside
+    a possible call, `constraint` (named `constraint_field` in a refusal) must be JSON, what
+    a text answer's `response` follows (as OpenAI's response_format beside tools):
+    json_schema or json_object, in the generic format only. Another kind cannot hold a
+    reply that may call tools."""
     can_call = bool(tools) and choice.mode != "none"
+    if can_call and constraint is not None and tool_format.native and choice.mode == "auto":
+        raise InvalidRequest(f"a constraint beside tools that may be called is served in the generic tool format, "
+                             f"not this model's {tool_format.name} (--tool-format)", field=constraint_field)
     answer_schema = _answer_schema(constraint, constraint_field) if can_call and constraint is not None else None
-    plan = plan_tools(tools, choice, parallel, answer_schema)
+    plan = plan_tools(tools, choice, parallel, answer_schema, tool_format=tool_format)
     return plan, (reply_constraint(plan) if plan.active else constraint)
 
 
@@ -231,9 +263,11 @@ def _answer_schema(constraint: Constraint, field: str) -> dict[str, Any]:
     return schema
 
 
-def reply_constraint(plan: ToolPlan) -> Constraint:
-    """The constraint an active plan's replies are held to."""
-    return "json_schema", json.dumps(plan.schema)
+def reply_constraint(plan: ToolPlan) -> Constraint | None:
+    """The constraint an active plan's replies are held to (None: not held)."""
+    if plan.schema is None:
+        return None
+    return ("tool_frames" if plan.format.native else "json_schema"), json.dumps(plan.schema)
 
 
 def with_preamble(messages: Sequence[ChatMessage], plan: ToolPlan) -> list[ChatMessage]:
@@ -244,28 +278,3 @@ def with_preamble(messages: Sequence[ChatMessage], plan: ToolPlan) -> list[ChatM
     if messages and messages[0].role == "system":
         return [ChatMessage("system", messages[0].content + "\n\n" + text), *messages[1:]]
     return [ChatMessage("system", text), *messages]
-
-
-def as_generic_messages(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
-    """A conversation with tool calls and tool results, as plain messages a template
-    without tools can render: an assistant's calls become its JSON reply, a tool's result
-    a user message carrying `tool_response`. InvalidRequest when a call's arguments are
-    not JSON."""
-    plain: list[ChatMessage] = []
-    for i, m in enumerate(messages):
-        if m.tool_calls:
-            calls = []
-            for j, c in enumerate(m.tool_calls):
-                try:
-                    calls.append({"name": c.name, "arguments": json.loads(c.arguments)})
-                except ValueError as exc:
-                    raise InvalidRequest(f"the arguments are not JSON: {exc}",
-                                         field=Field.MESSAGES.at(i, f"tool_calls[{j}].arguments")) from None
-            body = {"tool_calls": calls} if len(calls) > 1 else {"tool_call": calls[0]}
-            plain.append(ChatMessage(m.role, json.dumps(body, ensure_ascii=False)))
-        elif m.role == "tool":
-            result = {"tool_response": {"tool_call_id": m.tool_call_id, "content": m.content}}
-            plain.append(ChatMessage("user", json.dumps(result, ensure_ascii=False)))
-        else:
-            plain.append(ChatMessage(m.role, m.content))
-    return plain
