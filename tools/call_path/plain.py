@@ -14,7 +14,7 @@ from __future__ import annotations
 FEATURES: dict[str, tuple[str, frozenset[str]]] = {
     "chat": ("the input is text or token ids, not chat messages", frozenset({"ChatMessage", "ChatTemplate"})),
     "tools": ("no tools: the plan is None, no reply is read for calls", frozenset({
-        "ToolPlan", "Tool", "ToolChoice", "Reply", "ReplyReader", "ToolCall", "ToolCallDelta"})),
+        "ToolPlan", "Tool", "ToolChoice", "Reply", "ReplyReader", "NativeReader", "ToolCall", "ToolCallDelta"})),
     "constraint": ("no grammar, schema, regex or choice", frozenset({
         "ConstraintCache", "CompiledGrammar", "_Nullable", "Constraint", "Format"})),
     "named sessions": ("no session_id: nothing is loaded or saved", frozenset({

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
 
 from aiohttp import web
 
@@ -17,7 +16,7 @@ from ..domain.requests import SessionParams
 from ..engine.engine import ChatMessage, Engine, continued, owner_of
 from .adapters import model_and_adapters
 from .anthropic import MessagesResponder
-from .anthropic_request import parse_count_request, parse_messages_request
+from .anthropic_request import MessagesRequest, parse_count_request, parse_messages_request
 from .body import parsed_body
 from .errors import ApiError
 from .request import SURFACE, ChatRequest
@@ -40,7 +39,8 @@ class AgentRoutes:
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         engine = self._engine()
-        body = await parsed_body(request, engine, partial(parse_messages_request, tool_format=engine.tool_format))
+        body: MessagesRequest = await parsed_body(request, engine,
+                                                  lambda value: parse_messages_request(value, engine.tool_format))
         chat, model, params = self._call(request, engine, body.chat)
         with engine.session_gate.admitted():  # open sessions of every route: the slots plus --max-queue
             responder = MessagesResponder(engine, chat, params, model)
@@ -48,7 +48,8 @@ class AgentRoutes:
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         engine = self._engine()
-        body = await parsed_body(request, engine, partial(parse_responses_request, tool_format=engine.tool_format))
+        body: ResponsesRequest = await parsed_body(request, engine,
+                                                   lambda value: parse_responses_request(value, engine.tool_format))
         owner = owner_of(_credentials(request))
         chat, model, params = self._call(request, engine, self._continued(engine, body, owner))
         said = tuple(chat.messages[body.num_instructions:])
@@ -79,7 +80,8 @@ class AgentRoutes:
     async def input_tokens(self, request: web.Request) -> web.Response:
         """`POST /v1/responses/input_tokens`: the prompt the same `/v1/responses` request would prefill."""
         engine = self._engine()
-        body = await parsed_body(request, engine, partial(parse_responses_request, tool_format=engine.tool_format))
+        body: ResponsesRequest = await parsed_body(request, engine,
+                                                   lambda value: parse_responses_request(value, engine.tool_format))
         chat = self._continued(engine, body, owner_of(_credentials(request)))
         model_and_adapters(engine, chat.model, (), self._model_names(engine))
         return web.json_response({"object": "response.input_tokens", "input_tokens": await _prompt_tokens(engine, chat)})
@@ -111,7 +113,7 @@ class AgentRoutes:
     async def count_tokens(self, request: web.Request) -> web.Response:
         """The prompt a `/v1/messages` turn with these messages, system and tools would prefill."""
         engine = self._engine()
-        chat = await parsed_body(request, engine, partial(parse_count_request, tool_format=engine.tool_format))
+        chat: ChatRequest = await parsed_body(request, engine, lambda value: parse_count_request(value, engine.tool_format))
         model_and_adapters(engine, chat.model, (), self._model_names(engine))
         return web.json_response({"input_tokens": await _prompt_tokens(engine, chat)})
 

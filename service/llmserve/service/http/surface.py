@@ -24,7 +24,6 @@ import ssl
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 
 import structlog
@@ -46,7 +45,7 @@ from .connections import ConnectionGuard, ConnectionLimits
 from .embeddings import embed, embedding_model_of, model_names, parse_embeddings
 from .errors import ApiError, from_exception, server_error, unavailable
 from .fields import known_model
-from .request import SURFACE, parse_chat
+from .request import SURFACE, ChatRequest, parse_chat
 from .telemetry import Telemetry, request_deadline
 
 log = structlog.get_logger("llmserve.http")
@@ -199,7 +198,8 @@ class HttpSurface:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         engine = self._engine_or_503()
-        chat = replace(await parsed_body(request, engine, partial(parse_chat, tool_format=engine.tool_format)), deadline=request_deadline(request))
+        parsed: ChatRequest = await parsed_body(request, engine, lambda value: parse_chat(value, engine.tool_format))
+        chat = replace(parsed, deadline=request_deadline(request))
         model, chosen = adapters.model_and_adapters(engine, chat.model, chat.lora, self._model_names(engine))
         params = replace(chat.session_params(request["request_id"], engine.limits), surface=SURFACE, adapters=chosen)
         with engine.session_gate.admitted():  # open sessions of both surfaces: the slots plus --max-queue
