@@ -6,6 +6,7 @@ deltas concatenate to the whole reply's calls and answer)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,13 @@ def test_native_plans_hold_calls_to_frames_and_leave_answers_free() -> None:
     for name in ("llama3", "mistral", "mistral-args"):
         _, constraint = session_tools([WEATHER], ToolChoice("function", "get_weather"), True, None, "r", FORMATS[name])
         assert constraint is not None and "get_weather" in to_gbnf(*constraint)
+
+
+def test_auto_is_held_from_the_opening_tag_when_it_is_one_token() -> None:
+    for name in ("hermes", "llama3", "mistral", "mistral-args"):
+        fmt = replace(FORMATS[name], opening_is_token=True)
+        _, constraint = session_tools([WEATHER], ToolChoice("auto"), False, None, "response_format", fmt)
+        assert constraint is not None and constraint[0] == "tool_frames", name
+        frames = json.loads(constraint[1])
+        assert frames["trigger"] == fmt.opening and frames.get("opening", "").startswith(fmt.opening)
+        assert f'frame ::= "{fmt.opening}' in to_gbnf(*constraint)  # the grammar starts with the trigger's text

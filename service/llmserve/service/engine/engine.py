@@ -91,7 +91,11 @@ class Engine:
         self.chat_template = chat_template(config, runner.tokenizer, self.meta)
         source = self.chat_template.source if self.chat_template is not None else None
         self.tool_format: ToolFormat = choose(config.tool_format, source)  # --tool-format; auto: the template's
-        log.info("tool_format", name=self.tool_format.name, asked=config.tool_format)
+        if self.tool_format.native:  # one token: replies that may answer are held from it on (a lazy grammar)
+            opening = runner.tokenizer.tokenize(self.tool_format.opening, add_special=False, parse_special=True)
+            self.tool_format = replace(self.tool_format, opening_is_token=len(opening) == 1)
+        log.info("tool_format", name=self.tool_format.name, asked=config.tool_format,
+                 auto_held=self.tool_format.opening_is_token)
         if shifts and not runner.can_shift:
             raise RuntimeError("--context-shift: this model's memory cannot shift positions")
         self._store: SessionStore | None = None

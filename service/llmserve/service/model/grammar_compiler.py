@@ -49,11 +49,21 @@ class CompilerBusy(Exception):
 
 class CompiledGrammar:
     """A parsed grammar (a llama.cpp grammar sampler at its start state), freed when
-    the last reference goes. Samplers use clones of it; it is never used itself."""
+    the last reference goes. Samplers use clones of it; it is never used itself.
 
-    def __init__(self, gbnf: str, vocab: llama_cpp.llama_vocab_p) -> None:
+    `trigger_token`: a lazy grammar, which constrains nothing until that token is sampled
+    and from it on holds the output (llama.cpp's lazy grammar, triggered by a token: the
+    grammar must begin with the token's text, which it is fed whole, so a text trigger
+    split across tokens, whose pieces the grammar might refuse, is never used)."""
+
+    def __init__(self, gbnf: str, vocab: llama_cpp.llama_vocab_p, trigger_token: int | None = None) -> None:
         self.gbnf = gbnf
-        self.ptr = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
+        if trigger_token is None:
+            self.ptr = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
+        else:
+            triggers = (llama_cpp.llama_token * 1)(trigger_token)
+            self.ptr = llama_cpp.llama_sampler_init_grammar_lazy_patterns(vocab, gbnf.encode(), b"root", None, 0,
+                                                                          triggers, 1)
         if not self.ptr:
             raise GrammarError("the grammar does not parse")
         weakref.finalize(self, llama_cpp.llama_sampler_free, self.ptr)
@@ -116,7 +126,20 @@ class GrammarCompiler:
     def compile(self, kind: str, text: str) -> CompiledGrammar:
         """The parsed grammar of a constraint (grammar_sources.KINDS); GrammarError
         (the text's fault) or CompilerBusy (the machine's)."""
-        return CompiledGrammar(self.to_gbnf(kind, text), self.vocab)
+        return CompiledGrammar(self.to_gbnf(kind, text), self.vocab, self._trigger_token(kind, text))
+
+    def _trigger_token(self, kind: str, text: str) -> int | None:
+        """A "tool_frames" document's `trigger` as one token (the engine offers a trigger only
+        when its text is one token); GrammarError when it is not."""
+        trigger = json.loads(text).get("trigger") if kind == "tool_frames" else None
+        if not trigger:
+            return None
+        data = trigger.encode()
+        tokens = (llama_cpp.llama_token * 8)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), tokens, 8, False, True)
+        if n != 1:
+            raise GrammarError(f"the trigger {trigger!r} is not one token of this model's vocabulary")
+        return int(tokens[0])
 
     def to_gbnf(self, kind: str, text: str) -> str:
         """GBNF for a constraint (grammar_sources.KINDS), proven to parse in the worker."""

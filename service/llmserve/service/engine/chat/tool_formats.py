@@ -39,7 +39,10 @@ class ToolFormat:
     `arguments_key`: the call object's key for the arguments; `array`: the calls are one
     JSON array after `opening`; `args_tag`: `name[ARGS]{...}` after `opening`, per call;
     `call_id_length`: the template wants ids of this many alphanumerics (0: any id);
-    `special_tags`: the tags are special tokens, which a reply must show to be read."""
+    `special_tags`: the tags are special tokens, which a reply must show to be read;
+    `opening_is_token`: `opening` is one token of the model's vocabulary, so a reply that
+    may answer is held to the frames from that token on (a lazy grammar; set by the engine
+    from its vocabulary)."""
 
     name: str
     opening: str = ""
@@ -49,6 +52,7 @@ class ToolFormat:
     args_tag: bool = False
     call_id_length: int = 0
     special_tags: bool = False
+    opening_is_token: bool = False
 
     @property
     def native(self) -> bool:

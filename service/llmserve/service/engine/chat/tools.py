@@ -205,17 +205,25 @@ def plan_tools(tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
     alone = len(callable_at) == 1 and (answer_schema is None or choice.mode != "auto")
     if tool_format.native:
         must_call = choice.mode in ("required", "function")
-        schema = call_frames(tool_format, [tools[i] for i in callable_at], parallel) if must_call else None
+        held = must_call or (choice.mode == "auto" and tool_format.opening_is_token)
+        frames = call_frames(tool_format, [tools[i] for i in callable_at], parallel, lazy=not must_call)
+        schema = frames if held else None
     else:
         schema = reply_schema(tools, choice, parallel, answer_schema)
     return ToolPlan(tuple(tools), choice, schema, f"{field}[{callable_at[0]}].parameters" if alone else field,
                     tool_format)
 
 
-def call_frames(fmt: ToolFormat, tools: Sequence[Tool], parallel: bool) -> dict[str, Any]:
+def call_frames(fmt: ToolFormat, tools: Sequence[Tool], parallel: bool, lazy: bool = False) -> dict[str, Any]:
     """The "tool_frames" constraint's document (model/grammar_sources.py): a reply of 1 (or
-    with `parallel`, up to MAX_PARALLEL_CALLS) calls of `tools`, in `fmt`'s syntax."""
+    with `parallel`, up to MAX_PARALLEL_CALLS) calls of `tools`, in `fmt`'s syntax. `lazy`:
+    the reply may answer first; the frames hold it from `fmt.opening` on (its `trigger`)."""
     max_calls = MAX_PARALLEL_CALLS if parallel and fmt.name != "llama3" else 1  # Llama 3.x: one call a reply
+    if lazy:
+        frames = call_frames(fmt, tools, parallel)
+        if not frames["opening"].startswith(fmt.opening):  # llama3: the call follows the tag
+            frames["opening"] = fmt.opening + frames["opening"]
+        return {**frames, "trigger": fmt.opening}
     if fmt.args_tag:
         return {"named": [{"name": t.name, "schema": json.loads(t.parameters)} for t in tools],
                 "opening": fmt.opening, "max_calls": max_calls}
