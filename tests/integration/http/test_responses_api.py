@@ -83,7 +83,7 @@ def test_parse_holds_the_reply_to_the_schema(client: OpenAI, model: str) -> None
 
 @pytest.mark.parametrize(("extra", "param"), [
     ({"previous_response_id": "resp_never_stored"}, "previous_response_id"),
-    ({"background": True}, "background"),
+    ({"background": True, "store": False}, "background"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
      "input[0].content[0].type"),

@@ -14,9 +14,11 @@ from aiohttp import web
 from ..domain.events import TurnEndEvent
 from ..domain.requests import SessionParams
 from ..engine.engine import ChatMessage, Engine, continued, owner_of
+from ..open_calls import OpenCalls
 from .adapters import model_and_adapters
 from .anthropic import MessagesResponder
 from .anthropic_request import MessagesRequest, parse_count_request, parse_messages_request
+from .background import BackgroundResponses
 from .body import parsed_body
 from .errors import ApiError
 from .request import SURFACE, ChatRequest
@@ -26,10 +28,14 @@ from .telemetry import request_deadline
 
 
 class AgentRoutes:
-    def __init__(self, engine: Callable[[], Engine], model_names: Callable[[Engine], tuple[str, ...]]) -> None:
-        """`engine()`: the engine, or a 503 while it loads or the server drains."""
+    def __init__(self, engine: Callable[[], Engine], model_names: Callable[[Engine], tuple[str, ...]],
+                 calls: OpenCalls) -> None:
+        """`engine()`: the engine, or a 503 while it loads or the server drains; `calls`: the
+        open calls the drain waits for (a background response is one)."""
         self._engine = engine
         self._model_names = model_names
+        self._calls = calls
+        self._background = BackgroundResponses()
 
     def _call(self, request: web.Request, engine: Engine, chat: ChatRequest) -> tuple[ChatRequest, str, SessionParams]:
         chat = replace(chat, deadline=request_deadline(request))
@@ -59,11 +65,39 @@ class AgentRoutes:
                 engine.conversations.put(str(whole["id"]), owner, (*said, ChatMessage("assistant", text, end.tool_calls)),
                                          whole, body.items)
 
+        if body.background:
+            return self._in_background(engine, body, owner, ResponsesResponder(engine, chat, params, model,
+                                                                                on_done=store))
         with engine.session_gate.admitted():
             responder = ResponsesResponder(engine, chat, params, model, on_done=store)
             if chat.stream:
                 return await responder.stream_response(request, body.body)
             return await responder.whole_response(body.body)
+
+    def _in_background(self, engine: Engine, body: ResponsesRequest, owner: str,
+                       responder: ResponsesResponder) -> web.Response:
+        """Answer `queued` now; the turn runs as a task (background.py), stored when it ends."""
+        said = tuple(body.chat.messages[body.num_instructions:])
+
+        def stop(record: dict[str, object]) -> None:
+            engine.conversations.put(responder.response_id, owner, said, record, body.items)
+
+        record = responder.response(body.body, [], None)
+        holds = [engine.session_gate.admitted(), self._calls.counted()]
+        queued = self._background.start(responder.response_id, owner, record, holds,
+                                        lambda: responder.whole_response(body.body), stop)
+        return web.json_response(queued)
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        """`POST /v1/responses/{id}/cancel`: a running background response ends `cancelled`;
+        a finished one is returned as it is."""
+        engine = self._engine()
+        key, owner = request.match_info["response_id"], owner_of(_credentials(request))
+        await self._background.cancel(key, owner)
+        stored = engine.conversations.get(key, owner)
+        if stored is None:
+            raise _not_found(key)
+        return web.json_response(stored.record)
 
     @staticmethod
     def _continued(engine: Engine, body: ResponsesRequest, owner: str) -> ChatRequest:
@@ -91,9 +125,13 @@ class AgentRoutes:
         engine = self._engine()
         key, owner = request.match_info["response_id"], owner_of(_credentials(request))
         if request.method == "DELETE":
-            if not engine.conversations.delete(key, owner):
+            cancelled = await self._background.cancel(key, owner)  # a running one is cancelled, then deleted
+            if not engine.conversations.delete(key, owner) and not cancelled:
                 raise _not_found(key)
             return web.json_response({"id": key, "object": "response.deleted", "deleted": True})
+        running = self._background.get(key, owner)
+        if running is not None:
+            return web.json_response(running)
         stored = engine.conversations.get(key, owner)
         if stored is None:
             raise _not_found(key)

@@ -9,8 +9,8 @@ assistant message before it; an output is a tool message); function `tools`, `to
 `max_output_tokens` are spelled as `/v1/chat/completions` spells them, whose rules then
 apply; `store` and `previous_response_id` are the route's (agent_routes.py). Fields that
 change nothing here (IGNORED) are accepted; fields that would change the output and are not
-served (`background`, `include` items, other tool types, image and file parts) are refused
-by name.
+served (`include` items, other tool types, image and file parts) are refused by name.
+`background` runs the turn as a task (background.py), not with `stream`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ IGNORED = frozenset({"metadata", "reasoning", "user", "service_tier", "prompt_ca
                      "prompt_cache_retention", "safety_identifier", "stream_options", "truncation"})
 FIELDS = frozenset({"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
                     "max_output_tokens", "temperature", "top_p", "stream", "include", "store", "previous_response_id",
-                    *IGNORED})
+                    "background", *IGNORED})
 # `include` items that add nothing here (no reasoning to encrypt); the Agents SDK sends `include: []`
 INCLUDES_IGNORED = ("reasoning.encrypted_content",)
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -44,6 +44,7 @@ class ResponsesRequest:
     store: bool = True  # keep the turn, to be continued by id (OpenAI's default)
     previous_id: str | None = None  # the stored turn this one continues
     items: tuple[dict[str, Any], ...] = ()  # the input as `input_items` lists it
+    background: bool = False  # answered `queued` at once; the turn runs as a task (background.py)
 
     @property
     def num_instructions(self) -> int:
@@ -74,11 +75,20 @@ def parse_responses_request(value: object, tool_format: ToolFormat = GENERIC) ->
         chat["tools"] = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(body["tools"])]
     if "text" in body:
         chat.update(_text_format(body["text"]))
-    store = body.get("store", True)
-    if not isinstance(store, bool):
-        raise bad_request("store must be a boolean", "store")
+    store, background = (_boolean(body, name, default) for name, default in (("store", True), ("background", False)))
+    if background and not store:
+        raise bad_request("a background response is stored: send store true (or leave it out)", "background")
+    if background and body.get("stream"):
+        raise bad_request("a background response is not streamed here: poll GET /v1/responses/{id}", "background")
     previous = _string(body["previous_response_id"], "previous_response_id") if "previous_response_id" in body else None
-    return ResponsesRequest(parse_chat(chat, tool_format), body, store, previous, _items(body["input"]))
+    return ResponsesRequest(parse_chat(chat, tool_format), body, store, previous, _items(body["input"]), background)
+
+
+def _boolean(body: Body, name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise bad_request(f"{name} must be a boolean", name)
+    return value
 
 
 def _items(value: object) -> tuple[dict[str, Any], ...]:
@@ -207,4 +217,4 @@ def echo(body: Body) -> Body:
             "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools", []),
             "text": body.get("text", {"format": {"type": "text"}}), "truncation": "disabled",
             "store": body.get("store", True), "previous_response_id": body.get("previous_response_id"),
-            "reasoning": None, "user": body.get("user")}
+            "reasoning": None, "user": body.get("user"), "background": body.get("background", False)}

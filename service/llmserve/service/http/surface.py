@@ -88,7 +88,7 @@ class HttpSurface:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/embeddings", self._embeddings)
-        agents = AgentRoutes(self._engine_or_503, self._model_names)  # agent_routes.py
+        agents = AgentRoutes(self._engine_or_503, self._model_names, self.calls)  # agent_routes.py
         app.router.add_post("/v1/messages", agents.messages)
         app.router.add_post("/v1/messages/count_tokens", agents.count_tokens)
         app.router.add_post("/v1/responses", agents.responses)
@@ -96,6 +96,7 @@ class HttpSurface:
         app.router.add_route("GET", "/v1/responses/{response_id}", agents.stored_response)
         app.router.add_route("DELETE", "/v1/responses/{response_id}", agents.stored_response)
         app.router.add_get("/v1/responses/{response_id}/input_items", agents.input_items)
+        app.router.add_post("/v1/responses/{response_id}/cancel", agents.cancel)
         app.on_response_prepare.append(_echo_request_id)
         app.on_response_prepare.append(_bound_send_buffer)
         app.on_response_prepare.append(_load_report(load))
