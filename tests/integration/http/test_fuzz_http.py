@@ -42,7 +42,7 @@ FIELDS = {
     EMBEDDINGS: ["model", "input", "encoding_format", "dimensions", "user", "no_such_field"],
     RESPONSES: ["model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
                 "max_output_tokens", "temperature", "top_p", "stream", "include", "metadata", "reasoning", "store",
-                "truncation", "previous_response_id", "no_such_field"],
+                "truncation", "previous_response_id", "background", "no_such_field"],
     MESSAGES: ["model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature", "top_p", "top_k",
                "metadata", "tools", "tool_choice", "cache_control", "thinking", "no_such_field"],
     COUNT: ["model", "messages", "system", "tools", "tool_choice", "no_such_field"],
