@@ -84,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     f.switch("--embeddings", help="serve Embed (clamps the batch to one ubatch)")
     f.add("--embedding-model", type=Path, help="GGUF embedding model for Embed (its own context; implies --embeddings)")
     f.add("--max-queue", type=int, default=d.max_queue, help="sessions that may wait for a slot; more get RESOURCE_EXHAUSTED")
+    f.add("-n", "--n-predict", "--predict", type=int, default=d.n_predict,
+          help="a turn's max tokens when the request sets none (-1: until the slot's context is full)")
     f.add("--max-input-tokens", type=int, help="input tokens per session (default and cap: the slot's context)")
     f.switch("--deterministic",
              help="every session decodes batch-invariant (greedy output a function of its transcript alone) "
@@ -188,6 +190,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         alias=args.alias,
         http=_settings(HttpConnectionSettings, args),
         max_queue=args.max_queue,
+        n_predict=args.n_predict,
         max_input_tokens=args.max_input_tokens,
         deterministic=args.deterministic,
         max_message_bytes=args.max_message_bytes,

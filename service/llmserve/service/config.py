@@ -194,6 +194,7 @@ class ServerConfig:
     alias: str | None = None  # the model's name on the HTTP API; None: the model file's stem
     http: HttpConnectionSettings = HttpConnectionSettings()
     max_queue: int = 64  # sessions that may wait for a slot
+    n_predict: int = -1  # -n: a turn's max tokens when the request sets none (-1: the slot's context)
     max_input_tokens: int | None = None  # per session; None: the slot's context
     deterministic: bool = False  # sessions decode batch-invariant unless they ask not to (canonical_chunks.py)
     max_message_bytes: int = 16 * 1024 * 1024
@@ -255,10 +256,9 @@ class ServerConfig:
             raise ValueError(f"--ctx-size {self.n_ctx} leaves fewer than 16 tokens per slot")
         if self.n_threads < 1:
             raise ValueError("--threads must be at least 1")
-        if self.step_costs not in STEP_COSTS:
-            raise ValueError(f"--step-costs {self.step_costs}: expected measure or builtin")
-        if self.tool_format not in TOOL_FORMATS:
-            raise ValueError(f"--tool-format {self.tool_format}: expected one of {', '.join(TOOL_FORMATS)}")
+        if self.step_costs not in STEP_COSTS or self.tool_format not in TOOL_FORMATS:
+            raise ValueError(f"--step-costs {self.step_costs}, --tool-format {self.tool_format}: expected measure or "
+                             f"builtin, and one of {', '.join(TOOL_FORMATS)}")
         if self.first_message_timeout_s <= 0 or self.grammar_timeout_s <= 0 or self.grammar_max_mb < 16:
             raise ValueError("--first-message-timeout and --grammar-timeout must be positive, --grammar-max-mb >= 16")
         spec, prefill = self.speculation, self.prefill
@@ -278,8 +278,8 @@ class ServerConfig:
         if self.http_port is not None and (not 0 < self.http_port < 65536 or self.http_port == self.port):
             raise ValueError(f"--http-port {self.http_port}: expected a port in 1..65535 other than --port")
         self.http.validate()
-        if self.max_queue < 0:
-            raise ValueError("--max-queue must be >= 0")
+        if self.max_queue < 0 or self.n_predict < -1 or self.n_predict == 0:
+            raise ValueError("--max-queue must be >= 0, --n-predict -1 (none) or positive")
         if self.max_input_tokens is not None and self.max_input_tokens < 1:
             raise ValueError("--max-input-tokens must be positive")
         if (self.tls_cert is None) != (self.tls_key is None):

@@ -16,7 +16,8 @@ from llmserve.service.engine.chat.chat import PACKAGED_TEMPLATES, ChatMessage, C
 from llmserve.service.engine.chat.native_reply import NativeReader, parse_native
 from llmserve.service.engine.chat.tool_formats import FORMATS, GENERIC, choose, detect, template_tools
 from llmserve.service.engine.chat.tool_messages import template_messages
-from llmserve.service.engine.chat.tools import Tool, ToolChoice, session_tools
+from llmserve.service.engine.chat.tool_plan import session_tools
+from llmserve.service.engine.chat.tools import Tool, ToolChoice
 from llmserve.service.model.grammar_sources import to_gbnf
 
 TEMPLATES = Path(__file__).parents[2] / "data" / "templates"

@@ -12,16 +12,9 @@ from llmserve.service.domain.errors import Field, InvalidRequest
 from llmserve.service.domain.events import ToolCall
 from llmserve.service.engine.chat.chat import ChatMessage
 from llmserve.service.engine.chat.tool_messages import as_generic_messages
+from llmserve.service.engine.chat.tool_plan import plan_tools, with_preamble
 from llmserve.service.engine.chat.tool_reply import parse_reply
-from llmserve.service.engine.chat.tools import (
-    Tool,
-    ToolChoice,
-    check_tools,
-    plan_tools,
-    preamble,
-    reply_schema,
-    with_preamble,
-)
+from llmserve.service.engine.chat.tools import Tool, ToolChoice, check_tools, preamble, reply_schema
 
 WEATHER = Tool("get_weather", "The weather in a city", json.dumps(
     {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}))
@@ -249,3 +242,17 @@ def test_a_list_of_types_is_read_as_admitting_more() -> None:
     """`minimum` above `maximum` beside `["integer", "null"]`: null satisfies it."""
     schema = _object({"n": {"type": ["integer", "null"], "minimum": 5, "maximum": 4, "maxLength": 1}})
     check_tools((Tool("n", parameters=json.dumps(schema)),), ToolChoice("auto"))
+
+
+def test_counts_no_grammar_holds_are_left_out_of_a_tool_that_is_not_strict() -> None:
+    """Claude Code's tools limit strings to 524,288 characters: served unenforced unless `strict`."""
+    big = {"type": "object", "properties": {"script": {"type": "string", "maxLength": 524288, "minLength": 1},
+                                            "lines": {"type": "array", "maxItems": 5000}}}
+    plan = plan_tools([Tool("run", "", json.dumps(big))], ToolChoice("required"), False)
+    loosened = json.loads(plan.tools[0].parameters)
+    assert loosened["properties"]["script"] == {"type": "string", "minLength": 1}
+    assert loosened["properties"]["lines"] == {"type": "array"}
+    assert "524288" not in json.dumps(plan.schema)
+    with pytest.raises(InvalidRequest) as refused:
+        plan_tools([Tool("run", "", json.dumps(big), strict=True)], ToolChoice("required"), False)
+    assert refused.value.field == "tools[0].parameters" and "1000" in str(refused.value)

@@ -43,13 +43,13 @@ from .chat.stored import continued as continued  # a turn continuing a stored co
 from .chat.stored import owner_of as owner_of  # stored conversations' owners, for the wings
 from .chat.tool_formats import GENERIC as GENERIC  # the generic tool format, for the wings
 from .chat.tool_formats import ToolFormat as ToolFormat
-from .chat.tool_formats import choose, template_tools
+from .chat.tool_formats import template_tools
 from .chat.tool_messages import as_generic_messages, template_messages
+from .chat.tool_plan import ToolPlan as ToolPlan
+from .chat.tool_plan import session_tools as session_tools
+from .chat.tool_plan import with_preamble
 from .chat.tools import Tool as Tool  # tool calling, for the transport wings
 from .chat.tools import ToolChoice as ToolChoice
-from .chat.tools import ToolPlan as ToolPlan
-from .chat.tools import session_tools as session_tools
-from .chat.tools import with_preamble
 from .constraints import ConstraintCache
 from .embed_inputs import embed_input, embedding_model_info
 from .executor.executor import Executor
@@ -59,7 +59,7 @@ from .session_claims import SessionClaims
 from .session_gate import SessionGate
 from .session_handle import SessionHandle
 from .session_store import SessionStore, model_fingerprint
-from .startup import adapter_registry, chat_template, executor_config, log_loaded, runner_config
+from .startup import adapter_registry, chat_template, executor_config, log_loaded, runner_config, tool_format
 
 log = structlog.get_logger("llmserve.engine")
 
@@ -89,13 +89,7 @@ class Engine:
                              n_parallel=config.n_parallel, input_tokens_limit=config.max_input_tokens,
                              deterministic=config.deterministic, kv_per_slot=not config.kv_cache.kv_unified)
         self.chat_template = chat_template(config, runner.tokenizer, self.meta)
-        source = self.chat_template.source if self.chat_template is not None else None
-        self.tool_format: ToolFormat = choose(config.tool_format, source)  # --tool-format; auto: the template's
-        if self.tool_format.native:  # one token: replies that may answer are held from it on (a lazy grammar)
-            opening = runner.tokenizer.tokenize(self.tool_format.opening, add_special=False, parse_special=True)
-            self.tool_format = replace(self.tool_format, opening_is_token=len(opening) == 1)
-        log.info("tool_format", name=self.tool_format.name, asked=config.tool_format,
-                 auto_held=self.tool_format.opening_is_token)
+        self.tool_format = tool_format(config, self.chat_template, runner.tokenizer)  # the wings plan tools in it
         if shifts and not runner.can_shift:
             raise RuntimeError("--context-shift: this model's memory cannot shift positions")
         self._store: SessionStore | None = None
@@ -171,14 +165,18 @@ class Engine:
         `add_bos`: the first text starts with BOS (if the model's does); `tools`: the
         session's tools (`session_tools`: an active plan's constraint is the grammar);
         `one_turn`: see `Call`. Call on the event loop."""
+        asked = params.stopping.max_tokens  # prompt + the request's own must fit a slot; -n's default need not
+        if asked is None and self.config.n_predict > 0:
+            params = replace(params, stopping=replace(params.stopping, max_tokens=self.config.n_predict))
+
         def opener(session_params: SessionParams, sink: EventSink) -> SessionHandle:
-            return self._open_session(session_params, sink, deadline, restore, grammar, add_bos, tools)
+            return self._open_session(session_params, sink, deadline, restore, grammar, add_bos, tools, asked)
 
         return Call(LoopSink(asyncio.get_running_loop()), params, self.metrics, opener, one_turn)
 
     def _open_session(self, params: SessionParams, sink: EventSink, deadline: float | None,
                       restore: SavedSession | None, grammar: object | None, add_bos: bool,
-                      tools: ToolPlan | None) -> SessionHandle:
+                      tools: ToolPlan | None, asked_max_tokens: int | None) -> SessionHandle:
         if params.session_id and self._store is not None:
             self._store.begin(params.session_id)  # a reopen waits until this session is saved
         conversation = Conversation(restore.chat if restore is not None else None)
@@ -187,8 +185,7 @@ class Engine:
         key = self._executor.open_session(params, sink, deadline, restore, grammar, conversation)
         render = self._render_offloaded if self.chat_template is not None else None
         return SessionHandle(self._executor, key, conversation, self.limits, render, self.limits.max_input_tokens,
-                             params.stopping.max_tokens, add_bos and self.meta.add_bos, restore, tools,
-                             self.tool_format)
+                             asked_max_tokens, add_bos and self.meta.add_bos, restore, tools, self.tool_format)
 
     @property
     def session_store_fault(self) -> str | None:
@@ -232,7 +229,7 @@ class Engine:
             messages = as_generic_messages(messages)
             if tools is not None and tools.active:
                 messages = with_preamble(messages, tools)
-            text = self.chat_template.render([{"role": m.role, "content": m.content} for m in messages])
+            text = self.chat_template.render_plain(messages)
         return tuple(self._runner.tokenizer.tokenize(text, add_special=False, parse_special=True))
 
     # ---------------------------------------------------------------- Embed

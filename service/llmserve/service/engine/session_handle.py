@@ -22,8 +22,8 @@ from .chat.chat import ChatMessage, Conversation
 from .chat.native_reply import NativeReader
 from .chat.tool_formats import GENERIC, ToolFormat
 from .chat.tool_messages import as_generic_messages, call_arguments
+from .chat.tool_plan import ToolPlan
 from .chat.tool_reply import ReplyReader
-from .chat.tools import ToolPlan
 from .executor.executor import Executor
 
 MAX_TURNS_PENDING = 2  # the running turn and one queued behind it
@@ -41,7 +41,8 @@ class SessionHandle:
                  tool_format: ToolFormat = GENERIC) -> None:
         """`key`: the executor's name for the session; `conversation`: the one the executor
         saves with a named session; `render_chat`: the chat template as tokens, on the
-        engine's offload pool (None: the model has none); `max_tokens`: the per-turn limit; `add_bos`: whether the first text
+        engine's offload pool (None: the model has none); `max_tokens`: the request's per-turn limit (the prompt and it
+        must fit a slot; None: not asked, or -n's default); `add_bos`: whether the first text
         starts with BOS; `restore`: the saved session it goes on from; `tools`: an active
         plan's tools are rendered and each reply is read for calls, in `tool_format` (the
         engine's; its constraint must be the session's grammar)."""

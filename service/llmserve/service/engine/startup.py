@@ -1,9 +1,11 @@
 """What the engine derives from the configuration and the loaded model: the runner's and
-the executor's configurations, the chat template, the adapters, and the start-up log lines."""
+the executor's configurations, the chat template and tool format, the adapters, and the
+start-up log lines."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +16,7 @@ from ..domain.model_meta import ModelMeta
 from ..model.runner_config import RunnerConfig
 from .adapter_registry import AdapterRegistry
 from .chat.chat import PACKAGED_TEMPLATES, ChatTemplate
+from .chat.tool_formats import ToolFormat, choose
 from .executor.executor import ExecutorConfig
 
 if TYPE_CHECKING:  # the model wing's classes, for type hints only
@@ -75,6 +78,17 @@ def chat_template(config: ServerConfig, tokenizer: Vocab, meta: ModelMeta) -> Ch
         return ChatTemplate.from_file(packaged, bos, eos, "packaged")
     log.info("chat_template", source="none", detail="chat input needs --chat-template-file")
     return None
+
+
+def tool_format(config: ServerConfig, template: ChatTemplate | None, tokenizer: Vocab) -> ToolFormat:
+    """`--tool-format` (auto: the chat template's), knowing whether its opening tag is one
+    token of the vocabulary (then replies that may answer are held from it on: a lazy grammar)."""
+    chosen = choose(config.tool_format, template.source if template is not None else None)
+    if chosen.native:
+        opening = tokenizer.tokenize(chosen.opening, add_special=False, parse_special=True)
+        chosen = replace(chosen, opening_is_token=len(opening) == 1)
+    log.info("tool_format", name=chosen.name, asked=config.tool_format, auto_held=chosen.opening_is_token)
+    return chosen
 
 
 def log_loaded(config: ServerConfig, meta: ModelMeta, embedder: Embedder | None) -> None:

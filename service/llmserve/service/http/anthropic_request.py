@@ -9,8 +9,11 @@ tool message (before the user's text), an assistant's `tool_use` blocks its tool
 `disable_parallel_tool_use` the inverse of `parallel_tool_calls`. `request.parse_chat`
 then applies the shared rules. Fields that change nothing here (IGNORED; `cache_control`
 on the request or any block: the prefix cache is automatic) are accepted;
-fields that would change the output and are not served (`thinking`, image and document
-blocks, server tools) are refused by name.
+`thinking` and `output_config.effort` change nothing for a model without reasoning
+(accepted, as llama-server does), `output_config.format` is the chat route's
+`response_format`, a `system` message among the turns joins the user text before it;
+fields that would change the output and are not served (image and document blocks,
+server tools, context edits other than clearing thinking) are refused by name.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ IGNORED = frozenset({"metadata", "cache_control", "service_tier", "speed", "infe
 log = structlog.get_logger("llmserve.http.anthropic")
 
 FIELDS = frozenset({"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature", "top_p",
-                    "top_k", "tools", "tool_choice", *IGNORED})
+                    "top_k", "tools", "tool_choice", "thinking", "context_management", "output_config", *IGNORED})
+THINKING = ("enabled", "disabled", "adaptive")  # the model has no reasoning: each changes nothing here
+EFFORTS = ("low", "medium", "high", "max", "xhigh")  # how hard a reasoning model thinks: nothing here
 COUNT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice"})
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
@@ -56,8 +61,50 @@ def parse_messages_request(value: object, tool_format: ToolFormat = GENERIC) -> 
     if "stop_sequences" in body:
         chat["stop"] = _strings(body["stop_sequences"], "stop_sequences")
     chat.update(_tools(body))
+    _thinking(body)
+    chat.update(_output_config(body))
     request = parse_chat(chat, tool_format)
     return MessagesRequest(request, request.model, request.stream)
+
+
+def _thinking(body: Body) -> None:
+    """`thinking` and `context_management`'s thinking edits: checked, and changing nothing (no
+    thinking blocks come from a model without reasoning; there are none to clear)."""
+    if "thinking" in body:
+        thinking = body["thinking"]
+        if not isinstance(thinking, dict) or thinking.get("type") not in THINKING:
+            raise bad_request(f"thinking must be an object with type {', '.join(THINKING)}", "thinking.type")
+        _only(thinking, "thinking", ("type", "budget_tokens", "display"))
+        budget = thinking.get("budget_tokens", 1024)
+        if isinstance(budget, bool) or not isinstance(budget, int):
+            raise bad_request("thinking.budget_tokens must be an integer", "thinking.budget_tokens")
+    if "context_management" in body:
+        edits = body["context_management"].get("edits", []) if isinstance(body["context_management"], dict) else None
+        if not isinstance(edits, list):
+            raise bad_request("context_management must be an object with an edits array", "context_management")
+        for i, edit in enumerate(edits):
+            kind = edit.get("type") if isinstance(edit, dict) else None
+            if not isinstance(kind, str) or not kind.startswith("clear_thinking"):  # clearing tool uses changes the prompt
+                raise bad_request(f"context_management.edits[{i}].type {kind!r} is not supported by this server "
+                                  "(clear_thinking edits are: there is no thinking to clear)",
+                                  f"context_management.edits[{i}].type")
+
+
+def _output_config(body: Body) -> Body:
+    """`output_config`: `effort` changes nothing here; `format` (a JSON schema) is served as
+    the chat route's `response_format`."""
+    config = body.get("output_config", {})
+    if not isinstance(config, dict):
+        raise bad_request("output_config must be an object", "output_config")
+    _only(config, "output_config", ("effort", "format"))
+    if config.get("effort", "high") not in EFFORTS:
+        raise bad_request(f"output_config.effort must be one of {', '.join(EFFORTS)}", "output_config.effort")
+    form = config.get("format")
+    if form is None:
+        return {}
+    if not isinstance(form, dict) or form.get("type") != "json_schema" or not isinstance(form.get("schema"), dict):
+        raise bad_request("output_config.format must be {type: json_schema, schema: {...}}", "output_config.format")
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": form["schema"]}}}
 
 
 def parse_count_request(value: object, tool_format: ToolFormat = GENERIC) -> ChatRequest:
@@ -76,14 +123,26 @@ def chat_messages(body: Body) -> list[dict[str, Any]]:
         raise bad_request("messages must be a non-empty array", "messages")
     for i, message in enumerate(value):
         where = f"messages[{i}]"
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-            raise bad_request(f"{where} must be an object with role user or assistant", f"{where}.role")
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
+            raise bad_request(f"{where} must be an object with role user, assistant or system", f"{where}.role")
         for key in message:
             if key not in ("role", "content"):
                 raise bad_request(f"{where}.{key} is not supported by this server", f"{where}.{key}")
         blocks = _blocks(message.get("content"), f"{where}.content")
-        messages += _user(blocks, where) if message["role"] == "user" else [_assistant(blocks, where)]
+        if message["role"] == "system":
+            _system_turn(messages, "".join(_text_block(block, at) for at, block in blocks))
+        else:
+            messages += _user(blocks, where) if message["role"] == "user" else [_assistant(blocks, where)]
     return messages
+
+
+def _system_turn(messages: list[dict[str, Any]], text: str) -> None:
+    """A system message among the turns (Claude Code sends its environment so): joined to the
+    user message before it, as chat templates take system text only first."""
+    if messages and messages[-1]["role"] == "user":
+        messages[-1] = {**messages[-1], "content": f"{messages[-1]['content']}\n\n{text}"}
+    else:
+        messages.append({"role": "user", "content": text})
 
 
 def _blocks(content: object, where: str) -> list[tuple[str, dict[str, Any]]]:
@@ -120,6 +179,8 @@ def _user(blocks: list[tuple[str, dict[str, Any]]], where: str) -> list[dict[str
 def _assistant(blocks: list[tuple[str, dict[str, Any]]], where: str) -> dict[str, Any]:
     texts, calls = [], []
     for at, block in blocks:
+        if block["type"] in ("thinking", "redacted_thinking"):
+            continue  # a reasoning model's, sent back: this model renders none
         if block["type"] == "tool_use":
             _only(block, at, ("type", "id", "name", "input", "cache_control"))
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):

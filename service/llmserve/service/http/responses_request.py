@@ -27,7 +27,7 @@ from .request import ChatRequest, parse_chat
 
 log = structlog.get_logger("llmserve.http.responses")
 
-IGNORED = frozenset({"metadata", "reasoning", "user", "service_tier", "prompt_cache_key",
+IGNORED = frozenset({"metadata", "client_metadata", "reasoning", "user", "service_tier", "prompt_cache_key",
                      "prompt_cache_retention", "safety_identifier", "stream_options", "truncation"})
 FIELDS = frozenset({"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
                     "max_output_tokens", "temperature", "top_p", "stream", "include", "store", "previous_response_id",

@@ -15,6 +15,9 @@ from llama_cpp.llama_grammar import INVALID_RULE_CHARS_RE, RESERVED_NAMES, Schem
 from ..domain.schema_pointer import resolve_pointer
 from .grammar_ends import unending_rules
 
+# Keywords that say nothing about the value: a schema of these alone is any value.
+_ANNOTATIONS = frozenset({"description", "title", "examples", "default", "$comment", "deprecated", "readOnly",
+                          "writeOnly"})
 KINDS = ("grammar", "json_schema", "regex", "choice", "json_object", "tool_frames")
 
 # The converter's JSON string character admits raw control characters, which JSON forbids
@@ -65,6 +68,11 @@ class _Converter(SchemaConverter):
             elif isinstance(node, list):
                 todo.extend(node)
         return schema
+
+    def visit(self, schema: dict, name: str) -> str:  # type: ignore[type-arg]
+        if isinstance(schema, dict) and schema and set(schema) <= _ANNOTATIONS:
+            schema = {}  # annotations alone: any value (the converter knows only the empty schema so)
+        return str(super().visit(schema, name))
 
     def _resolve_ref(self, ref: str) -> str:
         name = self._ref_rules.get(ref)

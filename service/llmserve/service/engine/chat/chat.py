@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -94,6 +95,35 @@ class ChatTemplate:
             raise InvalidRequest(f"the chat template refused the conversation: {exc}", field=Field.MESSAGES) from None
         except jinja2.TemplateError as exc:
             raise InvalidRequest(f"the chat template failed: {exc}", field=Field.MESSAGES) from None
+
+    def render_plain(self, messages: Sequence[ChatMessage]) -> str:
+        """Messages of role and text rendered; when the template refuses their roles' order,
+        the same conversation with one system message first and alternating roles."""
+        try:
+            return self.render(_plain(messages))
+        except InvalidRequest:
+            return self.render(_plain(alternating(messages)))
+
+
+def alternating(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
+    """The conversation as templates that insist on one system message first and then
+    alternating roles take it (Gemma's): the system messages' text first, as one; a run of
+    messages of one role, as one (their texts a blank line apart). Agents send several
+    developer messages, or two user messages in a row (Codex, Claude Code)."""
+    system = [m.content for m in messages if m.role == "system"]
+    merged: list[ChatMessage] = [ChatMessage("system", "\n\n".join(system))] if system else []
+    for m in messages:
+        if m.role == "system":
+            continue
+        if merged and merged[-1].role == m.role and merged[-1].role != "system":
+            merged[-1] = ChatMessage(m.role, f"{merged[-1].content}\n\n{m.content}")
+        else:
+            merged.append(ChatMessage(m.role, m.content))
+    return merged
+
+
+def _plain(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    return [{"role": m.role, "content": m.content} for m in messages]
 
 
 class Conversation:

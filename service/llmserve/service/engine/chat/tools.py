@@ -12,9 +12,11 @@ response:
 Tools are constraints like any other: each tool's parameters are held to what every JSON
 schema is (domain/schema_checks.py: the compiler's bounds; with the tool's `strict`, what
 the converter would not enforce is refused), so a call's arguments always parse, and with
-`strict` always validate, against its function's schema. engine/chat/tool_reply.py reads a
-reply, as it streams, into text and `ToolCall`s with unique ids. Both surfaces (gRPC,
-OpenAI HTTP) use these; nothing here knows either.
+`strict` always validate, against its function's schema (a tool that is not `strict` has
+the repetition counts a grammar cannot hold left out: tool_plan.py). engine/chat/tool_reply.py
+reads a reply, as it streams, into text and `ToolCall`s with unique ids; `call_frames` is the
+native formats' (tool_formats.py) grammar for calls. Both surfaces (gRPC, OpenAI HTTP) use
+these through tool_plan.py; nothing here knows either.
 """
 
 from __future__ import annotations
@@ -29,8 +31,7 @@ from typing import Any
 from ...domain.errors import InvalidRequest
 from ...domain.events import ToolCall
 from ...domain.schema_checks import check_object_schema
-from .chat import ChatMessage
-from .tool_formats import GENERIC, ToolFormat
+from .tool_formats import ToolFormat
 
 MAX_TOOLS = 128
 MAX_PARALLEL_CALLS = 8  # calls in one reply: a small model repeats calls until the grammar stops it
@@ -171,49 +172,6 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-@dataclass(frozen=True)
-class ToolPlan:
-    """A session's tools, in `format` (tool_formats.py). `schema`: in the generic format the
-    reply's JSON schema, None when no call is possible; in a native one the calls' frames
-    (`call_frames`) when the reply must call, else None (not held). `field`: what a refusal
-    of the compiled reply names (the one callable tool's parameters when nothing else is in
-    the reply schema, else the tools). Logprobs beside tools are served, on every surface:
-    they are the sampled tokens' (the reply's text), as the chunks' token ids are."""
-
-    tools: tuple[Tool, ...]
-    choice: ToolChoice
-    schema: dict[str, Any] | None
-    field: str = "tools"
-    format: ToolFormat = GENERIC
-
-    @property
-    def active(self) -> bool:
-        """A call is possible: the tools are rendered and replies are read for calls."""
-        return bool(self.tools) and self.choice.mode != "none"
-
-
-Constraint = tuple[str, str]  # (kind, text), as `Engine.compile_async` takes it
-
-
-def plan_tools(tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
-               answer_schema: dict[str, Any] | None = None, field: str = "tools",
-               tool_format: ToolFormat = GENERIC) -> ToolPlan:
-    """The checked tools (InvalidRequest naming the field) and the reply's schema.
-    `answer_schema`: what a text answer's `response` must follow (response_format)."""
-    check_tools(tools, choice, field)
-    callable_at = [i for i, t in enumerate(tools) if choice.mode != "function" or t.name == choice.name]
-    alone = len(callable_at) == 1 and (answer_schema is None or choice.mode != "auto")
-    if tool_format.native:
-        must_call = choice.mode in ("required", "function")
-        held = must_call or (choice.mode == "auto" and tool_format.opening_is_token)
-        frames = call_frames(tool_format, [tools[i] for i in callable_at], parallel, lazy=not must_call)
-        schema = frames if held else None
-    else:
-        schema = reply_schema(tools, choice, parallel, answer_schema)
-    return ToolPlan(tuple(tools), choice, schema, f"{field}[{callable_at[0]}].parameters" if alone else field,
-                    tool_format)
-
-
 def call_frames(fmt: ToolFormat, tools: Sequence[Tool], parallel: bool, lazy: bool = False) -> dict[str, Any]:
     """The "tool_frames" constraint's document (model/grammar_sources.py): a reply of 1 (or
     with `parallel`, up to MAX_PARALLEL_CALLS) calls of `tools`, in `fmt`'s syntax. `lazy`:
@@ -236,53 +194,3 @@ def call_frames(fmt: ToolFormat, tools: Sequence[Tool], parallel: bool, lazy: bo
     framed = bool(fmt.closing)  # hermes: <tool_call>\n{...}\n</tool_call> per call
     return {"schema": {**one, "$defs": defs}, "opening": fmt.opening + "\n" if framed else "",
             "closing": "\n" + fmt.closing if framed else "", "max_calls": max_calls if framed else 1}
-
-
-def session_tools(tools: Sequence[Tool], choice: ToolChoice, parallel: bool, constraint: Constraint | None,
-                  constraint_field: str, tool_format: ToolFormat = GENERIC) -> tuple[ToolPlan, Constraint | None]:
-    """A session's plan (`plan_tools`) and the constraint it compiles: with an active plan
-    its reply's (None: a native format's reply that may answer), else `constraint`. Beside
-    a possible call, `constraint` (named `constraint_field` in a refusal) must be JSON, what
-    a text answer's `response` follows (as OpenAI's response_format beside tools):
-    json_schema or json_object, in the generic format only. Another kind cannot hold a
-    reply that may call tools."""
-    can_call = bool(tools) and choice.mode != "none"
-    if can_call and constraint is not None and tool_format.native and choice.mode == "auto":
-        raise InvalidRequest(f"a constraint beside tools that may be called is served in the generic tool format, "
-                             f"not this model's {tool_format.name} (--tool-format)", field=constraint_field)
-    answer_schema = _answer_schema(constraint, constraint_field) if can_call and constraint is not None else None
-    plan = plan_tools(tools, choice, parallel, answer_schema, tool_format=tool_format)
-    return plan, (reply_constraint(plan) if plan.active else constraint)
-
-
-def _answer_schema(constraint: Constraint, field: str) -> dict[str, Any]:
-    kind, text = constraint
-    if kind == "json_object":
-        return {"type": "object"}
-    if kind != "json_schema":
-        raise InvalidRequest(f"a {kind} constraint cannot hold a reply that may call tools: use a JSON schema "
-                             "(or JSON object) constraint, or tool choice none", field=field)
-    try:
-        schema = json.loads(text)
-    except ValueError as exc:
-        raise InvalidRequest(f"the schema is not JSON: {exc}", field=field) from None
-    if not isinstance(schema, dict):
-        raise InvalidRequest("the schema must be a JSON object", field=field)
-    return schema
-
-
-def reply_constraint(plan: ToolPlan) -> Constraint | None:
-    """The constraint an active plan's replies are held to (None: not held)."""
-    if plan.schema is None:
-        return None
-    return ("tool_frames" if plan.format.native else "json_schema"), json.dumps(plan.schema)
-
-
-def with_preamble(messages: Sequence[ChatMessage], plan: ToolPlan) -> list[ChatMessage]:
-    """The conversation as rendered with tools: the preamble is the system message, after
-    an existing first system message's text."""
-    assert plan.schema is not None
-    text = preamble(plan.tools, plan.schema)
-    if messages and messages[0].role == "system":
-        return [ChatMessage("system", messages[0].content + "\n\n" + text), *messages[1:]]
-    return [ChatMessage("system", text), *messages]
