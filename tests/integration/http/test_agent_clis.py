@@ -78,9 +78,10 @@ def test_claude_code_calls_a_tool_and_goes_on(server: RunningServer, tmp_path: P
         assert result.get("api_error_status") is None and "API Error" not in str(result.get("result")), result
         calls, results = _blocks(events, "assistant", "tool_use"), _blocks(events, "user", "tool_result")
         tries.append((len(calls), len(results), result["num_turns"]))
-        if calls and results:  # the model called Write, Claude Code ran it and sent the result back ...
-            assert calls[0]["name"] == "Write" and {"file_path", "content"} <= set(calls[0]["input"]), calls[0]
-            assert results[0]["tool_use_id"] == calls[0]["id"]
+        # a call the model finished (one cut by the 512-token cap streams partial input, as Anthropic's does)
+        whole = [c for c in calls if c["name"] == "Write" and {"file_path", "content"} <= set(c["input"])]
+        answered = [c for c in whole if any(r["tool_use_id"] == c["id"] for r in results)]
+        if answered:  # the model called Write, Claude Code ran it and sent the result back ...
             assert result["num_turns"] >= 2  # ... and the model answered it
             return
     pytest.fail(f"no attempt called the Write tool and went on: (calls, results, turns) {tries}")

@@ -256,3 +256,15 @@ def test_counts_no_grammar_holds_are_left_out_of_a_tool_that_is_not_strict() -> 
     with pytest.raises(InvalidRequest) as refused:
         plan_tools([Tool("run", "", json.dumps(big), strict=True)], ToolChoice("required"), False)
     assert refused.value.field == "tools[0].parameters" and "1000" in str(refused.value)
+    huge_minimum = {"type": "object", "properties": {"s": {"type": "string", "minLength": 5000}}}
+    with pytest.raises(InvalidRequest):  # a lower bound no reply could meet stays refused
+        plan_tools([Tool("run", "", json.dumps(huge_minimum))], ToolChoice("required"), False)
+
+
+def test_a_tool_nested_past_the_bound_is_refused_not_a_crash() -> None:
+    deep: dict[str, object] = {"type": "object"}
+    for _ in range(400):  # past the depth Python's recursion would take in loosening it
+        deep = {"type": "object", "properties": {"a": deep}}
+    with pytest.raises(InvalidRequest) as refused:
+        plan_tools([Tool("f", "", json.dumps(deep))], ToolChoice("required"), False)
+    assert "deeper" in str(refused.value)

@@ -241,15 +241,17 @@ def check_constraint(kind: str, text: str, field: str) -> None:
 
 
 def without_large_counts(node: object) -> object:
-    """A schema with its repetition counts above MAX_SCHEMA_REPETITIONS left out (the bounds
-    a grammar cannot build, unenforced: for a tool that is not `strict`, whose schema the
-    grammar follows as far as it can; agents send string limits of 500k characters)."""
+    """A schema with its upper repetition bounds above MAX_SCHEMA_REPETITIONS left out (the
+    bounds a grammar cannot build, unenforced: for a tool that is not `strict`, whose schema
+    the grammar follows as far as it can; agents send string limits of 500k characters). A
+    lower bound that large stays, and is refused: no reply could meet it."""
     if isinstance(node, list):
         return [without_large_counts(item) for item in node]
     if not isinstance(node, dict):
         return node
     return {key: without_large_counts(value) for key, value in node.items()
-            if not (key in _REPEAT_KEYS and isinstance(value, (int, float)) and value > MAX_SCHEMA_REPETITIONS)}
+            if not (key in _REPEAT_KEYS and key.startswith("max") and isinstance(value, (int, float))
+                    and value > MAX_SCHEMA_REPETITIONS)}
 
 
 def _check_schema_bounds(node: object, field: str, path: str, depth: int = 0) -> None:

@@ -68,9 +68,9 @@ def _loosened(tool: Tool) -> Tool:
         return tool
     try:
         parameters = json.loads(tool.parameters)
+        loosened = without_large_counts(parameters)
     except (ValueError, RecursionError):
-        return tool  # the checks name what is wrong
-    loosened = without_large_counts(parameters)
+        return tool  # not JSON, or nested past any bound: the checks name what is wrong
     return tool if loosened == parameters else replace(tool, parameters=json.dumps(loosened))
 
 
