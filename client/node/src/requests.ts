@@ -54,7 +54,8 @@ export type SamplingOptions = Omit<MessageInitShape<typeof SamplingParamsSchema>
  * calls come back in `TurnEnd.toolCalls`.
  * LoRA: `adapter` (a loaded adapter's name) and `adapterScale` (unset: the adapter's own).
  * `continueFrom`: a stored conversation's id (a response stored by POST /v1/responses) that
- * the first turn's messages continue.
+ * the first turn's messages continue; `store: true` keeps each chat turn's conversation, its
+ * id in `TurnEnd.storedId`, for `continueFrom` (or HTTP's previous_response_id) later.
  * Sampling: every SamplingParams field (`temperature`, `topK`, `seed`, `logitBias`, ...).
  * `config`: a SessionConfig init merged under the flat options.
  */
@@ -85,6 +86,7 @@ export type GenerateConfig = SamplingOptions & {
   adapter?: string;
   adapterScale?: number;
   continueFrom?: string;
+  store?: boolean;
   config?: MessageInitShape<typeof SessionConfigSchema>;
 };
 
@@ -102,7 +104,7 @@ const TOOL_MODES: Record<string, ToolChoice_Mode> = {
 const SESSION_KEYS = new Set([
   "requestId", "sessionId", "priority", "addBos", "n", "maxTokens", "minTokens", "stop", "stopTokenIds",
   "ignoreEos", "logprobs", "topLogprobs", "promptLogprobs", "includeSpecial", "grammar", "jsonSchema", "regex", "choice",
-  "jsonObject", "strict", "tools", "toolChoice", "parallelToolCalls", "adapter", "adapterScale", "continueFrom", "config",
+  "jsonObject", "strict", "tools", "toolChoice", "parallelToolCalls", "adapter", "adapterScale", "continueFrom", "store", "config",
 ]);
 /** Keys of call options that may ride along in the same object; not config. */
 const CALL_KEYS = new Set(["timeoutMs", "signal", "headers"]);
@@ -192,6 +194,7 @@ export function sessionConfig(options: GenerateConfig = {}): SessionConfig {
   if (o.parallelToolCalls !== undefined) config.parallelToolCalls = o.parallelToolCalls;
   if (o.adapter !== undefined) config.adapter = create(AdapterRefSchema, { name: o.adapter, scale: o.adapterScale });
   if (o.continueFrom !== undefined) config.continueFrom = o.continueFrom;
+  if (o.store !== undefined) config.store = o.store;
   return config;
 }
 

@@ -64,3 +64,47 @@ def test_what_continue_from_refuses(server: RunningServer) -> None:
     with pytest.raises(grpc.RpcError) as named:
         _continue(stub, stored.id, [("user", "Hi")], session_id="mine")
     assert named.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field_of(named.value) == "config.continue_from"
+
+
+def _chat_turns(stub: pb_grpc.LLMServiceStub, config: pb.SessionConfig, turns: list[str],
+                metadata: tuple[tuple[str, str], ...] = AUTH) -> list[pb.TurnEnd]:
+    """One Generate session, a user message per turn; each turn's end."""
+    requests = [pb.GenerateRequest(config=config if i == 0 else None, end_of_turn=True, input=pb.Input(
+        messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=text)]))) for i, text in enumerate(turns)]
+    ends: list[pb.TurnEnd] = []
+    call = stub.Generate(iter(requests), timeout=120, metadata=metadata)
+    for response in call:
+        if response.HasField("turn_end"):
+            ends.append(response.turn_end)
+    return ends
+
+
+def test_a_grpc_session_stores_its_turns_to_be_continued(server: RunningServer) -> None:
+    """`SessionConfig.store`: each turn's conversation kept under `TurnEnd.stored_id`, continued
+    by a new gRPC session (`continue_from`) or over HTTP (`previous_response_id`)."""
+    stub = pb_grpc.LLMServiceStub(grpc.insecure_channel(server.address))
+    ends = _chat_turns(stub, session_config(store=True, max_tokens=4, temperature=0),
+                       ["My name is Ada.", "Say my name."])
+    assert len(ends) == 2 and all(e.stored_id.startswith("resp_") for e in ends)
+    assert ends[0].stored_id != ends[1].stored_id
+    second = ends[1]
+    reply = _continue(stub, second.stored_id, [("user", "Again?")])
+    usage = reply.samples[0].turn_end.usage
+    assert usage.prompt_tokens > second.usage.prompt_tokens + second.usage.completion_tokens  # both turns came first
+    assert usage.cached_tokens >= second.usage.prompt_tokens  # from the session's KV
+    client = OpenAI(base_url=f"http://127.0.0.1:{server.http_port}/v1", api_key=KEY, max_retries=0)
+    record = client.responses.retrieve(second.stored_id)
+    assert record.status == "completed" and record.model == MODEL and record.output_text is not None
+    over_http = client.responses.create(model=MODEL, previous_response_id=second.stored_id, input="Again?",
+                                        max_output_tokens=4, temperature=0)
+    assert over_http.usage.input_tokens == usage.prompt_tokens  # the same conversation, rendered the same way
+
+
+def test_what_store_refuses_and_when_it_keeps_nothing(server: RunningServer) -> None:
+    stub = pb_grpc.LLMServiceStub(grpc.insecure_channel(server.address))
+    with pytest.raises(grpc.RpcError) as text:
+        stub.GenerateText(pb.GenerateTextRequest(config=session_config(store=True, max_tokens=2),
+                                                 input=pb.Input(text="Hi")), timeout=60, metadata=AUTH)
+    assert text.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field_of(text.value) == "config.store"
+    plain = _chat_turns(stub, session_config(max_tokens=2), ["Hello."])
+    assert plain[0].stored_id == ""  # not asked: nothing kept

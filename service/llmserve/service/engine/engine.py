@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
@@ -40,6 +41,7 @@ from .chat.chat import ChatMessage, Conversation
 from .chat.stored import ConversationStore
 from .chat.stored import StoredConversation as StoredConversation
 from .chat.stored import continued as continued  # a turn continuing a stored conversation, for the wings
+from .chat.stored import kept_turn as kept_turn
 from .chat.stored import owner_of as owner_of  # stored conversations' owners, for the wings
 from .chat.tool_formats import GENERIC as GENERIC  # the generic tool format, for the wings
 from .chat.tool_formats import ToolFormat as ToolFormat
@@ -186,6 +188,11 @@ class Engine:
         render = self._render_offloaded if self.chat_template is not None else None
         return SessionHandle(self._executor, key, conversation, self.limits, render, self.limits.max_input_tokens,
                              asked_max_tokens, add_bos and self.meta.add_bos, restore, tools, self.tool_format)
+
+    @property
+    def model_name(self) -> str:
+        """The model's name to clients: `--alias`, else the model file's stem."""
+        return self.config.alias or Path(self.meta.path).stem
 
     @property
     def session_store_fault(self) -> str | None:

@@ -186,9 +186,8 @@ class HttpSurface:
 
     def _model_names(self, engine: Engine) -> tuple[str, ...]:
         """The alias (`--alias`, default the model file's stem) and the model's id (its file name)."""
-        path = Path(engine.meta.path)
-        alias = self.config.alias or path.stem
-        return (alias, path.name) if path.name != alias else (alias,)
+        alias, name = engine.model_name, Path(engine.meta.path).name
+        return (alias, name) if name != alias else (alias,)
 
     async def _models(self, request: web.Request) -> web.Response:
         engine = self._engine_or_503()

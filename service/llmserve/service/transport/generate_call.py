@@ -27,6 +27,7 @@ from ..engine.engine import (
     StoredConversation,
     ToolPlan,
     continued,
+    kept_turn,
     owner_of,
 )
 from .errors import DeadlineExceeded, InvalidArgument, Unavailable, check_decoded, error_from_failure
@@ -54,11 +55,13 @@ class GenerateCall:
 
     def __init__(self, engine: Engine, first: pb.GenerateRequest, params: SessionParams, deadline: float | None,
                  restore: SavedSession | None = None, grammar: object | None = None,
-                 tools: ToolPlan | None = None, continues: StoredConversation | None = None) -> None:
+                 tools: ToolPlan | None = None, continues: StoredConversation | None = None, owner: str = "") -> None:
         """`grammar`: the compiled constraint (Engine.compile_async); `tools`: the session's plan;
-        `continues`: the stored conversation the first messages follow (`stored_conversation`)."""
+        `continues`: the stored conversation the first messages follow (`stored_conversation`);
+        `owner`: the caller's key, whose stored turns `config.store` keeps (`kept_turn`)."""
         self.engine = engine
         self.continues = continues
+        self.owner = owner
         self.first = first
         self.request_id = params.request_id
         add_bos = first.config.add_bos if first.config.HasField("add_bos") else True
@@ -83,7 +86,11 @@ class GenerateCall:
         async for tag, event in self.call.events():
             if tag is not None:
                 assert isinstance(event, (TokenEvent, PromptLogprobsEvent, TurnEndEvent))
-                yield _response(self.request_id, event)
+                response = _response(self.request_id, event)
+                if self.first.config.store and isinstance(event, TurnEndEvent) and event.index == 0:
+                    response.turn_end.stored_id = kept_turn(self.engine.conversations, session.conversation,
+                                                            self.owner, self.engine.model_name)
+                yield response
                 # gRPC ends a call past its deadline with a status; HTTP with a finish reason
                 if isinstance(event, TurnEndEvent) and event.finish_reason == FinishReason.DEADLINE:
                     raise DeadlineExceeded("the call's deadline expired")
@@ -128,6 +135,8 @@ class GenerateCall:
         tokens: tuple[int, ...] = ()
         if self.continues is not None and message.HasField("input"):
             raise InvalidArgument("config.continue_from continues a chat: send input.messages", field="input")
+        if self.first.config.store and message.HasField("input"):
+            raise InvalidArgument("config.store keeps a chat: send input.messages", field="config.store")
         if message.HasField("input"):
             session.check_takes_tokens()
             tokens = await input_tokens(self.engine, message.input, "input", session.needs_bos)

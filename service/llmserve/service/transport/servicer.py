@@ -20,7 +20,7 @@ from llmserve.v1 import llmserve_pb2 as pb
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
 from ..domain.requests import SessionParams
-from ..engine.engine import Engine, ToolFormat, ToolPlan
+from ..engine.engine import Engine, ToolFormat, ToolPlan, owner_of
 from ..metrics import Metrics
 from ..open_calls import OpenCalls
 from . import adapters, responses, unary, validation
@@ -160,7 +160,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         credentials = dict(context.invocation_metadata() or ()).get("authorization", "")
         continues = stored_conversation(engine, first.config, credentials)  # continue_from: HTTP's stored turns
         restore = await engine.named_sessions.claim(params.session_id)  # one stream per session id
-        call = GenerateCall(engine, first, params, deadline, restore, grammar, tools, continues)
+        call = GenerateCall(engine, first, params, deadline, restore, grammar, tools, continues, owner_of(credentials))
         self._generate_calls.add(call)
         if self.calls.draining:
             call.sink.put_local(Drain())

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,7 @@ import structlog
 
 from ...domain.events import ToolCall
 from ..session_file import write_atomically
-from .chat import ChatMessage
+from .chat import ChatMessage, Conversation
 
 log = structlog.get_logger("llmserve.engine.stored")
 
@@ -166,3 +167,19 @@ def _quietly(operation: Callable[..., object], *args: object) -> None:
         operation(*args)
     except OSError as exc:  # kept in memory still: lost at a restart only
         log.warning("stored_response_file_failed", operation=getattr(operation, "__name__", "?"), error=str(exc))
+
+
+def kept_turn(store: ConversationStore, conversation: Conversation, owner: str, model: str) -> str:
+    """A chat session's conversation, to its last reply, stored under a new id (gRPC's
+    `SessionConfig.store`, a surface with no response object of its own): the record is the
+    Responses API's minimum, so `GET /v1/responses/{id}` answers it too. The messages as a
+    named session keeps them: role and text (an assistant's calls as the text it wrote)."""
+    messages = tuple(ChatMessage(role, content) for role, content in conversation.saved() or ())
+    key = f"resp_{uuid.uuid4().hex}"
+    reply = messages[-1].content if messages and messages[-1].role == "assistant" else ""
+    message = {"type": "message", "id": f"msg_{key}", "status": "completed", "role": "assistant",
+               "content": [{"type": "output_text", "text": reply, "annotations": [], "logprobs": []}]}
+    record: dict[str, object] = {"id": key, "object": "response", "created_at": int(time.time()), "status": "completed",
+                                 "error": None, "model": model, "output": [message], "store": True}
+    store.put(key, owner, messages, record, ())
+    return key
