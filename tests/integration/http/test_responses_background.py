@@ -6,6 +6,7 @@ a bound server refuses one at creation; DELETE ends a running one."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -67,20 +68,27 @@ def _hold_the_slot(client: OpenAI, model: str, started: threading.Event) -> None
         started.set()
 
 
-def test_cancelled_while_queued_behind_a_long_call(client: OpenAI, model: str) -> None:
+@contextlib.contextmanager
+def _slot_held(client: OpenAI, model: str) -> Iterator[None]:
+    """The one slot busy with a long chat (300 tokens) while the block runs, and then until it ends."""
     started = threading.Event()
     holder = threading.Thread(target=_hold_the_slot, args=(client, model, started))
     holder.start()
     try:
         assert started.wait(60)
+        yield
+    finally:
+        holder.join(120)
+
+
+def test_cancelled_while_queued_behind_a_long_call(client: OpenAI, model: str) -> None:
+    with _slot_held(client, model):
         queued = client.responses.create(model=model, input="Say hi.", max_output_tokens=8, background=True)
         assert client.responses.retrieve(queued.id).status == "in_progress"  # waiting for the one slot
         cancelled = client.responses.cancel(queued.id)
         assert cancelled.status == "cancelled" and cancelled.id == queued.id
         assert client.responses.retrieve(queued.id).status == "cancelled"
         assert client.responses.cancel(queued.id).status == "cancelled"  # again: as it is
-    finally:
-        holder.join(120)
     after = client.responses.create(model=model, input="Say hi.", max_output_tokens=4)  # the server serves on
     assert after.status in ("completed", "incomplete")
 
@@ -94,30 +102,18 @@ def test_what_is_refused_and_what_is_not_found(client: OpenAI, model: str) -> No
 
 
 def test_delete_ends_a_running_response(client: OpenAI, model: str) -> None:
-    started = threading.Event()
-    holder = threading.Thread(target=_hold_the_slot, args=(client, model, started))
-    holder.start()
-    try:
-        assert started.wait(60)
+    with _slot_held(client, model):
         queued = client.responses.create(model=model, input="Say hi.", max_output_tokens=8, background=True)
         client.responses.delete(queued.id)
         with pytest.raises(openai.NotFoundError):
             client.responses.retrieve(queued.id)
-    finally:
-        holder.join(120)
 
 
 def test_a_full_server_refuses_one_at_creation(client: OpenAI, model: str) -> None:
-    started = threading.Event()
-    holder = threading.Thread(target=_hold_the_slot, args=(client, model, started))
-    holder.start()
-    try:
-        assert started.wait(60)
+    with _slot_held(client, model):
         queued = [client.responses.create(model=model, input="Say hi.", max_output_tokens=8, background=True)
                   for _ in range(2)]  # one slot, --max-queue 2: the holder and these two fill it
         with pytest.raises(openai.RateLimitError):
             client.responses.create(model=model, input="Say hi.", max_output_tokens=8, background=True)
         for response in queued:
             assert client.responses.cancel(response.id).status == "cancelled"
-    finally:
-        holder.join(120)

@@ -121,6 +121,23 @@ def read_call(s: str, i: int, call: CallView, arguments_key: str = "arguments") 
         return int(done.value)
 
 
+def read_calls(s: str, i: int, calls: list[CallView], arguments_key: str = "arguments") -> int:
+    """The array of call objects at `s[i]`, each read into a `CallView` appended to `calls`;
+    the index after its `]`. Partial when the text ends inside it."""
+    if s[i] != "[":
+        raise ValueError("the calls must be an array")
+    i += 1
+    while True:
+        i = skip_space(s, i)
+        if s[i] == "]":
+            return i + 1
+        if s[i] == ",":
+            i += 1
+            continue
+        calls.append(CallView())
+        i = read_call(s, i, calls[-1], arguments_key)
+
+
 def string_prefix(raw: str, closed: bool) -> str:
     """The decoded text of a (possibly unfinished) JSON string, up to its last whole character."""
     body = raw[1:-1] if closed else raw[1:]

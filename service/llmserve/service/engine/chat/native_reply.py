@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from ...domain.events import ToolCallDelta
-from .json_scan import CallView, Partial, read_call, skip_space, value_end
+from .json_scan import CallView, Partial, read_call, read_calls, skip_space, value_end
 from .tool_formats import ToolFormat
 from .tool_reply import CallStreamer
 from .tools import Reply
@@ -70,18 +70,7 @@ def _read_calls(fmt: ToolFormat, s: str, i: int, calls: list[CallView]) -> int:
         return _read_named(s, i, calls)
     i = skip_space(s, i)
     if fmt.array:
-        if s[i] != "[":
-            raise ValueError("not an array")
-        i += 1
-        while True:
-            i = skip_space(s, i)
-            if s[i] == "]":
-                return i + 1
-            if s[i] != ",":
-                calls.append(CallView())
-                i = read_call(s, i, calls[-1], fmt.arguments_key)
-            else:
-                i += 1
+        return read_calls(s, i, calls, fmt.arguments_key)
     calls.append(CallView())
     end = read_call(s, i, calls[-1], fmt.arguments_key)
     if calls[-1].name is None or not calls[-1].arguments_closed:

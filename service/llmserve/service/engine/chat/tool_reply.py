@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ...domain.events import ToolCall, ToolCallDelta
-from .json_scan import CallView, Partial, members, read_call, skip_space, string_prefix, value_end
+from .json_scan import CallView, Partial, members, read_call, read_calls, skip_space, string_prefix, value_end
 from .tools import Reply, new_call_id
 
 
@@ -53,19 +53,7 @@ def _scan(s: str, view: _View) -> None:
             end = read_call(s, at, view.calls[-1])
         elif key == "tool_calls":
             view.kind = "calls"
-            if s[at] != "[":
-                raise ValueError("tool_calls must be an array")
-            end = at + 1
-            while True:
-                end = skip_space(s, end)
-                if s[end] == "]":
-                    end += 1
-                    break
-                if s[end] == ",":
-                    end += 1
-                    continue
-                view.calls.append(CallView())
-                end = read_call(s, end, view.calls[-1])
+            end = read_calls(s, at, view.calls)
         else:
             end = value_end(s, at)
         try:
