@@ -18,25 +18,16 @@ from openai import OpenAI
 
 from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
 
-KEY = "background-key"
+from .conftest import API_KEY
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    args = [*CHAT_SERVER_ARGS[:1], "1", *CHAT_SERVER_ARGS[2:], "--api-key", KEY, "--max-queue", "2"]
+def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """This module's server (conftest's `client` and `model` use it): one slot, a queue of two."""
+    args = [*CHAT_SERVER_ARGS[:1], "1", *CHAT_SERVER_ARGS[2:], "--api-key", API_KEY, "--max-queue", "2"]
     running = start_server(args, tmp_path_factory.mktemp("background") / "server.log", http_port=free_port())
     yield running
     assert stop_server(running) == 0
-
-
-@pytest.fixture(scope="module")
-def client(server: RunningServer) -> OpenAI:
-    return OpenAI(base_url=f"http://127.0.0.1:{server.http_port}/v1", api_key=KEY, max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model(client: OpenAI) -> str:
-    return client.models.list().data[0].id
 
 
 def _polled(client: OpenAI, response_id: str, timeout_s: float = 60.0) -> Any:
