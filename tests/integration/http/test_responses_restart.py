@@ -29,3 +29,24 @@ def test_a_stored_response_outlives_the_process(tmp_path: Path) -> None:
         assert after.usage.input_tokens > first.usage.input_tokens  # the stored turn, prefilled again
     finally:
         assert stop_server(second_server) == 0
+
+
+def test_a_background_response_running_at_shutdown_is_finished_and_kept(tmp_path: Path) -> None:
+    """SIGTERM while a background response generates: the drain waits for it (an open call),
+    it is stored, and the next process answers it."""
+    flags = [*FLAGS, "--session-dir", str(tmp_path / "sessions")]
+    first_server = start_server(flags, tmp_path / "first.log", http_port=free_port())
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{first_server.http_port}/v1", api_key="k", max_retries=0)
+        queued = client.responses.create(model="gemma-3-270m-q4_k_m", input="Tell a long story.",
+                                         max_output_tokens=96, background=True)
+        assert queued.status == "queued"
+    finally:
+        assert stop_server(first_server) == 0  # at once: the response is still generating
+    second_server = start_server(flags, tmp_path / "second.log", http_port=free_port())
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{second_server.http_port}/v1", api_key="k", max_retries=0)
+        kept = client.responses.retrieve(queued.id)
+        assert kept.status in ("completed", "incomplete") and kept.output_text and kept.usage.output_tokens >= 1
+    finally:
+        assert stop_server(second_server) == 0
