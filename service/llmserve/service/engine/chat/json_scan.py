@@ -6,11 +6,16 @@ families) read a reply with these, again from its start on each new piece of tex
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Generator
 from dataclasses import dataclass
 
 _SPACE = " \t\n\r"
 _SCALAR = set("+-0123456789.eEtrufalsn")
+# A reply is read again from its start on each new piece (on the event loop): strings and
+# containers are skipped by regular expressions, not a Python loop per character.
+_STRING_BODY = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*', re.DOTALL)
+_STRUCTURE = re.compile(r'["{}\[\]]')
 
 
 class Partial(Exception):
@@ -37,15 +42,10 @@ def skip_space(s: str, i: int) -> int:
 
 def string_end(s: str, i: int) -> int:
     """`s[i]` opens a string: the index after its closing quote."""
-    j = i + 1
-    while j < len(s):
-        if s[j] == "\\":
-            j += 2
-            continue
-        if s[j] == '"':
-            return j + 1
-        j += 1
-    raise Partial
+    j = _STRING_BODY.match(s, i + 1).end()  # type: ignore[union-attr]  # the pattern matches the empty string
+    if j >= len(s) or s[j] != '"':  # the text ends in the string, or inside an escape
+        raise Partial
+    return j + 1
 
 
 def value_end(s: str, i: int) -> int:
@@ -55,18 +55,18 @@ def value_end(s: str, i: int) -> int:
         return string_end(s, i)
     if c in "{[":
         depth, j = 0, i
-        while j < len(s):
+        while True:
+            found = _STRUCTURE.search(s, j)
+            if found is None:
+                raise Partial
+            j = found.start()
             if s[j] == '"':
                 j = string_end(s, j)
                 continue
-            if s[j] in "{[":
-                depth += 1
-            elif s[j] in "}]":
-                depth -= 1
-                if depth == 0:
-                    return j + 1
+            depth += 1 if s[j] in "{[" else -1
+            if depth == 0:
+                return j + 1
             j += 1
-        raise Partial
     j = i
     while j < len(s) and s[j] in _SCALAR:
         j += 1
