@@ -1,5 +1,6 @@
 """Stored responses survive a restart with --session-dir (engine/chat/stored.py): the
-acknowledged response is retrieved and continued by the next process."""
+acknowledged response is retrieved and continued by the next process, from its saved KV
+(engine/stored_kv.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ def test_a_stored_response_outlives_the_process(tmp_path: Path) -> None:
         assert client.responses.retrieve(first.id).output_text == first.output_text
         after = client.responses.create(model="gemma-3-270m-q4_k_m", previous_response_id=first.id,
                                         input="What is my name?", max_output_tokens=4)
-        assert after.usage.input_tokens > first.usage.input_tokens  # the stored turn, prefilled again
+        assert after.usage.input_tokens > first.usage.input_tokens  # the stored turn and the new input
+        # the stored turn's KV was saved with it: the next process starts from it, not prefilling it again
+        assert after.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
     finally:
         assert stop_server(second_server) == 0
 

@@ -28,6 +28,7 @@ MAX_TOP_LOGPROBS = 20  # alternatives per token (OpenAI's limit)
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 MAX_REQUEST_ID_LENGTH = 128
+SERVER_SESSION_PREFIX = "stored-turn:"  # the session ids the server names itself (engine/stored_kv.py)
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama_sampler_init_dist: a random seed
 MAX_LOGIT_BIASES = 1024
 MAX_DRY_BREAKERS = 16
@@ -195,6 +196,8 @@ def session_params(request_id: str, limits: Limits, names: FieldNames, sampling:
     n = check_int(num_samples, name("n"), 1, limits.max_samples) if num_samples is not None else 1
     if len(session_id) > MAX_REQUEST_ID_LENGTH:
         raise InvalidRequest(f"session_id is limited to {MAX_REQUEST_ID_LENGTH} characters", field=name("session_id"))
+    if session_id.startswith(SERVER_SESSION_PREFIX):
+        raise InvalidRequest(f"session ids starting {SERVER_SESSION_PREFIX!r} are the server's own", field=name("session_id"))
     if session_id and n > 1:
         raise InvalidRequest("a named session takes one sample per turn (n = 1)", field=name("n"))
     sampling_checked, output_checked = sampling_params(sampling, limits, names.sampling, grammar), output_params(output, names.output)

@@ -61,6 +61,7 @@ from .session_claims import SessionClaims
 from .session_gate import SessionGate
 from .session_handle import SessionHandle
 from .session_store import SessionStore, model_fingerprint
+from .stored_kv import StoredKV
 from .startup import adapter_registry, chat_template, executor_config, log_loaded, runner_config, tool_format
 
 log = structlog.get_logger("llmserve.engine")
@@ -75,12 +76,8 @@ class Engine:
     def __init__(self, config: ServerConfig, metrics: Metrics | None = None) -> None:
         model_path = config.model_path or default_model_path()
         if config.n_batch_effective != config.n_batch:
-            log.info(
-                "n_batch_clamped_for_embeddings",
-                n_batch=config.n_batch,
-                n_ubatch=config.n_ubatch,
-                reason="embedding inputs must fit one ubatch",
-            )
+            log.info("n_batch_clamped_for_embeddings", n_batch=config.n_batch, n_ubatch=config.n_ubatch,
+                     reason="embedding inputs must fit one ubatch")
         self.config = config
         self.version = __version__
         self.metrics = metrics = metrics or Metrics()  # the executor's: the wings count their turns in it too
@@ -97,15 +94,14 @@ class Engine:
         self._store: SessionStore | None = None
         if config.session_dir is not None:
             fingerprint = model_fingerprint(model_path, self.meta, config.kv_cache)
-            self._store = SessionStore(
-                config.session_dir, config.session_dir_max_bytes, fingerprint, metrics or Metrics(),
-                config.n_ctx_per_slot, runner.n_vocab,
-            )
+            self._store = SessionStore(config.session_dir, config.session_dir_max_bytes, fingerprint, metrics,
+                                       config.n_ctx_per_slot, runner.n_vocab)
         self._executor = Executor(runner, executor_config(config, runner.config.max_embed_seqs), metrics, self._store)
         self.adapters = adapter_registry(config, runner, self._executor.adapter_command)  # LoRA: names, loads
         self.adapters.resident = lambda: {name for name, _, _ in self._executor.snapshot.adapter_sessions}
         metrics.max_loras = config.adapters.max_loras
         self.named_sessions = SessionClaims(self._store)  # one stream per session id (claim, release)
+        self.stored_kv = StoredKV(self._store)  # stored turns' KV, for their continuations
         self.session_gate = SessionGate(config.n_parallel, config.max_queue, metrics.sessions.set)  # both surfaces' admission
         # turns kept to be continued by id (chat/stored.py), across restarts with --session-dir
         self.conversations = ConversationStore(directory=config.session_dir / "responses" if config.session_dir else None)
@@ -157,34 +153,36 @@ class Engine:
 
     # ------------------------------------------------------------- Generate
 
-    def call(self, params: SessionParams, deadline: float | None = None, *,
-             restore: SavedSession | None = None, grammar: object | None = None, add_bos: bool = True,
+    def call(self, params: SessionParams, deadline: float | None = None, *, restore: SavedSession | None = None,
+             prefix: SavedSession | None = None, grammar: object | None = None, add_bos: bool = True,
              tools: ToolPlan | None = None, one_turn: bool = True) -> Call:
         """A surface call: `Call.open` opens its sessions, all with `params`, on one sink
         (a session the executor ends is `SessionEnded`, from `Call.events`); `deadline` is
         time.monotonic(); `restore` resumes a saved session (`named_sessions`: a call of one
-        session); `grammar` is what `compile_async` returned for `params.sampling.grammar`;
+        session); `prefix`: saved KV of the start of its input (`stored_kv`), for a slot
+        when none holds it; `grammar`: `compile_async`'s for `params.sampling.grammar`;
         `add_bos`: the first text starts with BOS (if the model's does); `tools`: the
-        session's tools (`session_tools`: an active plan's constraint is the grammar);
-        `one_turn`: see `Call`. Call on the event loop."""
+        session's tools (`session_tools`: an active plan's constraint is the grammar); `one_turn`: see `Call`."""
         asked = params.stopping.max_tokens  # prompt + the request's own must fit a slot; -n's default need not
         if asked is None and self.config.n_predict > 0:
             params = replace(params, stopping=replace(params.stopping, max_tokens=self.config.n_predict))
+        if params.sampling.deterministic or not params.output.reuses_prefix:  # whole chunks, or no cache at all
+            prefix = None
 
         def opener(session_params: SessionParams, sink: EventSink) -> SessionHandle:
-            return self._open_session(session_params, sink, deadline, restore, grammar, add_bos, tools, asked)
+            return self._open_session(session_params, sink, deadline, restore, prefix, grammar, add_bos, tools, asked)
 
         return Call(LoopSink(asyncio.get_running_loop()), params, self.metrics, opener, one_turn)
 
     def _open_session(self, params: SessionParams, sink: EventSink, deadline: float | None,
-                      restore: SavedSession | None, grammar: object | None, add_bos: bool,
-                      tools: ToolPlan | None, asked_max_tokens: int | None) -> SessionHandle:
+                      restore: SavedSession | None, prefix: SavedSession | None, grammar: object | None,
+                      add_bos: bool, tools: ToolPlan | None, asked_max_tokens: int | None) -> SessionHandle:
         if params.session_id and self._store is not None:
             self._store.begin(params.session_id)  # a reopen waits until this session is saved
         conversation = Conversation(restore.chat if restore is not None else None)
         if tools is not None and tools.active and tools.format.special_tags:  # the reply shows the tags it is read by
             params = replace(params, output=replace(params.output, include_special=True))
-        key = self._executor.open_session(params, sink, deadline, restore, grammar, conversation)
+        key = self._executor.open_session(params, sink, deadline, restore or prefix, grammar, conversation)
         render = self._render_offloaded if self.chat_template is not None else None
         return SessionHandle(self._executor, key, conversation, self.limits, render, self.limits.max_input_tokens,
                              asked_max_tokens, add_bos and self.meta.add_bos, restore, tools, self.tool_format)

@@ -187,6 +187,11 @@ class SessionStore:
             self._release(session_id)
             raise
 
+    def read(self, session_id: str, wait_s: float = 10.0) -> SavedSession | None:
+        """`load` without the claim: for a state written once and never again (a stored
+        response's), which any number of calls may start from at once."""
+        return self._load(session_id, wait_s)
+
     def _load(self, session_id: str, wait_s: float) -> SavedSession | None:
         with self._saves:
             if not self._saves.wait_for(lambda: session_id not in self._num_saving, wait_s):

@@ -65,11 +65,10 @@ class AgentRoutes:
                 engine.conversations.put(str(whole["id"]), owner, (*said, ChatMessage("assistant", text, end.tool_calls)),
                                          whole, body.items)
 
+        responder = await _with_kv(engine, body, ResponsesResponder(engine, chat, params, model, on_done=store))
         if body.background:
-            return self._in_background(engine, body, owner, ResponsesResponder(engine, chat, params, model,
-                                                                                on_done=store))
+            return self._in_background(engine, body, owner, responder)
         with engine.session_gate.admitted():
-            responder = ResponsesResponder(engine, chat, params, model, on_done=store)
             if chat.stream:
                 return await responder.stream_response(request, body.body)
             return await responder.whole_response(body.body)
@@ -128,6 +127,7 @@ class AgentRoutes:
             cancelled = await self._background.cancel(key, owner)  # a running one is cancelled, then deleted
             if not engine.conversations.delete(key, owner) and not cancelled:
                 raise _not_found(key)
+            await engine.stored_kv.discard(key)
             return web.json_response({"id": key, "object": "response.deleted", "deleted": True})
         running = self._background.get(key, owner)
         if running is not None:
@@ -159,6 +159,16 @@ class AgentRoutes:
 def _credentials(request: web.Request) -> str:
     """What the caller authenticated with (its key), whose digest owns what it stores."""
     return request.headers.get("Authorization", "") or request.headers.get("x-api-key", "")
+
+
+async def _with_kv(engine: Engine, body: ResponsesRequest, responder: ResponsesResponder) -> ResponsesResponder:
+    """With --session-dir a stored response's KV is saved under its id, and a continuation
+    starts from the previous response's where no slot holds it (engine/stored_kv.py)."""
+    if body.store:
+        responder.params = replace(responder.params, session_id=engine.stored_kv.session_id(responder.response_id))
+    if body.previous_id is not None:
+        responder.prefix = await engine.stored_kv.read(body.previous_id)
+    return responder
 
 
 def _not_found(key: str) -> ApiError:

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from ..domain.events import TokenEvent, TurnEndEvent
 from ..domain.requests import SessionParams
+from ..domain.snapshots import SavedSession
 from ..engine.engine import Call, Engine, Usage
 from . import shapes, tool_calls
 from .request import ChatRequest
@@ -30,6 +31,7 @@ class ChatResponder:
         self.request = request
         self.params = params
         self.grammar: object | None = None
+        self.prefix: SavedSession | None = None  # saved KV of the start of the input (Engine.call)
         fingerprint = f"llmserve-{engine.version}"
         self.envelope = shapes.Envelope(f"chatcmpl-{params.request_id}", int(time.time()), model, fingerprint)
 
@@ -44,7 +46,7 @@ class ChatResponder:
         async def start(call: Call) -> None:
             await call.open().add_messages(self.request.messages, end_of_turn=True)
 
-        call = self.engine.call(self.params, self.request.deadline, grammar=self.grammar,
+        call = self.engine.call(self.params, self.request.deadline, prefix=self.prefix, grammar=self.grammar,
                                 tools=self.request.tools)
         return shapes.call_events(call, start)
 

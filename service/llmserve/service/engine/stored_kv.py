@@ -1,0 +1,50 @@
+"""The KV of stored turns, with --session-dir: a turn stored to be continued by id (the
+Responses API's `store`) runs as a session saved under `session_id(key)` when it ends, as
+a named session is (session_store.py: the writer thread, the directory's byte bound and
+its LRU eviction); a turn that continues it starts from that state (`Engine.call`'s
+`prefix`) where no slot holds the conversation any more: after a restart, or once other
+calls took the slot. The state is written once and never changed, so any number of calls
+may start from it at once (`SessionStore.read`, no claim). Without a directory there is
+nothing to read, and a continuation prefills what no slot holds, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from ..domain.errors import PreconditionFailed, StorageFault
+from ..domain.request_rules import SERVER_SESSION_PREFIX
+from ..domain.snapshots import SavedSession
+from .session_store import SessionStore
+
+log = structlog.get_logger("llmserve.engine.stored")
+
+MAX_WAIT_S = 2.0  # for the stored turn's own save, still being written when the continuation comes
+
+
+class StoredKV:
+    def __init__(self, store: SessionStore | None) -> None:
+        self._store = store
+
+    def session_id(self, key: str) -> str:
+        """The session id a stored turn's KV is saved under ("": none, without a directory)."""
+        return f"{SERVER_SESSION_PREFIX}{key}" if self._store is not None else ""
+
+    async def read(self, key: str) -> SavedSession | None:
+        """The saved KV of the stored turn `key`, read off the loop; None when there is none
+        (never saved, evicted, made with another model, or the directory fails: the
+        continuation then prefills it)."""
+        if self._store is None:
+            return None
+        try:
+            return await asyncio.to_thread(self._store.read, self.session_id(key), MAX_WAIT_S)
+        except (PreconditionFailed, StorageFault) as exc:
+            log.info("stored_turn_kv_unread", key=key, reason=str(exc))
+            return None
+
+    async def discard(self, key: str) -> None:
+        """The stored turn was deleted: its KV goes too."""
+        if self._store is not None:
+            await asyncio.to_thread(self._store.discard, self.session_id(key))
