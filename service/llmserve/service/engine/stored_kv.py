@@ -1,9 +1,8 @@
 """The KV of stored turns, with --session-dir: a turn stored to be continued by id (the
 Responses API's `store`) runs as a session saved under `session_id(key)` when it ends, as
 a named session is (session_store.py: the writer thread, the directory's byte bound and
-its LRU eviction); a turn that continues it starts from that state (`Engine.call`'s
-`prefix`) where no slot holds the conversation any more: after a restart, or once other
-calls took the slot. The state is written once and never changed, so any number of calls
+its LRU eviction); a turn that continues it after a restart starts from that state
+(`Engine.call`'s `prefix`; the surface decides when to read it). The state is written once and never changed, so any number of calls
 may start from it at once (`SessionStore.read`, no claim). Without a directory there is
 nothing to read, and a continuation prefills what no slot holds, as before.
 """

@@ -65,7 +65,7 @@ class AgentRoutes:
                 engine.conversations.put(str(whole["id"]), owner, (*said, ChatMessage("assistant", text, end.tool_calls)),
                                          whole, body.items)
 
-        responder = await _with_kv(engine, body, ResponsesResponder(engine, chat, params, model, on_done=store))
+        responder = await _with_kv(engine, body, owner, ResponsesResponder(engine, chat, params, model, on_done=store))
         if body.background:
             return self._in_background(engine, body, owner, responder)
         with engine.session_gate.admitted():
@@ -161,13 +161,17 @@ def _credentials(request: web.Request) -> str:
     return request.headers.get("Authorization", "") or request.headers.get("x-api-key", "")
 
 
-async def _with_kv(engine: Engine, body: ResponsesRequest, responder: ResponsesResponder) -> ResponsesResponder:
+async def _with_kv(engine: Engine, body: ResponsesRequest, owner: str,
+                   responder: ResponsesResponder) -> ResponsesResponder:
     """With --session-dir a stored response's KV is saved under its id, and a continuation
-    starts from the previous response's where no slot holds it (engine/stored_kv.py)."""
+    of one an earlier process stored starts from it (engine/stored_kv.py). One this process
+    stored is found in the slot that ran it, unless other calls took it: then prefilled, as
+    reading its file (and waiting for its write) made every continuation slower (bench.continued)."""
     if body.store:
         responder.params = replace(responder.params, session_id=engine.stored_kv.session_id(responder.response_id))
-    if body.previous_id is not None:
-        responder.prefix = await engine.stored_kv.read(body.previous_id)
+    previous = engine.conversations.get(body.previous_id, owner) if body.previous_id is not None else None
+    if previous is not None and previous.from_disk:
+        responder.prefix = await engine.stored_kv.read(str(body.previous_id))
     return responder
 
 

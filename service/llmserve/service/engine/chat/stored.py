@@ -9,8 +9,8 @@ count (MAX_STORED), by bytes (MAX_BYTES, the messages' and records' text) and by
 (MAX_AGE_S): the oldest go first, and a lookup of one too old finds nothing. With a
 directory (`--session-dir`'s `responses/`) each entry is also a JSON file, written (fsynced)
 by one writer thread off the event loop right after it is stored, and read back at
-start-up; `close` waits for the writes, so a clean restart loses no stored turn; a continuation after a restart prefills the conversation
-again (the KV went with the process). Each entry belongs to the key that stored it
+start-up; `close` waits for the writes, so a clean restart loses no stored turn; a continuation after a restart
+starts from the turn's saved KV (engine/stored_kv.py). Each entry belongs to the key that stored it
 (`owner`: a digest of the caller's credentials) and is found only with that key. Event loop
 only.
 """
@@ -64,6 +64,7 @@ class StoredConversation:
     items: tuple[dict[str, object], ...]
     stored_at: float  # time.time()
     size: int
+    from_disk: bool = False  # read at start-up: stored by an earlier process, whose slots are gone
 
     def as_json(self, key: str) -> str:
         messages = [{"role": m.role, "content": m.content, "tool_call_id": m.tool_call_id,
@@ -77,7 +78,7 @@ class StoredConversation:
         messages = tuple(ChatMessage(m["role"], m["content"], tuple(ToolCall(*c) for c in m["tool_calls"]),
                                      m["tool_call_id"]) for m in saved["messages"])
         return str(saved["key"]), cls(saved["owner"], messages, saved["record"], tuple(saved["items"]),
-                                      float(saved["stored_at"]), int(saved["size"]))
+                                      float(saved["stored_at"]), int(saved["size"]), from_disk=True)
 
 
 class ConversationStore:
