@@ -4,6 +4,7 @@ acknowledged response is retrieved and continued by the next process, from its s
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from openai import OpenAI
@@ -30,8 +31,19 @@ def test_a_stored_response_outlives_the_process(tmp_path: Path) -> None:
         assert after.usage.input_tokens > first.usage.input_tokens  # the stored turn and the new input
         # the stored turn's KV was saved with it: the next process starts from it, not prefilling it again
         assert after.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+        assert _num_saved(tmp_path / "sessions", 2) == 2  # the first turn's KV and the continuation's
+        client.responses.delete(first.id)
+        assert _num_saved(tmp_path / "sessions", 1) == 1  # the deleted one's KV went with it
     finally:
         assert stop_server(second_server) == 0
+
+
+def _num_saved(directory: Path, expected: int, timeout_s: float = 10.0) -> int:
+    """The saved KV files there, once they are `expected` (written after the reply) or the time is up."""
+    deadline = time.monotonic() + timeout_s
+    while len(found := list(directory.glob("*.session"))) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return len(found)
 
 
 def test_a_background_response_running_at_shutdown_is_finished_and_kept(tmp_path: Path) -> None:

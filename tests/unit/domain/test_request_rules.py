@@ -58,6 +58,9 @@ def test_session_fields_are_checked_before_the_groups() -> None:
     assert refusal(rules.session_params, "r", LIMITS, OPENAI, {}, {}, {}, num_samples=9).field == "n"
     named = refusal(rules.session_params, "r", LIMITS, OPENAI, {}, {}, {}, num_samples=2, session_id="s")
     assert named.field == "n"
+    # a client cannot name (and so read or overwrite) the KV the server saves for a stored response
+    server_named = refusal(rules.session_params, "r", LIMITS, OPENAI, {}, {}, {}, session_id="stored-turn:resp_1")
+    assert server_named.field == "session_id" and "server's own" in str(server_named)
 
 
 def test_constraints_within_the_compilers_bounds() -> None:
