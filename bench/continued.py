@@ -25,10 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.server import RunningServer, free_port, start_server, stop_server
 from llmserve.client.workloads import CORPUS
 from llmserve.service.engine.chat.chat import PACKAGED_TEMPLATES
 from llmserve.service.model.default_model import default_model_path
+
+from harness.server import RunningServer, free_port, start_server, stop_server
 
 from .servers import DEFAULT_BUILD, start_llama_server, stop
 

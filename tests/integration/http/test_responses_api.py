@@ -1,8 +1,8 @@
 """OpenAI Responses (`POST /v1/responses`) through the official `openai` SDK against the real
 server and model: whole and streamed replies (the SDK's own accumulation checks the event
 order and ids), instructions, a function call and its output on the next request,
-`text.format` json_schema through `responses.parse`, the usage's cached tokens, and
-refusals naming the field."""
+`text.format` json_schema through `responses.parse`, the usage's cached tokens, logprobs,
+and refusals naming the field."""
 
 from __future__ import annotations
 
@@ -85,6 +85,8 @@ def test_parse_holds_the_reply_to_the_schema(client: OpenAI, model: str) -> None
     ({"previous_response_id": "resp_never_stored"}, "previous_response_id"),
     ({"background": True, "store": False}, "background"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"include": ["file_search_call.results"]}, "include[0]"),
+    ({"top_logprobs": 21}, "top_logprobs"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
      "input[0].content[0].type"),
 ])
@@ -133,3 +135,26 @@ def test_input_tokens_is_what_a_response_prefills(client: OpenAI, model: str) ->
     assert counted.object == "response.input_tokens" and counted.input_tokens == sent.usage.input_tokens
     later = client.responses.input_tokens.count(**{**ask, "input": "And another?"}, previous_response_id=sent.id)
     assert later.input_tokens > counted.input_tokens  # the stored turn counts too
+
+
+def test_logprobs_whole_and_streamed(client: OpenAI, model: str) -> None:
+    """`include: ["message.output_text.logprobs"]` and `top_logprobs`: each output token's entry,
+    whole and on each delta; the tokens' texts join into the text."""
+    asked = {"model": model, "input": "Count: one, two, three,", "max_output_tokens": 6, "temperature": 0,
+             "include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    whole = client.responses.create(**asked)
+    part = whole.output[0].content[0]
+    assert len(part.logprobs) == whole.usage.output_tokens == 6 and "".join(e.token for e in part.logprobs) == part.text
+    assert all(e.logprob <= 0 and len(e.top_logprobs) == 2 and e.bytes == list(e.token.encode()) for e in part.logprobs)
+    entries, done = [], None
+    with client.responses.stream(**asked) as stream:
+        for event in stream:
+            if event.type == "response.output_text.delta":
+                assert "".join(e.token for e in event.logprobs) == event.delta
+                entries += event.logprobs
+            elif event.type == "response.incomplete":
+                done = event.response
+    assert done is not None and [e.token for e in entries] == [e.token for e in done.output[0].content[0].logprobs]
+    assert len(entries) == 6
+    plain = client.responses.create(model=model, input="Hi", max_output_tokens=2)
+    assert plain.output[0].content[0].logprobs == []  # not asked: none

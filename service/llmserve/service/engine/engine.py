@@ -61,8 +61,8 @@ from .session_claims import SessionClaims
 from .session_gate import SessionGate
 from .session_handle import SessionHandle
 from .session_store import SessionStore, model_fingerprint
-from .stored_kv import StoredKV
 from .startup import adapter_registry, chat_template, executor_config, log_loaded, runner_config, tool_format
+from .stored_kv import StoredKV
 
 log = structlog.get_logger("llmserve.engine")
 

@@ -68,7 +68,7 @@ class MessagesResponder(ChatResponder):
                 "stop_sequence": (end.matched_stop or None) if end else None, "usage": usage(counted)}
 
     async def whole(self) -> web.Response:
-        text, end = await self.one_reply()
+        text, _, end = await self.one_reply()
         content: list[dict[str, object]] = []
         if text or not end.tool_calls:
             content.append({"type": "text", "text": text})

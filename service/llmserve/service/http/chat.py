@@ -87,10 +87,11 @@ class ChatResponder:
                    for i in range(n)]
         return web.json_response(self.envelope.completion(choices, shapes.usage(Usage.of(ends, n))))
 
-    async def one_reply(self) -> tuple[str, TurnEndEvent]:
-        """The one sample's whole text and turn end (the Responses and Messages routes, n = 1)."""
-        texts, _, ends = await self._collect()
-        return texts[0], ends[0]
+    async def one_reply(self) -> tuple[str, list[dict[str, object]], TurnEndEvent]:
+        """The one sample's whole text, its logprobs (when asked) and its turn end (the
+        Responses and Messages routes, n = 1)."""
+        texts, logprobs, ends = await self._collect()
+        return texts[0], logprobs[0], ends[0]
 
     async def stream(self, http_request: web.Request) -> web.StreamResponse:
         """SSE: each sample's role, its content (or tool-call) deltas, its finish reason; the

@@ -41,9 +41,16 @@ def usage(counted: Usage) -> dict[str, object]:
             "total_tokens": counted.total_tokens}
 
 
-def message_item(item_id: str, text: str, status: str) -> dict[str, object]:
-    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+def message_item(item_id: str, text: str, status: str, logprobs: list[dict[str, object]] | None = None
+                 ) -> dict[str, object]:
+    content = [output_text(text, logprobs)] if status == "completed" else []
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def output_text(text: str, logprobs: list[dict[str, object]] | None = None) -> dict[str, object]:
+    """The message's one content part; `logprobs`: each token's (`include` message.output_text.logprobs),
+    in chat's shape, which is the Responses API's too (token, logprob, bytes, top_logprobs)."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, object]:
@@ -82,21 +89,22 @@ class ResponsesResponder(ChatResponder):
                 "output": output, **echo(body),
                 "usage": usage(Usage.of({0: end}, 1)) if end is not None else None}
 
-    def _output(self, text: str, end: TurnEndEvent) -> list[dict[str, object]]:
+    def _output(self, text: str, end: TurnEndEvent, logprobs: list[dict[str, object]] | None = None
+                ) -> list[dict[str, object]]:
         rid = self.params.request_id
-        output = [message_item(f"msg_{rid}", text, "completed")] if text or not end.tool_calls else []
+        output = [message_item(f"msg_{rid}", text, "completed", logprobs)] if text or not end.tool_calls else []
         return output + [call_item(f"fc_{rid}_{i}", c.id, c.name, c.arguments, "completed")
                          for i, c in enumerate(end.tool_calls)]
 
     async def whole_response(self, body: dict[str, Any]) -> web.Response:
-        text, end = await self.one_reply()
-        return web.json_response(self._done(self.response(body, self._output(text, end), end), text, end))
+        text, logprobs, end = await self.one_reply()
+        return web.json_response(self._done(self.response(body, self._output(text, end, logprobs), end), text, end))
 
     async def stream_response(self, http_request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         await self._constrain()
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         sender = _Sender(response)
-        items = _Items(sender.send, self.params.request_id)
+        items = _Items(sender.send, self.params.request_id, self._logprobs)
 
         async def events() -> None:
             async with aclosing(self._events()) as events:
@@ -109,8 +117,8 @@ class ResponsesResponder(ChatResponder):
                         await items.add(event)
                     elif isinstance(event, TurnEndEvent):
                         await items.close()
-                        whole = self._done(self.response(body, self._output(items.text, event), event), items.text,
-                                           event)
+                        output = self._output(items.text, event, items.logprobs)
+                        whole = self._done(self.response(body, output, event), items.text, event)
                         await sender.send(f"response.{whole['status']}", {"response": whole})
 
         async def error_event(error: ApiError) -> None:
@@ -123,9 +131,12 @@ class _Items:
     """The output items of a streamed reply, each added, filled and done in order (their ids
     as the whole response names them)."""
 
-    def __init__(self, send: Callable[[str, dict[str, Any]], Awaitable[None]], request_id: str) -> None:
+    def __init__(self, send: Callable[[str, dict[str, Any]], Awaitable[None]], request_id: str,
+                 logprobs: Callable[[TokenEvent], list[dict[str, object]] | None]) -> None:
         self._send = send
         self._rid = request_id
+        self._logprobs = logprobs  # a token event's entries, or None when not asked
+        self.logprobs: list[dict[str, object]] = []
         self._index = -1
         self._open: dict[str, Any] | None = None
         self._num_calls = 0
@@ -143,10 +154,11 @@ class _Items:
             return
         at = {"item_id": item["id"], "output_index": self._index}
         if item["type"] == "message":
-            part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
-            await self._send("response.output_text.done", {**at, "content_index": 0, "text": self.text, "logprobs": []})
+            part = output_text(self.text, self.logprobs)
+            await self._send("response.output_text.done", {**at, "content_index": 0, "text": self.text,
+                                                           "logprobs": self.logprobs})
             await self._send("response.content_part.done", {**at, "content_index": 0, "part": part})
-            item = message_item(item["id"], self.text, "completed")
+            item = message_item(item["id"], self.text, "completed", self.logprobs)
         else:
             await self._send("response.function_call_arguments.done", {**at, "name": item["name"],
                                                                         "arguments": item["arguments"]})
@@ -154,15 +166,18 @@ class _Items:
         await self._send("response.output_item.done", {"output_index": self._index, "item": item})
 
     async def add(self, event: TokenEvent) -> None:
-        if event.text:
+        logprobs = self._logprobs(event) or []  # a token with no text of its own (the end's) has its logprob too
+        in_text = self._open is None or self._open["type"] == "message"
+        if event.text or (logprobs and in_text and not event.tool_calls):
             if self._open is None or self._open["type"] != "message":
                 await self._add(message_item(f"msg_{self._rid}", "", "in_progress"))
                 await self._send("response.content_part.added", {
                     "item_id": f"msg_{self._rid}", "output_index": self._index, "content_index": 0,
-                    "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}})
+                    "part": output_text("")})
             self.text += event.text
+            self.logprobs += logprobs
             await self._send("response.output_text.delta", {"item_id": f"msg_{self._rid}", "output_index": self._index,
-                                                            "content_index": 0, "delta": event.text, "logprobs": []})
+                                                            "content_index": 0, "delta": event.text, "logprobs": logprobs})
         for call in event.tool_calls:
             if call.name:  # a call's head: a new item
                 await self._add(call_item(f"fc_{self._rid}_{self._num_calls}", call.id, call.name, "", "in_progress"))

@@ -31,9 +31,10 @@ IGNORED = frozenset({"metadata", "client_metadata", "reasoning", "user", "servic
                      "prompt_cache_retention", "safety_identifier", "stream_options", "truncation"})
 FIELDS = frozenset({"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
                     "max_output_tokens", "temperature", "top_p", "stream", "include", "store", "previous_response_id",
-                    "background", *IGNORED})
+                    "background", "top_logprobs", *IGNORED})
 # `include` items that add nothing here (no reasoning to encrypt); the Agents SDK sends `include: []`
 INCLUDES_IGNORED = ("reasoning.encrypted_content",)
+INCLUDE_LOGPROBS = "message.output_text.logprobs"  # each output_text token's logprob (and `top_logprobs`)
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 
@@ -60,7 +61,7 @@ def parse_responses_request(value: object, tool_format: ToolFormat = GENERIC) ->
         raise bad_request("truncation must be disabled: a slot's context is a hard limit here", "truncation")
     if "input" not in body:
         raise bad_request("input is required", "input")
-    _includes(body.get("include", []))
+    logprobs = _includes(body.get("include", []))
     messages = [{"role": "system", "content": _string(body["instructions"], "instructions")}] \
         if "instructions" in body else []
     chat: Body = {"messages": messages + _input(body["input"])}
@@ -69,6 +70,9 @@ def parse_responses_request(value: object, tool_format: ToolFormat = GENERIC) ->
             chat[name] = _tool_choice(body[name]) if name == "tool_choice" else body[name]
     if "max_output_tokens" in body:
         chat["max_tokens"] = integer(body, "max_output_tokens")
+    if logprobs or "top_logprobs" in body:  # top_logprobs alone asks for them too
+        chat["logprobs"] = True
+        chat |= {"top_logprobs": body["top_logprobs"]} if "top_logprobs" in body else {}
     if "tools" in body:
         if not isinstance(body["tools"], list):
             raise bad_request("tools must be an array", "tools")
@@ -103,12 +107,14 @@ def _items(value: object) -> tuple[dict[str, Any], ...]:
     return tuple(listed)
 
 
-def _includes(value: object) -> None:
+def _includes(value: object) -> bool:
+    """Whether `include` asks for the output's logprobs; any other item it cannot serve is a 400."""
     if not isinstance(value, list):
         raise bad_request("include must be an array", "include")
     for i, item in enumerate(value):
-        if item not in INCLUDES_IGNORED:
+        if item not in (*INCLUDES_IGNORED, INCLUDE_LOGPROBS):
             raise bad_request(f"include[{i}] {item!r} is not supported by this server", f"include[{i}]")
+    return INCLUDE_LOGPROBS in value
 
 
 def _string(value: object, where: str) -> str:
