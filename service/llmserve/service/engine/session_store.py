@@ -1,28 +1,24 @@
 """Saved sessions: KV state on disk, so a named session survives the stream and restarts.
 
-The file format and the atomic write are in `session_file.py`. Writes happen on a writer
-thread; the directory is kept under `max_bytes` by deleting the least recently used
-files. A corrupt file, one made with another model or KV layout, or one whose tokens do
-not fit this server's slots or vocabulary is discarded and logged, never loaded.
+The file format and the atomic write are in `session_file.py`. Writes happen on a writer thread; the directory
+is kept under `max_bytes` by deleting the least recently used files. A corrupt file, one made with another model
+or KV layout, or whose tokens do not fit this server's slots or vocabulary is discarded and logged, never loaded.
 
-A session id is saved at most once at a time and never read while a save of it is
-on its way: `begin` (when a stream opens the id) counts a save to come, `settle`
-(the executor had nothing to save) or the written file ends it, and `load` waits
-for it. So a stream that reopens an id at once gets the state the last one left.
+A session id is saved at most once at a time and never read while a save of it is on its way: `begin` (when a
+stream opens the id) counts a save to come, `settle` (the executor had nothing to save) or the written file ends
+it, and `load` waits for it. So a stream that reopens an id at once gets the state the last one left.
 
-Servers may share the directory (replicas on one volume): `load` takes an flock on
-`locks/<id>.lock` and holds it until the stream's save settles, so another server that
-opens the id meanwhile gets `PreconditionFailed` with a retry hint instead of a stale
-state, and two servers never write one session at once.
+Servers may share the directory (replicas on one volume): `load` takes an flock on `locks/<id>.lock` and holds
+it until the stream's save settles, so another server that opens the id meanwhile gets `PreconditionFailed` with
+a retry hint instead of a stale state, and two servers never write one session at once.
 
-The directory is the environment's and may fail (not a directory, read-only, full, gone).
-A named session needs it to hold its lock and read its state: when either fails the call
-gets `StorageFault` (naming the directory and the error: the environment's fault), never
-a bug's failure, and never a turn served without a history that may exist. A save that fails
-after its turn was served leaves the previous file as it was (`write_atomically`), so the
-next stream goes on from that. The log says `session_dir_unusable` once when the
-directory starts failing and `session_dir_recovered` once when a save works again, not
-once per call; `llmserve_session_dir_ok` and `..._cache_total{result="dir_fault"}` count it.
+The directory is the environment's and may fail (not a directory, read-only, full, gone). A named session needs
+it to hold its lock and read its state: when either fails the call gets `StorageFault` (naming the directory and
+the error: the environment's fault), never a bug's failure, and never a turn served without a history that may
+exist. A save that fails after its turn was served leaves the previous file as it was (`write_atomically`), so
+the next stream goes on from that. The log says `session_dir_unusable` once when the directory starts failing
+and `session_dir_recovered` once when a save works again, not once per call; `llmserve_session_dir_ok` and
+`..._cache_total{result="dir_fault"}` count it.
 """
 
 from __future__ import annotations
@@ -188,8 +184,7 @@ class SessionStore:
             raise
 
     def read(self, session_id: str, wait_s: float = 10.0) -> SavedSession | None:
-        """`load` without the claim: for a state written once and never again (a stored
-        response's), which any number of calls may start from at once."""
+        """`load` without the claim: a state written once, never again (a stored turn's), that many calls may read."""
         return self._load(session_id, wait_s)
 
     def _load(self, session_id: str, wait_s: float) -> SavedSession | None:
