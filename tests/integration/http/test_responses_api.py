@@ -87,6 +87,9 @@ def test_parse_holds_the_reply_to_the_schema(client: OpenAI, model: str) -> None
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"include": ["file_search_call.results"]}, "include[0]"),
     ({"top_logprobs": 21}, "top_logprobs"),
+    ({"max_output_tokens": 10**7}, "max_output_tokens"),  # chat's rules check it: named as this body spells it
+    ({"text": {"format": {"type": "json_schema", "name": "p", "schema": {"type": "string", "pattern": "^a{1,1000000}$"}}}},
+     "text.format.schema"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
      "input[0].content[0].type"),
 ])

@@ -29,7 +29,7 @@ from ..engine.engine import Engine, Usage
 from .chat import ChatResponder
 from .errors import ApiError
 from .request import ChatRequest
-from .responses_request import echo
+from .responses_request import echo, responses_param
 from .sse import serve_events, write_named_event
 
 CUT = (FinishReason.LENGTH, FinishReason.CONTEXT_FULL, FinishReason.DEADLINE)
@@ -122,7 +122,8 @@ class ResponsesResponder(ChatResponder):
                         await sender.send(f"response.{whole['status']}", {"response": whole})
 
         async def error_event(error: ApiError) -> None:
-            await sender.send("error", {"code": error.code or error.kind, "message": error.message, "param": error.param})
+            await sender.send("error", {"code": error.code or error.kind, "message": error.message,
+                                        "param": responses_param(error.param)})
 
         return await serve_events(response, events, error_event)
 

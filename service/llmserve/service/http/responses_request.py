@@ -38,6 +38,20 @@ INCLUDE_LOGPROBS = "message.output_text.logprobs"  # each output_text token's lo
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 
+# chat's names of the fields a Responses body spells otherwise, most specific first: an error names the body's own
+CHAT_SPELLINGS = (("response_format.json_schema.schema", "text.format.schema"),
+                  ("response_format.json_schema", "text.format"), ("response_format", "text.format"),
+                  ("max_tokens", "max_output_tokens"))
+
+
+def responses_param(param: str | None) -> str | None:
+    """An error's `param` as the Responses body spells it (chat's rules named it)."""
+    for chat, body in CHAT_SPELLINGS:
+        if param is not None and (param == chat or param.startswith((f"{chat}.", f"{chat}["))):
+            return body + param[len(chat):]
+    return param
+
+
 @dataclass(frozen=True)
 class ResponsesRequest:
     chat: ChatRequest  # its messages: the instructions (if any), then the input's

@@ -46,6 +46,7 @@ from .embeddings import embed, embedding_model_of, model_names, parse_embeddings
 from .errors import ApiError, from_exception, server_error, unavailable
 from .fields import known_model
 from .request import SURFACE, ChatRequest, parse_chat
+from .responses_request import responses_param
 from .telemetry import Telemetry, request_deadline
 
 log = structlog.get_logger("llmserve.http")
@@ -55,6 +56,7 @@ _REQUEST_ID = re.compile(f"[\\x20-\\x7e]{{1,{MAX_REQUEST_ID_LENGTH}}}")  # print
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OPEN = ("/health",)  # served without the API key
 ANTHROPIC_ROUTES = "/v1/messages"  # errors in Anthropic's shape
+RESPONSES_ROUTES = "/v1/responses"  # errors name the Responses body's fields
 SEND_BUFFER_BYTES = 64 * 1024  # an event stream's socket send buffer (the kernel doubles it)
 
 
@@ -269,6 +271,8 @@ async def _bound_send_buffer(request: web.Request, response: web.StreamResponse)
 
 
 def _error_response(error: ApiError, path: str) -> web.Response:
-    """OpenAI's error object; Anthropic's on its routes."""
+    """OpenAI's error object (the Responses body's field names on its routes); Anthropic's on its routes."""
+    if path.startswith(RESPONSES_ROUTES):
+        error.param = responses_param(error.param)
     body = anthropic.error_body(error) if path.startswith(ANTHROPIC_ROUTES) else error.body()
     return web.json_response(body, status=error.status, headers=error.headers())
