@@ -10,7 +10,8 @@ end, and in `HttpFacts` what has no place there (each token's text, the token co
 the reply shows, usage, breaches of OpenAI's format). Every request asks for logprobs, so
 that each token's text is known (shown as the plan's logprobs only when it asks for them).
 tests/unit/tooling/test_http_translate.py
-feeds broken replies through it to the oracle.
+feeds broken replies through it to the oracle. A plan for /v1/responses is spelled and read
+by tests/soak/responses_translate.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 
 from llmserve.client import pb
 
+from tests.soak import responses_translate
+from tests.soak.http_choices import ERROR_TYPES, Choice, add_choice
 from tests.soak.oracle import CallRecord, Status
 from tests.soak.oracle_http import HttpFacts
 from tests.soak.plans import Plan
@@ -29,13 +32,12 @@ SAMPLING = ("temperature", "seed", "repeat_penalty", "presence_penalty")
 STOPPING = ("max_tokens", "min_tokens", "ignore_eos", "stop")
 CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 408: "DEADLINE_EXCEEDED",
          413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}
-ERROR_TYPES = {"invalid_request_error": "INVALID_ARGUMENT", "rate_limit_error": "RESOURCE_EXHAUSTED",
-               "timeout": "DEADLINE_EXCEEDED", "service_unavailable": "UNAVAILABLE", "server_error": "INTERNAL"}
-FINISHES = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
 
 
 def request(plan: Plan) -> tuple[str, dict[str, Any]]:
     """The route and body of the plan's one turn."""
+    if plan.responses:
+        return responses_translate.request(plan)
     c, prompt = plan.config, plan.prompts[0]
     body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]} if plan.chat else {"prompt": prompt}
     body |= {name: getattr(c.sampling, name) for name in SAMPLING if c.sampling.HasField(name)}
@@ -94,15 +96,6 @@ class HttpOutcome:
     client_error: str = ""  # the client failed: no response, a body that is not JSON
 
 
-@dataclass
-class _Choice:
-    events: list[pb.GenerateResponse] = field(default_factory=list)
-    pieces: list[str] = field(default_factory=list)
-    logprobs: int = 0  # entries seen
-    finished: bool = False
-    role: bool = False
-
-
 def to_record(plan: Plan, out: HttpOutcome, t_start: float = 0.0, t_end: float = 0.0) -> CallRecord:
     facts = HttpFacts()
     rec = CallRecord(plan, [], Status("OK"), acted=out.acted, t_start=t_start, t_end=t_end, http=facts)
@@ -116,10 +109,14 @@ def to_record(plan: Plan, out: HttpOutcome, t_start: float = 0.0, t_end: float =
                             (error["param"],) if error.get("param") else (), float(retry) if retry else None)
         return rec
     rid = out.headers.get("x-request-id", "")
-    choices: dict[int, _Choice] = {}
-    usage = _stream(plan, out, rec, choices) if plan.stream else _whole(plan, out.body, choices, facts)
+    choices: dict[int, Choice] = {}
+    if plan.responses:
+        usage = responses_translate.read(plan, out, rec, choices)
+    else:
+        usage = _stream(plan, out, rec, choices) if plan.stream else _whole(plan, out.body, choices, facts)
     if plan.stream and not out.done and not out.acted and rec.status.code == "OK":
-        facts.problems.append("the stream ended without data: [DONE]")
+        facts.problems.append("the stream ended without data: [DONE]" if not plan.responses else
+                              "the stream ended without response.completed or response.incomplete")
     if out.acted:
         rec.status = Status("CANCELLED", "the client dropped the stream")
     for i, ch in choices.items():
@@ -140,15 +137,15 @@ def to_record(plan: Plan, out: HttpOutcome, t_start: float = 0.0, t_end: float =
     return rec
 
 
-def _whole(plan: Plan, body: Any, choices: dict[int, _Choice], facts: HttpFacts) -> dict[str, Any] | None:
+def _whole(plan: Plan, body: Any, choices: dict[int, Choice], facts: HttpFacts) -> dict[str, Any] | None:
     for c in body.get("choices", []):
-        ch = choices.setdefault(c.get("index", -1), _Choice())
+        ch = choices.setdefault(c.get("index", -1), Choice())
         text = c["message"].get("content") if plan.chat else c.get("text")
-        _add(plan, ch, c, text or "", c.get("logprobs"), facts)
+        add_choice(plan, ch, c, text or "", c.get("logprobs"), facts)
     return body.get("usage")
 
 
-def _stream(plan: Plan, out: HttpOutcome, rec: CallRecord, choices: dict[int, _Choice]) -> dict[str, Any] | None:
+def _stream(plan: Plan, out: HttpOutcome, rec: CallRecord, choices: dict[int, Choice]) -> dict[str, Any] | None:
     assert rec.http is not None
     facts, usage = rec.http, None
     for event in out.events:
@@ -162,7 +159,7 @@ def _stream(plan: Plan, out: HttpOutcome, rec: CallRecord, choices: dict[int, _C
                 facts.problems.append(f"usage in a chunk with choices, or twice: {event}")
             usage = event["usage"]
         for c in event.get("choices", []):
-            ch = choices.setdefault(c.get("index", -1), _Choice())
+            ch = choices.setdefault(c.get("index", -1), Choice())
             if ch.finished:
                 facts.problems.append(f"choice {c.get('index')}: a chunk after its finish_reason: {c}")
             delta = c.get("delta", {}) if plan.chat else {"content": c.get("text")}
@@ -170,40 +167,5 @@ def _stream(plan: Plan, out: HttpOutcome, rec: CallRecord, choices: dict[int, _C
                 ch.role = True
             elif plan.chat and not ch.role:
                 facts.problems.append(f"choice {c.get('index')}: a delta before the role's: {c}")
-            _add(plan, ch, c, delta.get("content") or "", c.get("logprobs"), facts)
+            add_choice(plan, ch, c, delta.get("content") or "", c.get("logprobs"), facts)
     return usage
-
-
-def _add(plan: Plan, ch: _Choice, c: dict[str, Any], text: str, logprobs: Any, facts: HttpFacts) -> None:
-    """One choice object (whole or a chunk): its text and logprobs as a chunk, its finish as a turn end."""
-    index, chunk = c.get("index", -1), pb.TokenChunk(text=text, index=c.get("index", -1))
-    if not 0 <= index < plan.num_samples:
-        facts.problems.append(f"choice {index} of n = {plan.num_samples}")
-    if logprobs is not None:
-        entries = _legacy(logprobs, len("".join(ch.pieces)), facts) if not plan.chat else [
-            (e["token"], e["logprob"], {t["token"]: t["logprob"] for t in e["top_logprobs"]}, len(e["top_logprobs"]))
-            for e in logprobs.get("content") or []]
-        for token, logprob, top, num_top in entries:
-            if plan.config.output.HasField("top_logprobs"):  # else asked for the oracle only (`request`)
-                chunk.logprobs.append(pb.TokenLogprob(logprob=logprob, top=[
-                    pb.TopLogprob(text=t, logprob=v) for t, v in top.items()] + [pb.TopLogprob()] * (num_top - len(top))))
-            ch.pieces.append(token)
-        ch.logprobs += len(entries)
-    if text or chunk.logprobs:
-        ch.events.append(pb.GenerateResponse(chunk=chunk))
-    finish = c.get("finish_reason")
-    if finish is not None:
-        if finish not in FINISHES:
-            facts.problems.append(f"choice {index}: finish_reason {finish!r}")
-        ch.finished = True
-        ch.events.append(pb.GenerateResponse(turn_end=pb.TurnEnd(index=index, finish_reason=FINISHES.get(finish, 0))))
-
-
-def _legacy(lp: dict[str, Any], offset: int, facts: HttpFacts) -> list[tuple[str, float, dict[str, float], int]]:
-    """/v1/completions' `{tokens, token_logprobs, top_logprobs, text_offset}` as entries;
-    each offset must be where its token starts among the choice's tokens."""
-    tokens, offsets = lp["tokens"], lp["text_offset"]
-    starts = [offset + sum(map(len, tokens[:j])) for j in range(len(tokens))]
-    if offsets != starts or not len(tokens) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]):
-        facts.problems.append(f"legacy logprobs {lp}: offsets {offsets}, the tokens start at {starts}")
-    return [(t, v, top or {}, len(top or {})) for t, v, top in zip(tokens, lp["token_logprobs"], lp["top_logprobs"], strict=False)]

@@ -86,6 +86,10 @@ HTTP_ADVERSARIAL = {
     "bias_outside": "logit_bias",
 }
 
+# an HTTP plan sent to /v1/responses: the adversarial values a Responses body can carry, and the field named
+RESPONSES_ADVERSARIAL = {"schema_pattern_1e6": "text.format.schema", "schema_min_items_1e8": "text.format.schema",
+                         "max_tokens_huge": "max_output_tokens", "temperature_nan": "temperature"}
+
 
 @dataclass
 class Plan:
@@ -101,6 +105,7 @@ class Plan:
     adversarial: str = ""
     surface: str = "grpc"  # or "http"
     stream: bool = False  # HTTP: server-sent events (else one whole reply)
+    responses: bool = False  # HTTP: sent to /v1/responses (as_responses), not chat or completions
 
     @property
     def turns(self) -> int:
@@ -113,16 +118,18 @@ class Plan:
     @property
     def label(self) -> str:
         label = self.adversarial or f"valid, ends by {self.ending}"
-        return label if self.surface == "grpc" else f"http: {label}"
+        return label if self.surface == "grpc" else f"{'responses' if self.responses else 'http'}: {label}"
 
     @property
     def refused_field(self) -> str:
         """The field a server must name when it refuses the adversarial value."""
-        return ADVERSARIAL[self.adversarial][1] if self.surface == "grpc" else HTTP_ADVERSARIAL[self.adversarial]
+        if self.surface == "grpc":
+            return ADVERSARIAL[self.adversarial][1]
+        return (RESPONSES_ADVERSARIAL if self.responses else HTTP_ADVERSARIAL)[self.adversarial]
 
     def describe(self) -> str:
         config = text_format.MessageToString(self.config, as_one_line=True)
-        http = f"surface http, stream={self.stream}, " if self.surface == "http" else ""
+        http = f"surface http, responses={self.responses}, stream={self.stream}, " if self.surface == "http" else ""
         return (f"plan {self.index}: {http}ends by {self.ending}, chat={self.chat}, turns={self.turns}, "
                 f"deadline_s={self.deadline_s}, adversarial={self.adversarial!r}, prompts={self.prompts}, "
                 f"config {{{config}}}")
@@ -242,13 +249,33 @@ def draw(index: int, rng: random.Random, session_ids: list[str], surface: str = 
     return plan
 
 
-SURFACES = ("grpc", "http", "mixed")
+def as_responses(plan: Plan) -> Plan:
+    """An HTTP plan cut to what a Responses body says: one user message, temperature,
+    max_output_tokens, top_logprobs, a JSON schema or object; an adversarial value only
+    where a Responses field carries it (else the plan is valid)."""
+    c = plan.config
+    for name in ("seed", "presence_penalty", "repeat_penalty", "logit_bias"):
+        c.sampling.ClearField(name)
+    for name in ("min_tokens", "ignore_eos", "stop"):
+        c.stopping.ClearField(name)
+    c.ClearField("n")
+    if c.constraint.WhichOneof("kind") not in ("json_schema", "json_object"):
+        c.ClearField("constraint")
+    plan.adversarial = plan.adversarial if plan.adversarial in RESPONSES_ADVERSARIAL else ""
+    plan.chat, plan.responses = True, True
+    return plan
+
+
+SURFACES = ("grpc", "http", "mixed", "responses")
 
 
 def draw_plans(calls: int, seed: int, surface: str = "grpc") -> list[Plan]:
     """`surface` grpc or http: every plan on it; mixed: each plan's surface drawn (half each)
-    by a second generator, so the plans of a seed differ only in which surface they take."""
+    by a second generator, so the plans of a seed differ only in which surface they take;
+    responses: HTTP plans cut to the Responses API (`as_responses`)."""
     rng, sides = random.Random(seed), random.Random(f"surfaces-{seed}")
     ids = [f"combo-{seed}-{i}" for i in range(3)]
+    if surface == "responses":
+        return [as_responses(draw(i, rng, ids, "http")) for i in range(calls)]
     pick = (lambda: surface) if surface != "mixed" else (lambda: "http" if sides.random() < 0.5 else "grpc")
     return [draw(i, rng, ids, pick()) for i in range(calls)]

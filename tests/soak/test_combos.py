@@ -1,7 +1,8 @@
 """A short run of the combination fuzzer in `make test` (tests/soak/combos.py): 150 seeded
 calls, each checked against the outcome its plan predicts (tests/soak/oracle.py); then the
 server must be alive and clean. A finding prints its plan and the command that resends it.
-Then its HTTP mode: 36 plans over the OpenAI API of the same server, judged by the same oracle."""
+Then its HTTP mode: 36 plans over the OpenAI API of the same server, judged by the same oracle;
+and 36 over the Responses API."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tests.soak.plans import draw_plans
 
 CALLS, SEED = 150, 23
 HTTP_CALLS = 36
+RESPONSES_CALLS = 36
 
 
 @pytest.fixture(scope="module")
@@ -52,4 +54,19 @@ def test_http_plans_match_the_same_oracle(combo_server: RunningServer) -> None:
     print(combos.report(verdict, HTTP_CALLS, SEED, combos.WORKERS, [], surface="http"))
     assert verdict.findings == [], combos.failure_text(verdict, plans, SEED, surface="http")
     assert sum(r.status.code == "OK" and r.http is not None for r in records) > HTTP_CALLS // 2
+    assert combos.server_findings(combo_server, info) == []
+
+
+def test_responses_plans_match_the_same_oracle(combo_server: RunningServer) -> None:
+    """Plans cut to what a `/v1/responses` body says (tests/soak/plans.py `as_responses`), whole
+    and streamed, judged by the same oracle from the Responses reply (responses_translate.py)."""
+    plans = draw_plans(RESPONSES_CALLS, SEED, surface="responses")
+    records = combos.run_combos(combo_server.address, plans, http_url=f"http://127.0.0.1:{combo_server.http_port}")
+    info = chaos.wait_until_idle(combo_server.address)
+    verdict = check_run(records, combos.run_context(info, combos.WORKERS, Path(combo_server.log_path),
+                                                    combo_server.address))
+    print(combos.report(verdict, RESPONSES_CALLS, SEED, combos.WORKERS, [], surface="responses"))
+    assert verdict.findings == [], combos.failure_text(verdict, plans, SEED, surface="responses")
+    assert sum(r.status.code == "OK" for r in records) > RESPONSES_CALLS // 2
+    assert sum(p.adversarial != "" for p in plans) >= 2 and sum(p.stream for p in plans) >= 5
     assert combos.server_findings(combo_server, info) == []
