@@ -8,10 +8,8 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
-
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before the import: no fetch of the price table
-litellm = pytest.importorskip("litellm")
+import litellm  # noqa: E402
 
 from tests.integration.http.conftest import API_KEY  # noqa: E402
 
