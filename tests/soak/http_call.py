@@ -4,7 +4,7 @@ Each call runs on its own event loop in the fuzzer's worker thread, beside the g
 calls of a mixed run. A plan that ends by `disconnect` drops the connection after the
 first chunk with text, as a client that goes away does. The outcome is translated
 (tests/soak/http_translate.py) and judged by the same oracle as a gRPC call. A Responses
-plan's stream is named events ending with the response (tests/soak/responses_translate.py).
+or Messages plan's stream is named events (tests/soak/responses_translate.py, messages_translate.py).
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ import time
 import aiohttp
 from llmserve.client import Client
 
-from tests.soak.http_translate import HttpOutcome, request, to_record
+from tests.soak.http_translate import APIS, HttpOutcome, request, to_record
 from tests.soak.oracle import CallRecord
 from tests.soak.plans import Plan
-from tests.soak.responses_translate import TERMINAL
 
 CALL_TIMEOUT = 300.0  # only a guard against hangs, as the gRPC calls'
 
@@ -47,7 +46,7 @@ async def send(base_url: str, plan: Plan) -> HttpOutcome:
                 line = raw.strip()
                 if not line:
                     continue
-                if plan.responses and line.startswith(b"event: "):
+                if plan.api != "openai" and line.startswith(b"event: "):
                     continue  # the event's name: its data says it again (`type`)
                 if not line.startswith(b"data: ") or out.done:
                     out.events.append({"error": {"type": "client", "message": f"after [DONE] or not SSE: {line!r}"}})
@@ -57,7 +56,7 @@ async def send(base_url: str, plan: Plan) -> HttpOutcome:
                     continue
                 event = json.loads(line[len(b"data: "):])
                 out.events.append(event)
-                out.done |= plan.responses and event.get("type") in TERMINAL  # Responses' [DONE]
+                out.done |= plan.api != "openai" and event.get("type") in APIS[plan.api].TERMINAL  # their [DONE]
                 if plan.ending == "disconnect" and _has_text(event):
                     resp.close()  # the connection goes: the server must close the session
                     out.acted = True
@@ -70,6 +69,8 @@ async def send(base_url: str, plan: Plan) -> HttpOutcome:
 def _has_text(event: dict) -> bool:  # type: ignore[type-arg]
     if event.get("type") == "response.output_text.delta":
         return bool(event.get("delta"))
+    if event.get("type") == "content_block_delta":  # Anthropic's
+        return bool(event.get("delta", {}).get("text"))
     return any((c.get("delta") or {}).get("content") or c.get("text") for c in event.get("choices", []))
 
 

@@ -10,8 +10,8 @@ end, and in `HttpFacts` what has no place there (each token's text, the token co
 the reply shows, usage, breaches of OpenAI's format). Every request asks for logprobs, so
 that each token's text is known (shown as the plan's logprobs only when it asks for them).
 tests/unit/tooling/test_http_translate.py
-feeds broken replies through it to the oracle. A plan for /v1/responses is spelled and read
-by tests/soak/responses_translate.py.
+feeds broken replies through it to the oracle. A plan for /v1/responses or /v1/messages is
+spelled and read by tests/soak/responses_translate.py or messages_translate.py.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from typing import Any
 
 from llmserve.client import pb
 
-from tests.soak import responses_translate
+from tests.soak import messages_translate, responses_translate
 from tests.soak.http_choices import ERROR_TYPES, Choice, add_choice
 from tests.soak.oracle import CallRecord, Status
 from tests.soak.oracle_http import HttpFacts
 from tests.soak.plans import Plan
 
+APIS = {"responses": responses_translate, "messages": messages_translate}  # each: request, read, TERMINAL
 SAMPLING = ("temperature", "seed", "repeat_penalty", "presence_penalty")
 STOPPING = ("max_tokens", "min_tokens", "ignore_eos", "stop")
 CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 408: "DEADLINE_EXCEEDED",
@@ -36,8 +37,8 @@ CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 408:
 
 def request(plan: Plan) -> tuple[str, dict[str, Any]]:
     """The route and body of the plan's one turn."""
-    if plan.responses:
-        return responses_translate.request(plan)
+    if plan.api != "openai":
+        return APIS[plan.api].request(plan)
     c, prompt = plan.config, plan.prompts[0]
     body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]} if plan.chat else {"prompt": prompt}
     body |= {name: getattr(c.sampling, name) for name in SAMPLING if c.sampling.HasField(name)}
@@ -105,18 +106,20 @@ def to_record(plan: Plan, out: HttpOutcome, t_start: float = 0.0, t_end: float =
     if out.status != 200:
         error = out.body.get("error", {}) if isinstance(out.body, dict) else {}
         retry = out.headers.get("retry-after")
+        param = error.get("param") or (messages_translate.error_field(str(error.get("message", "")))
+                                       if plan.api == "messages" else None)  # Anthropic's object has no param
         rec.status = Status(CODES.get(out.status, f"HTTP {out.status}"), str(error.get("message", out.body)),
-                            (error["param"],) if error.get("param") else (), float(retry) if retry else None)
+                            (param,) if param else (), float(retry) if retry else None)
         return rec
     rid = out.headers.get("x-request-id", "")
     choices: dict[int, Choice] = {}
-    if plan.responses:
-        usage = responses_translate.read(plan, out, rec, choices)
+    if plan.api != "openai":
+        usage = APIS[plan.api].read(plan, out, rec, choices)
     else:
         usage = _stream(plan, out, rec, choices) if plan.stream else _whole(plan, out.body, choices, facts)
     if plan.stream and not out.done and not out.acted and rec.status.code == "OK":
-        facts.problems.append("the stream ended without data: [DONE]" if not plan.responses else
-                              "the stream ended without response.completed or response.incomplete")
+        facts.problems.append("the stream ended without data: [DONE]" if plan.api == "openai" else
+                              f"the stream ended without any of {APIS[plan.api].TERMINAL}")
     if out.acted:
         rec.status = Status("CANCELLED", "the client dropped the stream")
     for i, ch in choices.items():

@@ -56,6 +56,8 @@ class HttpFacts:
     counts: dict[int, int] = field(default_factory=dict)  # choice -> its tokens (its logprobs)
     completion_tokens: int | None = None  # usage's total over the choices (None: no usage came)
     problems: list[str] = field(default_factory=list)  # the reply broke OpenAI's format
+    tokens_shown: bool = True  # False: an API with no logprobs (Anthropic's): counts from usage, no token texts
+    stop_sequence: str | None = None  # the stop string the reply names as its end (Anthropic's `stop_sequence`)
 
 
 def check_http_sample_turn(rec: CallRecord, k: int, i: int, st: SampleTurn, ctx: RunContext) -> list[str]:
@@ -63,6 +65,8 @@ def check_http_sample_turn(rec: CallRecord, k: int, i: int, st: SampleTurn, ctx:
     plan, facts, problems = rec.plan, rec.http, []
     stopping, output = plan.config.stopping, plan.config.output
     pieces, n = facts.pieces.get(i), facts.counts.get(i)
+    if not facts.tokens_shown:
+        return _check_untokened(rec, st, facts.completion_tokens or 0, ctx)
     if pieces is None or n is None:
         if st.text or (st.end is not None and st.end.finish_reason == FR.FINISH_REASON_STOP):
             return [f"no logprobs for choice {i}: they were asked (each token's text)"]
@@ -112,6 +116,26 @@ def _check_finish(rec: CallRecord, st: SampleTurn, pieces: list[str], n: int, ct
         return [f"finish stop after {len(pieces)} tokens {pieces[-3:]}: the text {text!r} is not the tokens' "
                 f"{''.join(pieces)!r} up to a stop string {list(stopping.stop)} or an end token"]
     return plan.constraint_problems(text, complete=not by_stop)
+
+
+def _check_untokened(rec: CallRecord, st: SampleTurn, n: int, ctx: RunContext) -> list[str]:
+    """A reply that shows no tokens (one sample): usage's count against max_tokens, no stop
+    string in the text, `length` only at the limit, a named stop string one of the plan's."""
+    plan, facts, problems = rec.plan, rec.http, []
+    assert facts is not None
+    stopping = plan.config.stopping
+    if n > stopping.max_tokens:
+        problems.append(f"{n} tokens, max_tokens {stopping.max_tokens}")
+    problems += [f"the stop string {s!r} in the text {st.text!r}" for s in stopping.stop if s in st.text]
+    if st.end is None:
+        return problems
+    context_full = st.end.usage.cached_tokens + st.end.usage.prompt_tokens + n + 1 >= ctx.n_ctx_per_slot
+    if st.end.finish_reason == FR.FINISH_REASON_LENGTH and n != stopping.max_tokens and not context_full \
+            and plan.ending != "deadline":
+        problems.append(f"finish length after {n} tokens (max_tokens {stopping.max_tokens})")
+    if facts.stop_sequence is not None and facts.stop_sequence not in stopping.stop:
+        problems.append(f"stop_sequence {facts.stop_sequence!r}, not one of {list(stopping.stop)}")
+    return problems
 
 
 def _equal(pieces: list[str], text: str) -> bool:

@@ -86,9 +86,12 @@ HTTP_ADVERSARIAL = {
     "bias_outside": "logit_bias",
 }
 
-# an HTTP plan sent to /v1/responses: the adversarial values a Responses body can carry, and the field named
-RESPONSES_ADVERSARIAL = {"schema_pattern_1e6": "text.format.schema", "schema_min_items_1e8": "text.format.schema",
-                         "max_tokens_huge": "max_output_tokens", "temperature_nan": "temperature"}
+# an HTTP plan sent to /v1/responses or /v1/messages: the adversarial values its body can carry, and the field named
+API_ADVERSARIAL = {
+    "responses": {"schema_pattern_1e6": "text.format.schema", "schema_min_items_1e8": "text.format.schema",
+                  "max_tokens_huge": "max_output_tokens", "temperature_nan": "temperature"},
+    "messages": {"max_tokens_huge": "max_tokens", "temperature_nan": "temperature"},
+}
 
 
 @dataclass
@@ -105,7 +108,7 @@ class Plan:
     adversarial: str = ""
     surface: str = "grpc"  # or "http"
     stream: bool = False  # HTTP: server-sent events (else one whole reply)
-    responses: bool = False  # HTTP: sent to /v1/responses (as_responses), not chat or completions
+    api: str = "openai"  # HTTP: chat or completions; "responses" or "messages": cut to that API (as_api)
 
     @property
     def turns(self) -> int:
@@ -118,18 +121,18 @@ class Plan:
     @property
     def label(self) -> str:
         label = self.adversarial or f"valid, ends by {self.ending}"
-        return label if self.surface == "grpc" else f"{'responses' if self.responses else 'http'}: {label}"
+        return label if self.surface == "grpc" else f"{'http' if self.api == 'openai' else self.api}: {label}"
 
     @property
     def refused_field(self) -> str:
         """The field a server must name when it refuses the adversarial value."""
         if self.surface == "grpc":
             return ADVERSARIAL[self.adversarial][1]
-        return (RESPONSES_ADVERSARIAL if self.responses else HTTP_ADVERSARIAL)[self.adversarial]
+        return (API_ADVERSARIAL[self.api] if self.api != "openai" else HTTP_ADVERSARIAL)[self.adversarial]
 
     def describe(self) -> str:
         config = text_format.MessageToString(self.config, as_one_line=True)
-        http = f"surface http, responses={self.responses}, stream={self.stream}, " if self.surface == "http" else ""
+        http = f"surface http, api={self.api}, stream={self.stream}, " if self.surface == "http" else ""
         return (f"plan {self.index}: {http}ends by {self.ending}, chat={self.chat}, turns={self.turns}, "
                 f"deadline_s={self.deadline_s}, adversarial={self.adversarial!r}, prompts={self.prompts}, "
                 f"config {{{config}}}")
@@ -249,33 +252,36 @@ def draw(index: int, rng: random.Random, session_ids: list[str], surface: str = 
     return plan
 
 
-def as_responses(plan: Plan) -> Plan:
-    """An HTTP plan cut to what a Responses body says: one user message, temperature,
-    max_output_tokens, top_logprobs, a JSON schema or object; an adversarial value only
-    where a Responses field carries it (else the plan is valid)."""
+def as_api(plan: Plan, api: str) -> Plan:
+    """An HTTP plan cut to what a Responses or Messages body says: one user message,
+    temperature, the token limit; Responses also top_logprobs and a JSON schema or object,
+    Messages stop strings (`stop_sequences`); an adversarial value only where that API has a
+    field for it (else the plan is valid)."""
     c = plan.config
     for name in ("seed", "presence_penalty", "repeat_penalty", "logit_bias"):
         c.sampling.ClearField(name)
-    for name in ("min_tokens", "ignore_eos", "stop"):
+    for name in ("min_tokens", "ignore_eos", *(("stop",) if api == "responses" else ())):
         c.stopping.ClearField(name)
     c.ClearField("n")
-    if c.constraint.WhichOneof("kind") not in ("json_schema", "json_object"):
+    if api == "messages" or c.constraint.WhichOneof("kind") not in ("json_schema", "json_object"):
         c.ClearField("constraint")
-    plan.adversarial = plan.adversarial if plan.adversarial in RESPONSES_ADVERSARIAL else ""
-    plan.chat, plan.responses = True, True
+    if api == "messages":
+        c.ClearField("output")  # no logprobs in Anthropic's API
+    plan.adversarial = plan.adversarial if plan.adversarial in API_ADVERSARIAL[api] else ""
+    plan.chat, plan.api = True, api
     return plan
 
 
-SURFACES = ("grpc", "http", "mixed", "responses")
+SURFACES = ("grpc", "http", "mixed", *API_ADVERSARIAL)
 
 
 def draw_plans(calls: int, seed: int, surface: str = "grpc") -> list[Plan]:
     """`surface` grpc or http: every plan on it; mixed: each plan's surface drawn (half each)
     by a second generator, so the plans of a seed differ only in which surface they take;
-    responses: HTTP plans cut to the Responses API (`as_responses`)."""
+    responses or messages: HTTP plans cut to that API (`as_api`)."""
     rng, sides = random.Random(seed), random.Random(f"surfaces-{seed}")
     ids = [f"combo-{seed}-{i}" for i in range(3)]
-    if surface == "responses":
-        return [as_responses(draw(i, rng, ids, "http")) for i in range(calls)]
+    if surface in API_ADVERSARIAL:
+        return [as_api(draw(i, rng, ids, "http"), surface) for i in range(calls)]
     pick = (lambda: surface) if surface != "mixed" else (lambda: "http" if sides.random() < 0.5 else "grpc")
     return [draw(i, rng, ids, pick()) for i in range(calls)]

@@ -2,7 +2,7 @@
 calls, each checked against the outcome its plan predicts (tests/soak/oracle.py); then the
 server must be alive and clean. A finding prints its plan and the command that resends it.
 Then its HTTP mode: 36 plans over the OpenAI API of the same server, judged by the same oracle;
-and 36 over the Responses API."""
+and 36 cut to each of the Responses and Messages APIs."""
 
 from __future__ import annotations
 
@@ -57,16 +57,18 @@ def test_http_plans_match_the_same_oracle(combo_server: RunningServer) -> None:
     assert combos.server_findings(combo_server, info) == []
 
 
-def test_responses_plans_match_the_same_oracle(combo_server: RunningServer) -> None:
-    """Plans cut to what a `/v1/responses` body says (tests/soak/plans.py `as_responses`), whole
-    and streamed, judged by the same oracle from the Responses reply (responses_translate.py)."""
-    plans = draw_plans(RESPONSES_CALLS, SEED, surface="responses")
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_agent_api_plans_match_the_same_oracle(combo_server: RunningServer, api: str) -> None:
+    """Plans cut to what a `/v1/responses` or `/v1/messages` body says (tests/soak/plans.py
+    `as_api`), whole and streamed, judged by the same oracle from the reply
+    (responses_translate.py, messages_translate.py)."""
+    plans = draw_plans(RESPONSES_CALLS, SEED, surface=api)
     records = combos.run_combos(combo_server.address, plans, http_url=f"http://127.0.0.1:{combo_server.http_port}")
     info = chaos.wait_until_idle(combo_server.address)
     verdict = check_run(records, combos.run_context(info, combos.WORKERS, Path(combo_server.log_path),
                                                     combo_server.address))
-    print(combos.report(verdict, RESPONSES_CALLS, SEED, combos.WORKERS, [], surface="responses"))
-    assert verdict.findings == [], combos.failure_text(verdict, plans, SEED, surface="responses")
+    print(combos.report(verdict, RESPONSES_CALLS, SEED, combos.WORKERS, [], surface=api))
+    assert verdict.findings == [], combos.failure_text(verdict, plans, SEED, surface=api)
     assert sum(r.status.code == "OK" for r in records) > RESPONSES_CALLS // 2
-    assert sum(p.adversarial != "" for p in plans) >= 2 and sum(p.stream for p in plans) >= 5
+    assert sum(p.adversarial != "" for p in plans) >= 1 and sum(p.stream for p in plans) >= 5
     assert combos.server_findings(combo_server, info) == []
