@@ -7,6 +7,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import grpc
+from llmserve.client import pb, session_config
+from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 from openai import OpenAI
 
 from harness.server import free_port, start_server, stop_server
@@ -63,5 +66,27 @@ def test_a_background_response_running_at_shutdown_is_finished_and_kept(tmp_path
         client = OpenAI(base_url=f"http://127.0.0.1:{second_server.http_port}/v1", api_key="k", max_retries=0)
         kept = client.responses.retrieve(queued.id)
         assert kept.status in ("completed", "incomplete") and kept.output_text and kept.usage.output_tokens >= 1
+    finally:
+        assert stop_server(second_server) == 0
+
+
+def test_grpc_continues_a_stored_response_after_a_restart_from_its_kv(tmp_path: Path) -> None:
+    """`SessionConfig.continue_from` after a restart starts from the stored turn's saved KV, as
+    `previous_response_id` does (engine/stored_kv.py `continued`)."""
+    flags = [*FLAGS, "--session-dir", str(tmp_path / "sessions")]
+    first_server = start_server(flags, tmp_path / "first.log", http_port=free_port())
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{first_server.http_port}/v1", api_key="k", max_retries=0)
+        first = client.responses.create(model="gemma-3-270m-q4_k_m", input="My name is Ada.", max_output_tokens=4)
+    finally:
+        assert stop_server(first_server) == 0
+    second_server = start_server(flags, tmp_path / "second.log", http_port=free_port())
+    try:
+        stub = pb_grpc.LLMServiceStub(grpc.insecure_channel(second_server.address))
+        config = session_config(continue_from=first.id, max_tokens=2, temperature=0)
+        ask = pb.Input(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="What is my name?")]))
+        reply = stub.GenerateText(pb.GenerateTextRequest(config=config, input=ask), timeout=120,
+                                  metadata=(("authorization", "Bearer k"),))
+        assert reply.samples[0].turn_end.usage.cached_tokens >= first.usage.input_tokens
     finally:
         assert stop_server(second_server) == 0

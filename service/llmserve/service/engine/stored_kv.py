@@ -1,10 +1,11 @@
 """The KV of stored turns, with --session-dir: a turn stored to be continued by id (the
-Responses API's `store`) runs as a session saved under `session_id(key)` when it ends, as
-a named session is (session_store.py: the writer thread, the directory's byte bound and
-its LRU eviction); a turn that continues it after a restart starts from that state
-(`Engine.call`'s `prefix`; the surface decides when to read it). The state is written once and never changed, so any number of calls
-may start from it at once (`SessionStore.read`, no claim). Without a directory there is
-nothing to read, and a continuation prefills what no slot holds, as before.
+Responses API's `store`) runs as a session saved under `session_id(key)` when it ends, as a
+named session is (session_store.py: the writer thread, the directory's byte bound and its
+LRU eviction); a turn that continues it after a restart starts from that state
+(`Engine.call`'s `prefix`; `continued` says when). The state is written once and never
+changed, so any number of calls may start from it at once (`SessionStore.read`, no claim).
+Without a directory there is nothing to read, and a continuation prefills what no slot
+holds, as before.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import structlog
 from ..domain.errors import PreconditionFailed, StorageFault
 from ..domain.request_rules import SERVER_SESSION_PREFIX
 from ..domain.snapshots import SavedSession
+from .chat.stored import StoredConversation
 from .session_store import SessionStore
 
 log = structlog.get_logger("llmserve.engine.stored")
@@ -30,6 +32,13 @@ class StoredKV:
     def session_id(self, key: str) -> str:
         """The session id a stored turn's KV is saved under ("": none, without a directory)."""
         return f"{SERVER_SESSION_PREFIX}{key}" if self._store is not None else ""
+
+    async def continued(self, key: str, stored: StoredConversation) -> SavedSession | None:
+        """The KV a turn continuing the stored turn `key` starts from: its saved state when an
+        earlier process stored it (read off the loop), else None. One this process stored is
+        found in the slot that ran it, unless other calls took it: then prefilled, as reading
+        its file (and waiting for its write) made every continuation slower (bench.continued)."""
+        return await self.read(key) if stored.from_disk else None
 
     async def read(self, key: str) -> SavedSession | None:
         """The saved KV of the stored turn `key`, read off the loop; None when there is none

@@ -164,14 +164,12 @@ def _credentials(request: web.Request) -> str:
 async def _with_kv(engine: Engine, body: ResponsesRequest, owner: str,
                    responder: ResponsesResponder) -> ResponsesResponder:
     """With --session-dir a stored response's KV is saved under its id, and a continuation
-    of one an earlier process stored starts from it (engine/stored_kv.py). One this process
-    stored is found in the slot that ran it, unless other calls took it: then prefilled, as
-    reading its file (and waiting for its write) made every continuation slower (bench.continued)."""
+    starts from the previous one's where engine/stored_kv.py says (`continued`)."""
     if body.store:
         responder.params = replace(responder.params, session_id=engine.stored_kv.session_id(responder.response_id))
     previous = engine.conversations.get(body.previous_id, owner) if body.previous_id is not None else None
-    if previous is not None and previous.from_disk:
-        responder.prefix = await engine.stored_kv.read(str(body.previous_id))
+    if previous is not None:
+        responder.prefix = await engine.stored_kv.continued(str(body.previous_id), previous)
     return responder
 
 

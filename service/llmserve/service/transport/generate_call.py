@@ -55,18 +55,20 @@ class GenerateCall:
 
     def __init__(self, engine: Engine, first: pb.GenerateRequest, params: SessionParams, deadline: float | None,
                  restore: SavedSession | None = None, grammar: object | None = None,
-                 tools: ToolPlan | None = None, continues: StoredConversation | None = None, owner: str = "") -> None:
+                 tools: ToolPlan | None = None, continues: StoredConversation | None = None, owner: str = "",
+                 prefix: SavedSession | None = None) -> None:
         """`grammar`: the compiled constraint (Engine.compile_async); `tools`: the session's plan;
         `continues`: the stored conversation the first messages follow (`stored_conversation`);
-        `owner`: the caller's key, whose stored turns `config.store` keeps (`kept_turn`)."""
+        `owner`: the caller's key, whose stored turns `config.store` keeps (`kept_turn`); `prefix`:
+        the stored turn's saved KV (`engine.stored_kv.continued`)."""
         self.engine = engine
         self.continues = continues
         self.owner = owner
         self.first = first
         self.request_id = params.request_id
         add_bos = first.config.add_bos if first.config.HasField("add_bos") else True
-        self.call = engine.call(params, deadline, restore=restore, grammar=grammar, add_bos=add_bos, tools=tools,
-                                one_turn=False)
+        self.call = engine.call(params, deadline, restore=restore, prefix=prefix, grammar=grammar, add_bos=add_bos,
+                                tools=tools, one_turn=False)
         self.sink = self.call.sink
 
     async def run(self, requests: AsyncIterator[pb.GenerateRequest]) -> AsyncIterator[pb.GenerateResponse]:

@@ -160,7 +160,9 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         credentials = dict(context.invocation_metadata() or ()).get("authorization", "")
         continues = stored_conversation(engine, first.config, credentials)  # continue_from: HTTP's stored turns
         restore = await engine.named_sessions.claim(params.session_id)  # one stream per session id
-        call = GenerateCall(engine, first, params, deadline, restore, grammar, tools, continues, owner_of(credentials))
+        prefix = await engine.stored_kv.continued(first.config.continue_from, continues) if continues else None
+        call = GenerateCall(engine, first, params, deadline, restore, grammar, tools, continues, owner_of(credentials),
+                            prefix)
         self._generate_calls.add(call)
         if self.calls.draining:
             call.sink.put_local(Drain())
