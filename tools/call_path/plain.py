@@ -19,6 +19,8 @@ FEATURES: dict[str, tuple[str, frozenset[str]]] = {
         "ConstraintCache", "CompiledGrammar", "_Nullable", "Constraint", "Format"})),
     "named sessions": ("no session_id: nothing is loaded or saved", frozenset({
         "SessionStore", "SavedSession", "SessionTable._save"})),
+    "stored turns": ("no continue_from, no store: no stored conversation is read or kept", frozenset({
+        "ConversationStore", "StoredConversation", "StoredKV"})),
     "speculation": ("no draft tokens (as issue 40 counts a plain call)", frozenset({"DraftVerifier", "SeqSpeculation"})),
     "logprobs": ("no logprobs, no prompt logprobs", frozenset({"TokenLogprob", "PromptLogprobsEvent"})),
     "embeddings": ("not an embedding step", frozenset({"EmbedInput", "EmbedResult", "Embedder"})),
@@ -33,7 +35,7 @@ FEATURES: dict[str, tuple[str, frozenset[str]]] = {
 # "large input" stays in; HTTP has no named sessions and no cancel. n > 1 and streaming
 # (chat's SSE branch is read too) add no type of their own today, so nothing names them.
 CALLS: dict[str, tuple[str, ...]] = {
-    "generate": ("chat", "tools", "constraint", "named sessions", "speculation", "logprobs", "embeddings",
+    "generate": ("chat", "tools", "constraint", "named sessions", "stored turns", "speculation", "logprobs", "embeddings",
                  "large input", "cancel", "failure", "drain"),
     "chat": ("tools", "constraint", "named sessions", "speculation", "logprobs", "embeddings", "failure", "drain"),
 }
