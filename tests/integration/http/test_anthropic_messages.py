@@ -89,6 +89,11 @@ def test_count_tokens_is_what_a_turn_prefills(claude: anthropic.Anthropic, model
     assert counted.input_tokens == sent.usage.input_tokens + sent.usage.cache_read_input_tokens
     with_tools = claude.messages.count_tokens(model=model, messages=messages, tools=[WEATHER])
     assert with_tools.input_tokens > counted.input_tokens  # the tools' preamble
+    # what Anthropic's count_tokens takes beside them is accepted and changes no count here
+    same = claude.messages.count_tokens(model=model, system="You are terse.", messages=messages,
+                                        thinking={"type": "enabled", "budget_tokens": 2048},
+                                        output_config={"effort": "low"}, extra_body={"cache_control": {"type": "ephemeral"}})
+    assert same.input_tokens == counted.input_tokens
 
 
 def test_errors_have_anthropics_shape(claude: anthropic.Anthropic, model: str, base_url: str) -> None:

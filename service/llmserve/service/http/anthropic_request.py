@@ -36,7 +36,9 @@ FIELDS = frozenset({"model", "messages", "system", "max_tokens", "stop_sequences
                     "top_k", "tools", "tool_choice", "thinking", "context_management", "output_config", *IGNORED})
 THINKING = ("enabled", "disabled", "adaptive")  # the model has no reasoning: each changes nothing here
 EFFORTS = ("low", "medium", "high", "max", "xhigh")  # how hard a reasoning model thinks: nothing here
-COUNT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice"})
+# what a count reads; the rest of Anthropic's count_tokens fields are checked as /v1/messages checks them
+COUNT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking", "context_management",
+                          "output_config", *IGNORED})
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 
@@ -108,8 +110,11 @@ def _output_config(body: Body) -> Body:
 
 
 def parse_count_request(value: object, tool_format: ToolFormat = GENERIC) -> ChatRequest:
-    """`/v1/messages/count_tokens`: the messages, system and tools a request would render."""
+    """`/v1/messages/count_tokens`: the messages, system and tools a request would render
+    (thinking and output_config change no prompt here: checked, then left out)."""
     body = body_of(value, COUNT_FIELDS)
+    _thinking(body)
+    _output_config(body)
     return parse_chat({"messages": chat_messages(body), **_tools(body), **{k: body[k] for k in ("model",) if k in body}},
                       tool_format)
 
