@@ -3,7 +3,7 @@
 
     python -m bench.continued [--llama-server PATH] [--rounds 5] [--modes hot,cold]
 
-llmserve continues the first turn by `previous_response_id` (stored, `--session-dir`);
+llmserve continues the first turn by `previous_response_id` (stored, `--session-dir --store-kv`);
 llama-server (the same llama.cpp tree, `--jinja` and the same Gemma 3 template file) gets
 the whole conversation re-sent. Both `-np 4 -c 8192 -t 2`. Each round a new ~620-word
 passage: the first turn whole (16 tokens), then the continuation streamed over raw SSE
@@ -103,7 +103,7 @@ class Servers:
 
     def start(self) -> None:
         self.num_starts += 1
-        self.ours = start_server([*FLAGS, "--session-dir", str(self.session_dir)],
+        self.ours = start_server([*FLAGS, "--session-dir", str(self.session_dir), "--store-kv"],
                                  self.logs / f"llmserve-{self.num_starts}.log", http_port=free_port())
         template = str(PACKAGED_TEMPLATES["gemma3"])
         self.peer, self.peer_url = start_llama_server(self.binary, default_model_path(),

@@ -192,7 +192,7 @@ def _url(server: RunningServer) -> str:
 
 def chaos_and_restart(directory: Path, calls: int, seed: int) -> tuple[AgentRun, list[str]]:
     """The whole run: a server, the calls, its checks, a restart and the checks after it."""
-    args = [*SERVER_ARGS, "--session-dir", str(directory / "sessions")]
+    args = [*SERVER_ARGS, "--session-dir", str(directory / "sessions"), "--store-kv"]
     server = start_server(args, directory / "server-1.log", http_port=free_port())
     try:
         run = run_agent_chaos(_url(server), calls, seed)

@@ -228,13 +228,13 @@ class ServerConfig:
     adapters: AdapterSettings = AdapterSettings()
     session_dir: Path | None = None
     session_dir_max_bytes: int = 1 << 30
+    store_kv: bool = False  # with session_dir: a stored response's KV is saved with it (engine/stored_kv.py)
     verbose: bool = False
     log_format: str = "auto"
 
     @property
     def n_batch_effective(self) -> int:
-        """llama-server's rule: with embeddings on, a logical batch is one ubatch. With an
-        embedding model of its own the clamp is on that model's context only."""
+        """llama-server's rule: with embeddings on, a batch is one ubatch (on an embedding model's own context only)."""
         shares_model = self.embeddings and self.embedding_model_path is None
         return min(self.n_batch, self.n_ubatch) if shares_model else self.n_batch
 
@@ -268,10 +268,8 @@ class ServerConfig:
             raise ValueError("--draft-max, --draft-min, --prefill-budget must be >= 0, --spec-ngram-size-n >= 1")
         if prefill.max_itl_ms is not None and prefill.max_itl_ms <= 0:
             raise ValueError("--max-itl-ms must be > 0")
-        if self.watchdog_timeout_s < 0 or self.reader_timeout_s < 0:
-            raise ValueError("--watchdog-timeout and --reader-timeout must be >= 0")
-        if self.drain_delay_s < 0 or self.shutdown_grace_s < 0:
-            raise ValueError("--drain-delay and --shutdown-grace must be >= 0")
+        if min(self.watchdog_timeout_s, self.reader_timeout_s, self.drain_delay_s, self.shutdown_grace_s) < 0:
+            raise ValueError("--watchdog-timeout, --reader-timeout, --drain-delay and --shutdown-grace must be >= 0")
         if min(self.keepalive_time_s, self.keepalive_timeout_s, self.keepalive_min_time_s) <= 0 or min(
             self.max_connection_age_s, self.max_connection_age_grace_s) < 0:
             raise ValueError("--keepalive-* must be positive, --max-connection-age(-grace) >= 0")
@@ -296,5 +294,7 @@ class ServerConfig:
             raise ValueError("--deterministic needs one KV stream per slot (the default): with --kv-unified a "
                              "session's cells sit among the others' and its output moves with theirs")
         self.adapters.validate()
+        if self.store_kv and self.session_dir is None:
+            raise ValueError("--store-kv saves stored responses' KV under --session-dir: give one")
         if self.context_shift.keep < 0 or self.context_shift.keep >= self.n_ctx_per_slot // 2:
             raise ValueError(f"--keep must be in [0, {self.n_ctx_per_slot // 2}) (half a slot's context)")

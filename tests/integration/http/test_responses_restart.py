@@ -18,7 +18,7 @@ FLAGS = ["-np", "2", "-c", "4096", "-t", "2"]
 
 
 def test_a_stored_response_outlives_the_process(tmp_path: Path) -> None:
-    flags = [*FLAGS, "--session-dir", str(tmp_path / "sessions")]
+    flags = [*FLAGS, "--session-dir", str(tmp_path / "sessions"), "--store-kv"]
     first_server = start_server(flags, tmp_path / "first.log", http_port=free_port())
     try:
         client = OpenAI(base_url=f"http://127.0.0.1:{first_server.http_port}/v1", api_key="k", max_retries=0)
@@ -51,7 +51,7 @@ def _num_saved(directory: Path, expected: int, timeout_s: float = 10.0) -> int:
 
 def test_a_background_response_running_at_shutdown_is_finished_and_kept(tmp_path: Path) -> None:
     """SIGTERM while a background response generates: the drain waits for it (an open call),
-    it is stored, and the next process answers it."""
+    it is stored, and the next process answers it. Without --store-kv its KV is not saved."""
     flags = [*FLAGS, "--session-dir", str(tmp_path / "sessions")]
     first_server = start_server(flags, tmp_path / "first.log", http_port=free_port())
     try:
@@ -61,6 +61,7 @@ def test_a_background_response_running_at_shutdown_is_finished_and_kept(tmp_path
         assert queued.status == "queued"
     finally:
         assert stop_server(first_server) == 0  # at once: the response is still generating
+    assert not list((tmp_path / "sessions").glob("*.session"))  # without --store-kv no KV is saved
     second_server = start_server(flags, tmp_path / "second.log", http_port=free_port())
     try:
         client = OpenAI(base_url=f"http://127.0.0.1:{second_server.http_port}/v1", api_key="k", max_retries=0)
@@ -73,7 +74,7 @@ def test_a_background_response_running_at_shutdown_is_finished_and_kept(tmp_path
 def test_grpc_continues_a_stored_response_after_a_restart_from_its_kv(tmp_path: Path) -> None:
     """`SessionConfig.continue_from` after a restart starts from the stored turn's saved KV, as
     `previous_response_id` does (engine/stored_kv.py `continued`)."""
-    flags = [*FLAGS, "--session-dir", str(tmp_path / "sessions")]
+    flags = [*FLAGS, "--session-dir", str(tmp_path / "sessions"), "--store-kv"]
     first_server = start_server(flags, tmp_path / "first.log", http_port=free_port())
     try:
         client = OpenAI(base_url=f"http://127.0.0.1:{first_server.http_port}/v1", api_key="k", max_retries=0)

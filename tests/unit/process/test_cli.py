@@ -15,7 +15,7 @@ FLAGS = [
     "--embeddings", "--embedding-model", "--max-queue", "--max-input-tokens", "--max-message-bytes", "--shutdown-grace",
     "--drain-delay",
     "--metrics-port", "--metrics-host", "--tls-cert", "--tls-key", "--tls-client-ca", "--api-key",
-    "--log-format", "--verbose", "--otlp-traces-endpoint", "--deterministic",
+    "--log-format", "--verbose", "--otlp-traces-endpoint", "--deterministic", "--store-kv",
 ]
 
 
@@ -74,6 +74,8 @@ def test_inconsistent_flags_are_refused() -> None:
         cli.build_config(cli.parse_args(["serve", "--tls-cert", "a.pem"]))
     with pytest.raises(ValueError, match="per slot"):
         cli.build_config(cli.parse_args(["serve", "-c", "32", "-np", "4"]))
+    with pytest.raises(ValueError, match="--store-kv .* --session-dir"):
+        cli.build_config(cli.parse_args(["serve", "--store-kv"]))
 
 
 def test_settings_objects_are_built_from_the_flags_their_fields_are_named_after() -> None:

@@ -101,7 +101,7 @@ class Engine:
         self.adapters.resident = lambda: {name for name, _, _ in self._executor.snapshot.adapter_sessions}
         metrics.max_loras = config.adapters.max_loras
         self.named_sessions = SessionClaims(self._store)  # one stream per session id (claim, release)
-        self.stored_kv = StoredKV(self._store)  # stored turns' KV, for their continuations
+        self.stored_kv = StoredKV(self._store, config.store_kv)  # stored turns' KV, for their continuations
         self.session_gate = SessionGate(config.n_parallel, config.max_queue, metrics.sessions.set)  # both surfaces' admission
         # turns kept to be continued by id (chat/stored.py), across restarts with --session-dir
         self.conversations = ConversationStore(directory=config.session_dir / "responses" if config.session_dir else None)

@@ -1,11 +1,12 @@
-"""The KV of stored turns, with --session-dir: a turn stored to be continued by id (the
-Responses API's `store`) runs as a session saved under `session_id(key)` when it ends, as a
-named session is (session_store.py: the writer thread, the directory's byte bound and its
+"""The KV of stored turns, with --session-dir and --store-kv: a turn stored to be continued by id
+(the Responses API's `store`) runs as a session saved under `session_id(key)` when it ends, as
+a named session is (session_store.py: the writer thread, the directory's byte bound and its
 LRU eviction); a turn that continues it after a restart starts from that state
 (`Engine.call`'s `prefix`; `continued` says when). The state is written once and never
-changed, so any number of calls may start from it at once (`SessionStore.read`, no claim).
-Without a directory there is nothing to read, and a continuation prefills what no slot
-holds, as before.
+changed, so any number of calls may start from it at once (`SessionStore.read`, no claim). Off
+by default: the save copies the turn's whole KV on the executor thread as it ends (every turn
+of a long conversation again), which a server whose clients rarely continue after a restart
+should not pay. Without it a continuation prefills what no slot holds.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ MAX_WAIT_S = 2.0  # for the stored turn's own save, still being written when the
 
 
 class StoredKV:
-    def __init__(self, store: SessionStore | None) -> None:
+    def __init__(self, store: SessionStore | None, save: bool) -> None:
+        """`save`: stored turns' KV is saved (--store-kv); what an earlier process saved is read either way."""
         self._store = store
+        self._save = save and store is not None
 
     def session_id(self, key: str) -> str:
-        """The session id a stored turn's KV is saved under ("": none, without a directory)."""
-        return f"{SERVER_SESSION_PREFIX}{key}" if self._store is not None else ""
+        """The session id a stored turn's KV is saved under ("": not saved)."""
+        return f"{SERVER_SESSION_PREFIX}{key}" if self._save else ""
 
     async def continued(self, key: str, stored: StoredConversation) -> SavedSession | None:
         """The KV a turn continuing the stored turn `key` starts from: its saved state when an
