@@ -153,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
     f.switch("--allow-adapter-updates", help="serve LoadAdapter/UnloadAdapter and POST /v1/(un)load_lora_adapter")
     f.add("--session-dir", type=Path, help="save sessions with a session_id here, to restore them after a restart")
     f.add("--session-dir-max-bytes", type=int, default=d.session_dir_max_bytes, help="size cap of --session-dir (LRU)")
-    f.add("--store-kv", action="store_true", help="with --session-dir: save a stored response's KV with it, so that "
+    f.switch("--store-kv", help="with --session-dir: save a stored response's KV with it, so that "
           "a continuation after a restart prefills only its new input (costs a copy of the turn's KV as it ends)")
     f.add("--chat-template-file", type=Path, help="jinja2 chat template overriding the model's")
     f.add("--tool-format", default=d.tool_format,
