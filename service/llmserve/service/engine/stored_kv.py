@@ -34,7 +34,7 @@ class StoredKV:
 
     def session_id(self, key: str) -> str:
         """The session id a stored turn's KV is saved under ("": not saved)."""
-        return f"{SERVER_SESSION_PREFIX}{key}" if self._save else ""
+        return _file_id(key) if self._save else ""
 
     async def continued(self, key: str, stored: StoredConversation) -> SavedSession | None:
         """The KV a turn continuing the stored turn `key` starts from: its saved state when an
@@ -50,7 +50,7 @@ class StoredKV:
         if self._store is None:
             return None
         try:
-            return await asyncio.to_thread(self._store.read, self.session_id(key), MAX_WAIT_S)
+            return await asyncio.to_thread(self._store.read, _file_id(key), MAX_WAIT_S)
         except (PreconditionFailed, StorageFault) as exc:
             log.info("stored_turn_kv_unread", key=key, reason=str(exc))
             return None
@@ -58,4 +58,8 @@ class StoredKV:
     async def discard(self, key: str) -> None:
         """The stored turn was deleted: its KV goes too."""
         if self._store is not None:
-            await asyncio.to_thread(self._store.discard, self.session_id(key))
+            await asyncio.to_thread(self._store.discard, _file_id(key))
+
+
+def _file_id(key: str) -> str:
+    return f"{SERVER_SESSION_PREFIX}{key}"

@@ -9,8 +9,8 @@ count (MAX_STORED), by bytes (MAX_BYTES, the messages' and records' text) and by
 (MAX_AGE_S): the oldest go first, and a lookup of one too old finds nothing. With a
 directory (`--session-dir`'s `responses/`) each entry is also a JSON file, written (fsynced)
 by one writer thread off the event loop right after it is stored, and read back at
-start-up; `close` waits for the writes, so a clean restart loses no stored turn; a continuation after a restart
-starts from the turn's saved KV (engine/stored_kv.py). Each entry belongs to the key that stored it
+start-up; `close` waits for the writes, so a clean restart loses no stored turn; with --store-kv a continuation
+after a restart starts from the turn's saved KV (engine/stored_kv.py). Each entry belongs to the key that stored it
 (`owner`: a digest of the caller's credentials) and is found only with that key. Event loop
 only.
 """
