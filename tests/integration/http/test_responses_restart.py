@@ -73,9 +73,10 @@ def test_a_background_response_running_at_shutdown_is_finished_and_kept(tmp_path
 
 def test_grpc_continues_a_stored_response_after_a_restart_from_its_kv(tmp_path: Path) -> None:
     """`SessionConfig.continue_from` after a restart starts from the stored turn's saved KV, as
-    `previous_response_id` does (engine/stored_kv.py `continued`)."""
-    flags = [*FLAGS, "--session-dir", str(tmp_path / "sessions"), "--store-kv"]
-    first_server = start_server(flags, tmp_path / "first.log", http_port=free_port())
+    `previous_response_id` does (engine/stored_kv.py `continued`), also on a server that
+    saves none itself (no --store-kv there)."""
+    flags = [*FLAGS, "--session-dir", str(tmp_path / "sessions")]
+    first_server = start_server([*flags, "--store-kv"], tmp_path / "first.log", http_port=free_port())
     try:
         client = OpenAI(base_url=f"http://127.0.0.1:{first_server.http_port}/v1", api_key="k", max_retries=0)
         first = client.responses.create(model="gemma-3-270m-q4_k_m", input="My name is Ada.", max_output_tokens=4)
