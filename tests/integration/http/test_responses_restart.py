@@ -11,20 +11,26 @@ import grpc
 from llmserve.client import pb, session_config
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 from openai import OpenAI
+from openai.types.responses import Response
 
 from harness.server import free_port, start_server, stop_server
 
 FLAGS = ["-np", "2", "-c", "4096", "-t", "2"]
 
 
-def test_a_stored_response_outlives_the_process(tmp_path: Path) -> None:
-    flags = [*FLAGS, "--session-dir", str(tmp_path / "sessions"), "--store-kv"]
+def _stored_by_a_first_process(flags: list[str], tmp_path: Path) -> Response:
+    """One response stored by a server that then stops cleanly."""
     first_server = start_server(flags, tmp_path / "first.log", http_port=free_port())
     try:
         client = OpenAI(base_url=f"http://127.0.0.1:{first_server.http_port}/v1", api_key="k", max_retries=0)
-        first = client.responses.create(model="gemma-3-270m-q4_k_m", input="My name is Ada.", max_output_tokens=4)
+        return client.responses.create(model="gemma-3-270m-q4_k_m", input="My name is Ada.", max_output_tokens=4)
     finally:
         assert stop_server(first_server) == 0
+
+
+def test_a_stored_response_outlives_the_process(tmp_path: Path) -> None:
+    flags = [*FLAGS, "--session-dir", str(tmp_path / "sessions"), "--store-kv"]
+    first = _stored_by_a_first_process(flags, tmp_path)
     second_server = start_server(flags, tmp_path / "second.log", http_port=free_port())
     try:
         client = OpenAI(base_url=f"http://127.0.0.1:{second_server.http_port}/v1", api_key="k", max_retries=0)
@@ -76,12 +82,7 @@ def test_grpc_continues_a_stored_response_after_a_restart_from_its_kv(tmp_path: 
     `previous_response_id` does (engine/stored_kv.py `continued`), also on a server that
     saves none itself (no --store-kv there)."""
     flags = [*FLAGS, "--session-dir", str(tmp_path / "sessions")]
-    first_server = start_server([*flags, "--store-kv"], tmp_path / "first.log", http_port=free_port())
-    try:
-        client = OpenAI(base_url=f"http://127.0.0.1:{first_server.http_port}/v1", api_key="k", max_retries=0)
-        first = client.responses.create(model="gemma-3-270m-q4_k_m", input="My name is Ada.", max_output_tokens=4)
-    finally:
-        assert stop_server(first_server) == 0
+    first = _stored_by_a_first_process([*flags, "--store-kv"], tmp_path)
     second_server = start_server(flags, tmp_path / "second.log", http_port=free_port())
     try:
         stub = pb_grpc.LLMServiceStub(grpc.insecure_channel(second_server.address))
