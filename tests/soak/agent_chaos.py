@@ -217,7 +217,7 @@ def report(run: AgentRun, calls: int, seed: int, findings: list[str]) -> str:
                       "", "| kind | " + " | ".join(codes) + " |", "|---|" + "---|" * len(codes), *rows, "",
                       f"* stored responses acknowledged: {len(run.acknowledged)}, deleted by the client: "
                       f"{len(run.deleted)}", f"* unexpected statuses: {run.unexpected() or 'none'}",
-                      f"* the server's side and after the restart: {findings or 'clean'}"])
+                      f"* the server's side and after the restart: {findings or 'clean'}", ""])
 
 
 def main() -> None:
