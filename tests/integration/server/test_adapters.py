@@ -168,9 +168,13 @@ def test_load_and_unload_at_run_time_lose_no_call(stub: pb_grpc.LLMServiceStub, 
         while sum(a.num_sessions for a in stub.ListAdapters(pb.ListAdaptersRequest()).adapters if a.name == "late") < 3:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        gauge = scrape(server.metrics_port)  # what the inference gateway's lora-affinity scorer reads
-        assert gauge.has("llmserve_lora_requests_info", running_lora_adapters="late", waiting_lora_adapters="",
-                         max_lora="8")
+        # what the inference gateway's lora-affinity scorer reads, as of the executor's last step (it
+        # publishes after the sessions open: polled, bounded)
+        deadline = time.monotonic() + 10
+        while not (gauge := scrape(server.metrics_port)).has("llmserve_lora_requests_info", running_lora_adapters="late",
+                                                              waiting_lora_adapters="", max_lora="8"):
+            assert time.monotonic() < deadline, [key for key in gauge.samples if "lora_requests_info" in str(key)]
+            time.sleep(0.02)
         assert stub.UnloadAdapter(pb.UnloadAdapterRequest(name="late")).freed is False  # in use: freed later
         with pytest.raises(grpc.RpcError) as refused:
             _turn(stub, adapter="late")
