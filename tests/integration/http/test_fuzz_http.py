@@ -42,10 +42,11 @@ FIELDS = {
     EMBEDDINGS: ["model", "input", "encoding_format", "dimensions", "user", "no_such_field"],
     RESPONSES: ["model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
                 "max_output_tokens", "temperature", "top_p", "stream", "include", "metadata", "reasoning", "store",
-                "truncation", "previous_response_id", "background", "no_such_field"],
+                "truncation", "previous_response_id", "background", "top_logprobs", "no_such_field"],
     MESSAGES: ["model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature", "top_p", "top_k",
                "metadata", "tools", "tool_choice", "cache_control", "thinking", "no_such_field"],
-    COUNT: ["model", "messages", "system", "tools", "tool_choice", "no_such_field"],
+    COUNT: ["model", "messages", "system", "tools", "tool_choice", "thinking", "output_config", "context_management",
+            "cache_control", "no_such_field"],
 }
 # Any code point: hypothesis leaves lone surrogates out of characters() unless asked for them by range
 CODE_POINT = st.characters() | st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
