@@ -53,6 +53,7 @@ def session_config(
     adapter_scale: float | None = None,
     continue_from: str = "",
     store: bool = False,
+    model: str = "",
     **sampling: Any,
 ) -> pb.SessionConfig:
     """A SessionConfig from keyword arguments; every field of the message has one.
@@ -72,7 +73,8 @@ def session_config(
     (unset: the adapter's own). `continue_from`: a stored conversation's id (a response
     stored by POST /v1/responses) that the first turn's messages continue; `store=True` keeps
     each chat turn's conversation, its id in `TurnEnd.stored_id`, for `continue_from` (or
-    HTTP's previous_response_id) later.
+    HTTP's previous_response_id) later. `model`: which model serves the session, by name
+    (ModelInfo.models; empty: the server's default model).
     Everything else is a SamplingParams field: temperature=0, seed=1, top_k=..., with
     `logit_bias` a {token id: bias} dict and `dry_sequence_breakers` a list of strings.
     None leaves a field unset (the server's default).
@@ -88,6 +90,7 @@ def session_config(
         priority=priority,
         continue_from=continue_from,
         store=store,
+        model=model,
         sampling=sampling_params(**sampling),
         stopping=pb.StoppingCriteria(stop=list(stop), stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos),
         output=pb.OutputOptions(prompt_logprobs=prompt_logprobs, include_special=include_special),

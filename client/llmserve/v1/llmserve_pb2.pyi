@@ -190,7 +190,7 @@ class ToolCallDelta(_message.Message):
     def __init__(self, index: _Optional[int] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class SessionConfig(_message.Message):
-    __slots__ = ("request_id", "sampling", "stopping", "add_bos", "priority", "output", "constraint", "n", "session_id", "tools", "tool_choice", "parallel_tool_calls", "adapter", "continue_from", "store")
+    __slots__ = ("request_id", "sampling", "stopping", "add_bos", "priority", "output", "constraint", "n", "session_id", "tools", "tool_choice", "parallel_tool_calls", "adapter", "continue_from", "store", "model")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STOPPING_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +206,7 @@ class SessionConfig(_message.Message):
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
     CONTINUE_FROM_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     sampling: SamplingParams
     stopping: StoppingCriteria
@@ -221,7 +222,8 @@ class SessionConfig(_message.Message):
     adapter: AdapterRef
     continue_from: str
     store: bool
-    def __init__(self, request_id: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., add_bos: _Optional[bool] = ..., priority: _Optional[int] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., n: _Optional[int] = ..., session_id: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., continue_from: _Optional[str] = ..., store: _Optional[bool] = ...) -> None: ...
+    model: str
+    def __init__(self, request_id: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., add_bos: _Optional[bool] = ..., priority: _Optional[int] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., n: _Optional[int] = ..., session_id: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., continue_from: _Optional[str] = ..., store: _Optional[bool] = ..., model: _Optional[str] = ...) -> None: ...
 
 class AdapterRef(_message.Message):
     __slots__ = ("name", "scale")
@@ -463,18 +465,20 @@ class EmbedResponse(_message.Message):
     def __init__(self, index: _Optional[int] = ..., embedding: _Optional[_Iterable[float]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
-    __slots__ = ("text", "add_special", "parse_special", "with_pieces", "embedding_model")
+    __slots__ = ("text", "add_special", "parse_special", "with_pieces", "embedding_model", "model")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     ADD_SPECIAL_FIELD_NUMBER: _ClassVar[int]
     PARSE_SPECIAL_FIELD_NUMBER: _ClassVar[int]
     WITH_PIECES_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     text: str
     add_special: bool
     parse_special: bool
     with_pieces: bool
     embedding_model: bool
-    def __init__(self, text: _Optional[str] = ..., add_special: _Optional[bool] = ..., parse_special: _Optional[bool] = ..., with_pieces: _Optional[bool] = ..., embedding_model: _Optional[bool] = ...) -> None: ...
+    model: str
+    def __init__(self, text: _Optional[str] = ..., add_special: _Optional[bool] = ..., parse_special: _Optional[bool] = ..., with_pieces: _Optional[bool] = ..., embedding_model: _Optional[bool] = ..., model: _Optional[str] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
     __slots__ = ("ids", "pieces")
@@ -485,14 +489,16 @@ class TokenizeResponse(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., pieces: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class DetokenizeRequest(_message.Message):
-    __slots__ = ("ids", "render_special", "embedding_model")
+    __slots__ = ("ids", "render_special", "embedding_model", "model")
     IDS_FIELD_NUMBER: _ClassVar[int]
     RENDER_SPECIAL_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
     render_special: bool
     embedding_model: bool
-    def __init__(self, ids: _Optional[_Iterable[int]] = ..., render_special: _Optional[bool] = ..., embedding_model: _Optional[bool] = ...) -> None: ...
+    model: str
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., render_special: _Optional[bool] = ..., embedding_model: _Optional[bool] = ..., model: _Optional[str] = ...) -> None: ...
 
 class DetokenizeResponse(_message.Message):
     __slots__ = ("text",)
@@ -501,8 +507,10 @@ class DetokenizeResponse(_message.Message):
     def __init__(self, text: _Optional[str] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class SlotInfo(_message.Message):
     __slots__ = ("seq_id", "busy", "num_cached_tokens", "paused", "kv_pos_min", "kv_pos_max")
@@ -521,7 +529,7 @@ class SlotInfo(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., busy: _Optional[bool] = ..., num_cached_tokens: _Optional[int] = ..., paused: _Optional[bool] = ..., kv_pos_min: _Optional[int] = ..., kv_pos_max: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "path", "architecture", "num_parameters", "n_ctx_train", "n_ctx", "n_ctx_per_slot", "n_embd", "vocab_size", "bos_token_id", "eos_token_id", "eog_token_ids", "has_chat_template", "can_generate", "can_embed", "n_parallel", "n_batch", "n_ubatch", "pooling_type", "version", "slots", "num_sessions_waiting", "max_queue", "features", "embedding_model", "n_swa", "adapters")
+    __slots__ = ("name", "path", "architecture", "num_parameters", "n_ctx_train", "n_ctx", "n_ctx_per_slot", "n_embd", "vocab_size", "bos_token_id", "eos_token_id", "eog_token_ids", "has_chat_template", "can_generate", "can_embed", "n_parallel", "n_batch", "n_ubatch", "pooling_type", "version", "slots", "num_sessions_waiting", "max_queue", "features", "embedding_model", "n_swa", "adapters", "models")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
@@ -549,6 +557,7 @@ class ModelInfo(_message.Message):
     EMBEDDING_MODEL_FIELD_NUMBER: _ClassVar[int]
     N_SWA_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     architecture: str
@@ -576,7 +585,8 @@ class ModelInfo(_message.Message):
     embedding_model: EmbeddingModelInfo
     n_swa: int
     adapters: _containers.RepeatedCompositeFieldContainer[AdapterInfo]
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., num_parameters: _Optional[int] = ..., n_ctx_train: _Optional[int] = ..., n_ctx: _Optional[int] = ..., n_ctx_per_slot: _Optional[int] = ..., n_embd: _Optional[int] = ..., vocab_size: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., eog_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., can_generate: _Optional[bool] = ..., can_embed: _Optional[bool] = ..., n_parallel: _Optional[int] = ..., n_batch: _Optional[int] = ..., n_ubatch: _Optional[int] = ..., pooling_type: _Optional[str] = ..., version: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotInfo, _Mapping]]] = ..., num_sessions_waiting: _Optional[int] = ..., max_queue: _Optional[int] = ..., features: _Optional[_Union[Features, _Mapping]] = ..., embedding_model: _Optional[_Union[EmbeddingModelInfo, _Mapping]] = ..., n_swa: _Optional[int] = ..., adapters: _Optional[_Iterable[_Union[AdapterInfo, _Mapping]]] = ...) -> None: ...
+    models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., num_parameters: _Optional[int] = ..., n_ctx_train: _Optional[int] = ..., n_ctx: _Optional[int] = ..., n_ctx_per_slot: _Optional[int] = ..., n_embd: _Optional[int] = ..., vocab_size: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., eog_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., can_generate: _Optional[bool] = ..., can_embed: _Optional[bool] = ..., n_parallel: _Optional[int] = ..., n_batch: _Optional[int] = ..., n_ubatch: _Optional[int] = ..., pooling_type: _Optional[str] = ..., version: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotInfo, _Mapping]]] = ..., num_sessions_waiting: _Optional[int] = ..., max_queue: _Optional[int] = ..., features: _Optional[_Union[Features, _Mapping]] = ..., embedding_model: _Optional[_Union[EmbeddingModelInfo, _Mapping]] = ..., n_swa: _Optional[int] = ..., adapters: _Optional[_Iterable[_Union[AdapterInfo, _Mapping]]] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AdapterInfo(_message.Message):
     __slots__ = ("name", "path", "scale", "id", "rank", "size_bytes", "state", "num_sessions")

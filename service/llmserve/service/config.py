@@ -2,8 +2,7 @@
 
 Settings that travel below the transport come as one frozen object per concern
 (`SpeculationSettings`, `PrefillSettings`, `KVCacheSettings`, `ContextShiftSettings`,
-`AdapterSettings`).
-Each field is named after its flag (`--draft-max` -> `draft_max`); the CLI builds the
+`AdapterSettings`, `ModelSettings`). Each field is named after its flag (`--draft-max` -> `draft_max`); the CLI builds the
 object from those names and every layer hands it down unchanged to the code that
 reads it, so a new flag is its field here, its `add` line in cli.py, its consumer
 and its test.
@@ -14,17 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .model_settings import ModelSettings
+
 TOOL_FORMATS = ("auto", "generic", "hermes", "llama3", "mistral", "mistral-args")  # engine/chat/tool_formats.py
 CACHE_TYPES = {  # name -> ggml_type id (ggml.h)
-    "f32": 0,
-    "f16": 1,
-    "bf16": 30,
-    "q8_0": 8,
-    "q4_0": 2,
-    "q4_1": 3,
-    "q5_0": 6,
-    "q5_1": 7,
-    "iq4_nl": 20,
+    "f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "iq4_nl": 20,
 }
 UNQUANTIZED = {"f32", "f16", "bf16"}
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
@@ -180,6 +173,7 @@ class HttpConnectionSettings:
 @dataclass(frozen=True)
 class ServerConfig:
     model_path: Path | None = None  # None: the default PyPI model
+    models: ModelSettings = ModelSettings()  # more models beside it (model_settings.py)
     n_ctx: int = 8192  # total KV cells: n_ctx / n_parallel per slot
     n_parallel: int = 4
     n_parallel_auto: bool = False  # -np was not given: llama-server's auto value
@@ -280,10 +274,8 @@ class ServerConfig:
             raise ValueError("--max-queue must be >= 0, --n-predict -1 (none) or positive")
         if self.max_input_tokens is not None and self.max_input_tokens < 1:
             raise ValueError("--max-input-tokens must be positive")
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("--tls-cert and --tls-key go together")
-        if self.tls_client_ca is not None and self.tls_cert is None:
-            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        if (self.tls_cert is None) != (self.tls_key is None) or (self.tls_client_ca and self.tls_cert is None):
+            raise ValueError("--tls-cert and --tls-key go together; --tls-client-ca needs them")
         for flag, path in (("--model", self.model_path), ("--embedding-model", self.embedding_model_path)):
             if path is not None and not path.is_file():
                 raise ValueError(f"{flag} {path}: no such file")
@@ -294,6 +286,8 @@ class ServerConfig:
             raise ValueError("--deterministic needs one KV stream per slot (the default): with --kv-unified a "
                              "session's cells sit among the others' and its output moves with theirs")
         self.adapters.validate()
+        self.models.validate(self.alias or (self.model_path.stem if self.model_path else None),
+                             tuple(spec.name for spec in self.adapters.lora))
         if self.store_kv and self.session_dir is None:
             raise ValueError("--store-kv saves stored responses' KV under --session-dir: give one")
         if self.context_shift.keep < 0 or self.context_shift.keep >= self.n_ctx_per_slot // 2:

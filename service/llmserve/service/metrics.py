@@ -19,6 +19,7 @@ Envoy is here too: `llmserve_load_utilization`, `llmserve_prefill_tokens_waiting
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import (
@@ -32,6 +33,7 @@ from prometheus_client import (
     Info,
     start_http_server,
 )
+from prometheus_client.metrics_core import Metric
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -142,6 +144,7 @@ class Metrics:
             "llmserve_spec_accepted_tokens", "Speculative draft tokens accepted", registry=r
         )
         self.kv_used = Gauge("llmserve_kv_cells_used_ratio", "KV cells holding tokens / generation cells", registry=r)
+        self.models: dict[str, Metrics] = {}  # further models' (add_model), by name
         self.max_loras = 0  # --max-loras (the Engine sets it): the lora_requests_info gauge's max_lora label
         self.lora_info = Gauge("llmserve_lora_requests_info", "LoRA adapters of running and waiting sessions, as "
                                "vLLM's vllm:lora_requests_info (the inference gateway's lora-affinity scorer reads "
@@ -204,5 +207,33 @@ class Metrics:
             self.lora_info.clear()
             self.lora_info.labels(running, waiting, str(self.max_loras)).set(time.time())
 
+    def add_model(self, name: str, metrics: Metrics) -> None:
+        """A further model's executor and turns (served_models.py), served among these."""
+        self.models[name] = metrics
+
+    def exposed(self) -> CollectorRegistry:
+        """What /metrics shows: these metrics and the further models' (`_WithModels`)."""
+        exposed = CollectorRegistry()
+        exposed.register(_WithModels(self))
+        return exposed
+
     def serve(self, host: str, port: int) -> None:
-        start_http_server(port, addr=host, registry=self.registry)
+        start_http_server(port, addr=host, registry=self.exposed())
+
+
+class _WithModels:
+    """The server's metrics; each further model's samples join the same families with a
+    `model_name` label (vLLM's), the default model's and the process's have none."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        others = [(name, {f.name: f for f in m.registry.collect()}) for name, m in self._metrics.models.items()]
+        for family in self._metrics.registry.collect():
+            if not family.name.startswith(("process_", "python_")):
+                for name, families in others:
+                    if (other := families.get(family.name)) is not None:
+                        family.samples.extend(s._replace(labels={**s.labels, "model_name": name})
+                                              for s in other.samples)
+            yield family

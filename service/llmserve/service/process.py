@@ -37,6 +37,7 @@ from .http.surface import HttpSurface
 from .load_report import LoadReporter
 from .metrics import Metrics
 from .open_calls import OpenCalls
+from .served_models import ServedModels
 from .tracing import Tracing
 from .transport.grpc_server import ListenError, check_bindable
 from .transport.server import GrpcSurface
@@ -81,6 +82,13 @@ def _ready_stall_s(config: ServerConfig) -> float:
     return min(READY_STALL_S, config.watchdog_timeout_s / 2) if config.watchdog_timeout_s else READY_STALL_S
 
 
+def _worst_stall(engines: list[Engine]) -> float | None:
+    """The longest any executor has gone without progress with work waiting; None when one
+    is dead."""
+    stalls = [engine.stalled_for() for engine in engines]
+    return None if None in stalls else max(s for s in stalls if s is not None)
+
+
 async def _load_engine(config: ServerConfig, metrics: Metrics) -> Engine:
     """The model, loaded off the event loop. Test only: `LLMSERVE_INJECT_FAULT=slow_load:<s>`
     waits that long first, so that a loading server can be watched on any machine."""
@@ -94,7 +102,8 @@ class Process:
         self.config = config
         self.metrics = Metrics()
         self.calls = OpenCalls()  # every surface's, for the drain
-        self.engine: Engine | None = None  # set once it serves
+        self.engine: Engine | None = None  # the default model's, set once it serves
+        self.models = ServedModels(config, self.metrics)  # the further models' (--model NAME=PATH)
         self.stopping = False  # shutdown began: not ready
         self.tracing = Tracing(config.otlp_traces_endpoint) if config.otlp_traces_endpoint else None
         self.load = LoadReporter(lambda: self.engine, self.metrics)
@@ -104,7 +113,7 @@ class Process:
         """Serving, not shutting down, and the executor steps (as `_watch` reports it)."""
         engine = self.engine
         return (engine is not None and not self.stopping
-                and (engine.stalled_for() or 0.0) <= _ready_stall_s(self.config))
+                and (_worst_stall([engine, *self.models.others()]) or 0.0) <= _ready_stall_s(self.config))
 
     async def run(self) -> None:
         await self._listen()
@@ -116,12 +125,16 @@ class Process:
         await asyncio.wait([load, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         try:
             engine = await load  # a signal during loading still waits for the load to free it
+            others = await self.models.load_others(engine) if not stop.is_set() else []
         except RuntimeError as exc:  # llama.cpp could not load a model or create a context
             log.error("model_load_failed", error=str(exc))
             await self._fail(str(exc))
-        engine.start()
-        self.metrics.describe_model(engine.meta, self.config.n_ctx, self.config.n_parallel, engine.version)
-        watchdog = asyncio.create_task(self._watch(engine))
+        engines = [engine, *others]
+        for each in engines:
+            each.start()
+            each.metrics.describe_model(each.meta, self.config.n_ctx, self.config.n_parallel, each.version)
+        self.models.publish(others)
+        watchdog = asyncio.create_task(self._watch(engines))
         if self.tracing is not None:
             self.tracing.start(engine.meta, engine.embedding_model)
         if not stop.is_set():
@@ -138,11 +151,11 @@ class Process:
         try:
             if config.metrics_port is not None:
                 check_bindable(config.metrics_host, config.metrics_port, "--metrics-host/--metrics-port")
-            self.surfaces.append(GrpcSurface(config, self.metrics, self.calls, self.load, self.tracing))
+            self.surfaces.append(GrpcSurface(config, self.metrics, self.calls, self.load, self.tracing, self.models))
         except ListenError as exc:
             raise SystemExit(f"llmserve: {exc}") from None
         if config.http_port is not None:
-            self.surfaces.append(HttpSurface(config, self.metrics, self.calls, self.load))
+            self.surfaces.append(HttpSurface(config, self.metrics, self.calls, self.load, self.models))
         await self._set_health(alive=True, ready=False)  # alive while the model loads
         for i, surface in enumerate(self.surfaces):
             try:
@@ -170,14 +183,14 @@ class Process:
         for surface in self.surfaces:
             await surface.set_health(alive, ready)
 
-    async def _watch(self, engine: Engine) -> None:
-        """Readiness off while the executor makes no progress with work waiting; exit the
-        process when it is dead or stuck (see the module docstring)."""
+    async def _watch(self, engines: list[Engine]) -> None:
+        """Readiness off while an executor makes no progress with work waiting; exit the
+        process when one is dead or stuck (see the module docstring)."""
         config, ready = self.config, True
         ready_stall_s = _ready_stall_s(config)
         while True:
             await asyncio.sleep(0.25)
-            stalled = engine.stalled_for()
+            stalled = _worst_stall(engines)
             stuck = stalled is not None and stalled > ready_stall_s
             if stuck == ready and not self.stopping:  # readiness follows the executor's progress
                 ready = not stuck
@@ -206,12 +219,15 @@ class Process:
         self.calls.begin_drain()
         if not await self.calls.wait_idle(config.shutdown_grace_s):
             log.warning("grace_period_over", detail="ending the remaining calls with UNAVAILABLE")
-        watchdog.cancel()  # the executor is about to stop on purpose
-        await asyncio.to_thread(engine.stop)  # open sessions fail (gRPC UNAVAILABLE, HTTP 503)
+        watchdog.cancel()  # the executors are about to stop on purpose
+        engines = [engine, *self.models.others()]
+        for each in engines:
+            await asyncio.to_thread(each.stop)  # open sessions fail (gRPC UNAVAILABLE, HTTP 503)
         await self.calls.wait_idle(5.0)
         for surface in self.surfaces:
             await surface.stop()
-        await asyncio.to_thread(engine.close)
+        for each in engines:
+            await asyncio.to_thread(each.close)
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.shutdown)  # exports the spans still batched
         log.info("stopped")

@@ -73,7 +73,8 @@ LARGE_TEXT_CHARS = 16 * 1024  # longer texts are tokenized on the offload pool, 
 
 
 class Engine:
-    def __init__(self, config: ServerConfig, metrics: Metrics | None = None) -> None:
+    def __init__(self, config: ServerConfig, metrics: Metrics | None = None,
+                 conversations: ConversationStore | None = None) -> None:
         model_path = config.model_path or default_model_path()
         if config.n_batch_effective != config.n_batch:
             log.info("n_batch_clamped_for_embeddings", n_batch=config.n_batch, n_ubatch=config.n_ubatch,
@@ -104,7 +105,8 @@ class Engine:
         self.stored_kv = StoredKV(self._store, config.store_kv)  # stored turns' KV, for their continuations
         self.session_gate = SessionGate(config.n_parallel, config.max_queue, metrics.sessions.set)  # both surfaces' admission
         # turns kept to be continued by id (chat/stored.py), across restarts with --session-dir
-        self.conversations = ConversationStore(directory=config.session_dir / "responses" if config.session_dir else None)
+        self.conversations = conversations if conversations is not None else ConversationStore(
+            directory=config.session_dir / "responses" if config.session_dir else None)
         embedder = runner.embedder  # None without embeddings
         self.embedding_model = embedding_model_info(embedder) if embedder is not None else None
         self.pooling = self.embedding_model.pooling if self.embedding_model else "none"

@@ -8,31 +8,35 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TypeVar
 
 from aiohttp import web
 
 from ..domain.events import TurnEndEvent
 from ..domain.requests import SessionParams
-from ..engine.engine import ChatMessage, Engine, continued, owner_of
+from ..engine.engine import ChatMessage, Engine, ToolFormat, continued, owner_of
 from ..open_calls import OpenCalls
 from .adapters import model_and_adapters
 from .anthropic import MessagesResponder
-from .anthropic_request import MessagesRequest, parse_count_request, parse_messages_request
+from .anthropic_request import parse_count_request, parse_messages_request
 from .background import BackgroundResponses
-from .body import parsed_body
 from .errors import ApiError
 from .request import SURFACE, ChatRequest
 from .responses_api import ResponsesResponder
 from .responses_request import ResponsesRequest, parse_responses_request
+from .routing import ModelRouter
 from .telemetry import request_deadline
+
+T = TypeVar("T")
 
 
 class AgentRoutes:
-    def __init__(self, engine: Callable[[], Engine], model_names: Callable[[Engine], tuple[str, ...]],
+    def __init__(self, router: ModelRouter, model_names: Callable[[Engine], tuple[str, ...]],
                  calls: OpenCalls) -> None:
-        """`engine()`: the engine, or a 503 while it loads or the server drains; `calls`: the
-        open calls the drain waits for (a background response is one)."""
-        self._engine = engine
+        """`router`: the engine of the model a body names (routing.py), or a 503 while it loads
+        or the server drains; `calls`: the open calls the drain waits for (a background response is one)."""
+        self._router = router
+        self._engine = router.default  # stored responses: every model's are kept with the default's
         self._model_names = model_names
         self._calls = calls
         self._background = BackgroundResponses()
@@ -44,18 +48,14 @@ class AgentRoutes:
         return chat, model, params
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        engine = self._engine()
-        body: MessagesRequest = await parsed_body(request, engine,
-                                                  lambda value: parse_messages_request(value, engine.tool_format))
+        engine, body = await self._router.body(request, lambda engine: _reading(parse_messages_request, engine))
         chat, model, params = self._call(request, engine, body.chat)
         with engine.session_gate.admitted():  # open sessions of every route: the slots plus --max-queue
             responder = MessagesResponder(engine, chat, params, model)
             return await (responder.stream(request) if body.stream else responder.whole())
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
-        engine = self._engine()
-        body: ResponsesRequest = await parsed_body(request, engine,
-                                                   lambda value: parse_responses_request(value, engine.tool_format))
+        engine, body = await self._router.body(request, lambda engine: _reading(parse_responses_request, engine))
         owner = owner_of(_credentials(request))
         chat, model, params = self._call(request, engine, self._continued(engine, body, owner))
         said = tuple(chat.messages[body.num_instructions:])
@@ -112,9 +112,7 @@ class AgentRoutes:
 
     async def input_tokens(self, request: web.Request) -> web.Response:
         """`POST /v1/responses/input_tokens`: the prompt the same `/v1/responses` request would prefill."""
-        engine = self._engine()
-        body: ResponsesRequest = await parsed_body(request, engine,
-                                                   lambda value: parse_responses_request(value, engine.tool_format))
+        engine, body = await self._router.body(request, lambda engine: _reading(parse_responses_request, engine))
         chat = self._continued(engine, body, owner_of(_credentials(request)))
         model_and_adapters(engine, chat.model, (), self._model_names(engine))
         return web.json_response({"object": "response.input_tokens", "input_tokens": await _prompt_tokens(engine, chat)})
@@ -150,10 +148,14 @@ class AgentRoutes:
 
     async def count_tokens(self, request: web.Request) -> web.Response:
         """The prompt a `/v1/messages` turn with these messages, system and tools would prefill."""
-        engine = self._engine()
-        chat: ChatRequest = await parsed_body(request, engine, lambda value: parse_count_request(value, engine.tool_format))
+        engine, chat = await self._router.body(request, lambda engine: _reading(parse_count_request, engine))
         model_and_adapters(engine, chat.model, (), self._model_names(engine))
         return web.json_response({"input_tokens": await _prompt_tokens(engine, chat)})
+
+
+def _reading(parse: Callable[[object, ToolFormat], T], engine: Engine) -> Callable[[object], T]:
+    """`parse` with the model's tool format."""
+    return lambda value: parse(value, engine.tool_format)
 
 
 def _credentials(request: web.Request) -> str:

@@ -62,6 +62,10 @@ class ResponsesRequest:
     background: bool = False  # answered `queued` at once; the turn runs as a task (background.py)
 
     @property
+    def model(self) -> str | None:
+        return self.chat.model
+
+    @property
     def num_instructions(self) -> int:
         """How many of `chat.messages` are the instructions (not carried into a continuation)."""
         return 1 if "instructions" in self.body else 0

@@ -35,6 +35,7 @@ from ..engine.engine import Engine
 from ..load_report import TRAILER, LoadReporter
 from ..metrics import Metrics
 from ..open_calls import OpenCalls
+from ..served_models import ServedModels
 from . import adapters, anthropic
 from .agent_routes import AgentRoutes
 from .body import parsed_body
@@ -45,8 +46,9 @@ from .connections import ConnectionGuard, ConnectionLimits
 from .embeddings import embed, embedding_model_of, model_names, parse_embeddings
 from .errors import ApiError, from_exception, server_error, unavailable
 from .fields import known_model
-from .request import SURFACE, ChatRequest, parse_chat
+from .request import SURFACE, parse_chat
 from .responses_request import responses_param
+from .routing import ModelRouter
 from .telemetry import Telemetry, request_deadline
 
 log = structlog.get_logger("llmserve.http")
@@ -61,9 +63,12 @@ SEND_BUFFER_BYTES = 64 * 1024  # an event stream's socket send buffer (the kerne
 
 
 class HttpSurface:
-    def __init__(self, config: ServerConfig, metrics: Metrics, calls: OpenCalls, load: LoadReporter) -> None:
+    def __init__(self, config: ServerConfig, metrics: Metrics, calls: OpenCalls, load: LoadReporter,
+                 models: ServedModels) -> None:
         assert config.http_port is not None
         self.config = config
+        self.models = models
+        self._router = ModelRouter(self._engine_or_503, models)  # routing.py: which model serves a body
         self.metrics = metrics
         self.calls = calls
         self.load = load
@@ -90,7 +95,7 @@ class HttpSurface:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/embeddings", self._embeddings)
-        agents = AgentRoutes(self._engine_or_503, self._model_names, self.calls)  # agent_routes.py
+        agents = AgentRoutes(self._router, self._model_names, self.calls)  # agent_routes.py
         app.router.add_post("/v1/messages", agents.messages)
         app.router.add_post("/v1/messages/count_tokens", agents.count_tokens)
         app.router.add_post("/v1/responses", agents.responses)
@@ -193,14 +198,17 @@ class HttpSurface:
 
     async def _models(self, request: web.Request) -> web.Response:
         engine = self._engine_or_503()
-        created = int(Path(engine.meta.path).stat().st_mtime) if Path(engine.meta.path).exists() else 0
+        created = _created(engine)
         names = self._model_names(engine)
         data = [{"id": name, "object": "model", "created": created, "owned_by": "llmserve"} for name in names]
-        return web.json_response({"object": "list", "data": data + adapters.model_entries(engine, names[0], created)})
+        data += adapters.model_entries(engine, names[0], created)
+        for other in self.models.others():  # the further models (--model NAME=PATH)
+            data.append({"id": other.model_name, "object": "model", "created": _created(other), "owned_by": "llmserve",
+                         "root": other.meta.path})
+        return web.json_response({"object": "list", "data": data})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        engine = self._engine_or_503()
-        parsed: ChatRequest = await parsed_body(request, engine, lambda value: parse_chat(value, engine.tool_format))
+        engine, parsed = await self._router.body(request, lambda engine: lambda value: parse_chat(value, engine.tool_format))
         chat = replace(parsed, deadline=request_deadline(request))
         model, chosen = adapters.model_and_adapters(engine, chat.model, chat.lora, self._model_names(engine))
         params = replace(chat.session_params(request["request_id"], engine.limits), surface=SURFACE, adapters=chosen)
@@ -209,8 +217,8 @@ class HttpSurface:
             return await (responder.stream(request) if chat.stream else responder.whole())
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        engine = self._engine_or_503()
-        completion = replace(await parsed_body(request, engine, parse_completion), deadline=request_deadline(request))
+        engine, parsed_completion = await self._router.body(request, lambda engine: parse_completion)
+        completion = replace(parsed_completion, deadline=request_deadline(request))
         model, chosen = adapters.model_and_adapters(engine, completion.model, completion.lora, self._model_names(engine))
         params = replace(completion.session_params(request["request_id"], engine.limits), surface=SURFACE,
                          adapters=chosen)
@@ -229,6 +237,12 @@ class HttpSurface:
         model = known_model(body.model, model_names(embedder, self._model_names(engine)))
         with engine.session_gate.admitted():  # a place like a session's: the slots plus --max-queue
             return web.Response(body=await embed(engine, embedder, body, model), content_type="application/json")
+
+
+def _created(engine: Engine) -> int:
+    """The model file's time, as OpenAI's `created`."""
+    path = Path(engine.meta.path)
+    return int(path.stat().st_mtime) if path.exists() else 0
 
 
 def _tls(config: ServerConfig) -> ssl.SSLContext | None:

@@ -99,6 +99,10 @@ class InvalidArgument(ServiceError):
     code = grpc.StatusCode.INVALID_ARGUMENT
 
 
+class NotFound(ServiceError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
 class FailedPrecondition(ServiceError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 

@@ -59,7 +59,8 @@ def embed_response(result: EmbedResult) -> pb.EmbedResponse:
     )
 
 
-def model_info(engine: Engine, max_queue: int) -> pb.ModelInfo:
+def model_info(engine: Engine, max_queue: int, models: list[str]) -> pb.ModelInfo:
+    """`engine`'s model; `models`: every generative model's name, the default first."""
     meta, config, snap = engine.meta, engine.config, engine.snapshot
     return pb.ModelInfo(
         name=meta.name,
@@ -83,6 +84,7 @@ def model_info(engine: Engine, max_queue: int) -> pb.ModelInfo:
         n_swa=meta.n_swa,
         pooling_type=engine.pooling,
         version=engine.version,
+        models=models,
         slots=[
             pb.SlotInfo(
                 seq_id=s.seq_id, busy=s.busy, num_cached_tokens=s.num_cached_tokens, paused=s.paused,

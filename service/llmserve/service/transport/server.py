@@ -24,6 +24,7 @@ from ..engine.engine import Engine
 from ..load_report import LoadReporter
 from ..metrics import Metrics
 from ..open_calls import OpenCalls
+from ..served_models import ServedModels
 from ..tracing import Tracing
 from .grpc_server import SERVICE_NAME, build_server
 from .servicer import LLMServicer
@@ -34,9 +35,9 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 class GrpcSurface:
     def __init__(self, config: ServerConfig, metrics: Metrics, calls: OpenCalls, load: LoadReporter,
-                 tracing: Tracing | None) -> None:
+                 tracing: Tracing | None, models: ServedModels) -> None:
         """Binds --host/--port (ListenError if it cannot)."""
-        self.servicer = LLMServicer(metrics, calls, config.max_queue)
+        self.servicer = LLMServicer(metrics, calls, config.max_queue, models)
         self._health = health.aio.HealthServicer()
         self._server = build_server(config, self.servicer, self._health, tracing, load)
 

@@ -23,9 +23,10 @@ from ..domain.requests import SessionParams
 from ..engine.engine import Engine, ToolFormat, ToolPlan, owner_of
 from ..metrics import Metrics
 from ..open_calls import OpenCalls
+from ..served_models import ServedModels
 from . import adapters, responses, unary, validation
 from .embed_call import EmbedCall
-from .errors import DeadlineExceeded, InvalidArgument, Unavailable, check_decoded, rpc_errors
+from .errors import DeadlineExceeded, InvalidArgument, NotFound, Unavailable, check_decoded, rpc_errors
 from .generate_call import Drain, GenerateCall, stored_conversation
 from .tool_config import tool_plan
 
@@ -65,21 +66,34 @@ def bind_request(context: grpc.aio.ServicerContext, rpc: str, rid: str) -> None:
 
 
 class LLMServicer(pb_grpc.LLMServiceServicer):
-    def __init__(self, metrics: Metrics, calls: OpenCalls, max_queue: int) -> None:
+    def __init__(self, metrics: Metrics, calls: OpenCalls, max_queue: int, models: ServedModels) -> None:
         self.engine: Callable[[], Engine | None] = lambda: None  # None until the model has loaded
+        self.models = models
         self.metrics = metrics
         self.max_queue = max_queue
         self.calls = calls
         self._generate_calls: set[GenerateCall] = set()
         calls.on_drain(self._drain_sessions)
 
-    def _engine(self) -> Engine:
+    def _engine(self, model: str = "", field: str = "model") -> Engine:
+        """The model called `model` (empty: the default one); NOT_FOUND naming `field` when
+        nothing serves it."""
         engine = self.engine()
         if self.calls.draining:
             raise Unavailable("the server is shutting down")
         if engine is None:
             raise Unavailable("the model is still loading", retry_after_s=1.0)
-        return engine
+        if not model or model == engine.model_name:
+            return engine
+        other = self.models.engine_for(model)
+        if other is None:
+            raise NotFound(f"no model is called {model!r}; this server serves {', '.join(self._model_names())}",
+                           field=field)
+        return other
+
+    def _model_names(self) -> list[str]:
+        engine = self.engine()
+        return [engine.model_name] + [other.model_name for other in self.models.others()] if engine else []
 
     def _drain_sessions(self) -> None:
         """Sessions end UNAVAILABLE once their open turn is done."""
@@ -122,9 +136,9 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
 
     @rpc_errors
     async def Generate(self, request_iterator, context):  # type: ignore[no-untyped-def]
-        engine = self._engine()
         with self.calls.counted():
-            first = await self._first_message(request_iterator, engine)
+            first = await self._first_message(request_iterator, self._engine())
+            engine = self._engine(first.config.model, "config.model")
             async for response in self._session(engine, first, request_iterator, context, "Generate"):
                 yield response
 
@@ -132,7 +146,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     async def GenerateOnce(self, request, context):  # type: ignore[no-untyped-def]
         """A session of one turn: the request is its first message, then a half-close."""
         first = one_turn(check_decoded(request))
-        engine = self._engine()
+        engine = self._engine(first.config.model, "config.model")
         with self.calls.counted():
             async for response in self._session(engine, first, _no_more_input(), context, "GenerateOnce"):
                 yield pb.GenerateOnceResponse.FromString(response.SerializeToString())  # the same fields
@@ -140,7 +154,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     @rpc_errors
     async def GenerateText(self, request, context):  # type: ignore[no-untyped-def]
         first = one_turn(request)
-        engine = self._engine()
+        engine = self._engine(first.config.model, "config.model")
         with self.calls.counted():
             return responses.text_response(
                 [r async for r in self._session(engine, first, _no_more_input(), context, "GenerateText")]
@@ -189,15 +203,15 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
 
     @rpc_errors
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:  # type: ignore[no-untyped-def]
-        return await unary.tokenize(self._engine(), request)
+        return await unary.tokenize(self._engine(request.model), request)
 
     @rpc_errors
     async def Detokenize(self, request: pb.DetokenizeRequest, context) -> pb.DetokenizeResponse:  # type: ignore[no-untyped-def]
-        return await unary.detokenize(self._engine(), request)
+        return await unary.detokenize(self._engine(request.model), request)
 
     @rpc_errors
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:  # type: ignore[no-untyped-def]
-        return responses.model_info(self._engine(), self.max_queue)
+        return responses.model_info(self._engine(request.model), self.max_queue, self._model_names())
 
     @rpc_errors
     async def LoadAdapter(self, request: pb.LoadAdapterRequest, context) -> pb.AdapterInfo:  # type: ignore[no-untyped-def]

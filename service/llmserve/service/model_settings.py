@@ -1,0 +1,50 @@
+"""Several generative models behind one endpoint: `-m/--model [NAME=]PATH`, repeatable.
+
+The first `--model` is the default model (a call that names no model gets it; its NAME,
+when given, is its alias). Each further one is another model, served by its NAME: with
+its own context, executor thread and slots (served_models.py), the same -c/-np/-t as the
+default. Read by the cli (parse), ServerConfig.validate and served_models.py.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    name: str
+    path: Path
+
+
+def parse_named_model(value: str) -> tuple[str | None, Path]:
+    """`NAME=PATH` or `PATH` (a NAME holds no `/`): ValueError when NAME is not 1-64 of
+    letters, digits and `._:-`."""
+    name, sep, path = value.partition("=")
+    if not sep or "/" in name:
+        return None, Path(value)
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"--model {value}: a model's NAME is 1 to 64 letters, digits, '.', '_', ':' or '-'")
+    return name, Path(path)
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """The models served beside the default one (none: one model, as before)."""
+
+    extra: tuple[NamedModel, ...] = ()
+
+    def validate(self, default_name: str | None, adapter_names: tuple[str, ...]) -> None:
+        """Every extra model has a name no other model or adapter has, and a file."""
+        names = [model.name for model in self.extra]
+        taken = {default_name, *adapter_names}
+        for model in self.extra:
+            if not model.path.is_file():
+                raise ValueError(f"--model {model.name}={model.path}: no such file")
+            if model.name in taken or names.count(model.name) > 1:
+                raise ValueError(f"--model {model.name}=...: the name is taken (by another model, the default "
+                                 "model's alias or a LoRA adapter); each model needs its own")

@@ -1,0 +1,127 @@
+"""Several models behind one endpoint (`-m NAME=PATH`, repeatable; docs/adapters.md): the
+default model and a Q8_0 requantization of it (tools/requantize.py) on one real server,
+each with its own executor and slots, picked per call over HTTP and gRPC."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import requests
+from llmserve.client import pb, session_config
+from llmserve.service.model.default_model import cache_dir, default_model_path
+from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+
+from harness.metrics import scrape
+from harness.server import RunningServer, free_port, serving
+from tools.requantize import requantize
+
+OTHER = "gemma-q8"
+TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def other_model() -> Path:
+    """The second model, made once per machine (a few seconds)."""
+    return requantize(default_model_path(), cache_dir() / "test-models" / "gemma-3-270m-q8_0.gguf")
+
+
+@pytest.fixture(scope="module")
+def server(other_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    flags = ["-m", str(default_model_path()), "-m", f"{OTHER}={other_model}", "-np", "2", "-c", "2048", "-t", "2",
+             "--session-dir", str(tmp_path_factory.mktemp("model-sessions"))]
+    with serving(flags, tmp_path_factory.mktemp("models") / "server.log", http_port=free_port(),
+                 metrics=True) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def stub(server: RunningServer) -> pb_grpc.LLMServiceStub:
+    return pb_grpc.LLMServiceStub(grpc.insecure_channel(server.address))
+
+
+def _url(server: RunningServer, path: str) -> str:
+    return f"http://127.0.0.1:{server.http_port}{path}"
+
+
+def _turns(server: RunningServer, model: str | None) -> float:
+    """Turns the model's executor ended (the default model's samples carry no model_name)."""
+    page = scrape(server.metrics_port)
+    if model is None:
+        return sum(v for (n, labels), v in page.samples.items()
+                   if n == "llmserve_turns_total" and "model_name" not in dict(labels))
+    return page.total("llmserve_turns_total", model_name=model)
+
+
+def _text(stub: pb_grpc.LLMServiceStub, model: str = "", prompt: str = "The capital of France is") -> pb.GenerateTextResponse:
+    config = session_config(max_tokens=TOKENS, temperature=0, ignore_eos=True, model=model)
+    return stub.GenerateText(pb.GenerateTextRequest(config=config, input=pb.Input(text=prompt)), timeout=120)
+
+
+def test_models_lists_both_and_model_info_tells_them_apart(server: RunningServer, stub: pb_grpc.LLMServiceStub,
+                                                            other_model: Path) -> None:
+    ids = [entry["id"] for entry in requests.get(_url(server, "/v1/models"), timeout=10).json()["data"]]
+    assert OTHER in ids and ids[0] != OTHER  # the default model first
+    default, other = stub.GetModelInfo(pb.GetModelInfoRequest()), stub.GetModelInfo(pb.GetModelInfoRequest(model=OTHER))
+    assert Path(other.path) == other_model and Path(default.path) == default_model_path()
+    assert list(default.models) == list(other.models) and default.models[1] == OTHER
+    assert stub.GetModelInfo(pb.GetModelInfoRequest(model=default.models[0])).path == default.path
+
+
+def test_a_call_runs_on_the_model_it_names(server: RunningServer, stub: pb_grpc.LLMServiceStub) -> None:
+    before_default, before_other = _turns(server, None), _turns(server, OTHER)
+    assert _text(stub, OTHER).samples[0].turn_end.usage.completion_tokens == TOKENS
+    reply = requests.post(_url(server, "/v1/chat/completions"), timeout=120, json={
+        "model": OTHER, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": TOKENS})
+    assert reply.status_code == 200 and reply.json()["model"] == OTHER
+    assert _turns(server, OTHER) == before_other + 2  # both on the other model's executor
+    assert _turns(server, None) == before_default
+    _text(stub)  # and a call that names none runs on the default model
+    assert _turns(server, None) == before_default + 1 and _turns(server, OTHER) == before_other + 2
+
+
+def test_both_models_serve_at_once(server: RunningServer, stub: pb_grpc.LLMServiceStub) -> None:
+    names = ["", OTHER] * 4  # 4 sessions per model on 2 slots each: some wait for theirs
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+        replies = list(pool.map(lambda model: _text(stub, model, f"Count to ten for {model or 'me'}:"), names))
+    assert [r.samples[0].turn_end.usage.completion_tokens for r in replies] == [TOKENS] * len(names)
+    other_tokens = stub.Tokenize(pb.TokenizeRequest(text="hello world", model=OTHER)).ids
+    assert list(other_tokens) == list(stub.Tokenize(pb.TokenizeRequest(text="hello world")).ids)  # one vocabulary
+
+
+def test_a_name_nothing_serves_is_refused_on_both_surfaces(server: RunningServer, stub: pb_grpc.LLMServiceStub) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        _text(stub, "no-such-model")
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND and OTHER in (caught.value.details() or "")
+    with pytest.raises(grpc.RpcError) as info:
+        stub.GetModelInfo(pb.GetModelInfoRequest(model="no-such-model"))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    reply = requests.post(_url(server, "/v1/chat/completions"), timeout=30, json={
+        "model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
+    assert reply.status_code == 404 and reply.json()["error"]["code"] == "model_not_found"
+
+
+def test_a_response_stored_by_either_model_is_found_and_continued(server: RunningServer) -> None:
+    first = requests.post(_url(server, "/v1/responses"), timeout=120, json={
+        "model": OTHER, "input": "Name a colour.", "max_output_tokens": TOKENS})
+    assert first.status_code == 200, first.text
+    assert first.json()["model"] == OTHER
+    stored = requests.get(_url(server, f"/v1/responses/{first.json()['id']}"), timeout=10)
+    assert stored.status_code == 200 and stored.json()["model"] == OTHER
+    before = _turns(server, OTHER)
+    second = requests.post(_url(server, "/v1/responses"), timeout=120, json={
+        "model": OTHER, "input": "Another one.", "previous_response_id": first.json()["id"], "max_output_tokens": 4})
+    assert second.status_code == 200, second.text
+    assert second.json()["usage"]["input_tokens"] > first.json()["usage"]["input_tokens"]
+    assert _turns(server, OTHER) == before + 1
+
+
+def test_a_named_session_of_the_other_model_resumes(server: RunningServer, stub: pb_grpc.LLMServiceStub) -> None:
+    config = session_config(max_tokens=4, temperature=0, session_id="model-session", model=OTHER)
+    for _ in range(2):
+        reply = stub.GenerateText(pb.GenerateTextRequest(config=config, input=pb.Input(text="Once upon a time")),
+                                  timeout=120)
+    assert reply.samples[0].turn_end.usage.cached_tokens > 0  # its KV was kept under the other model's name
