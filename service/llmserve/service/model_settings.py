@@ -37,9 +37,15 @@ class ModelSettings:
     """The models served beside the default one (none: one model, as before)."""
 
     extra: tuple[NamedModel, ...] = ()
+    models_max: int | None = None  # models resident at once, the default one included; None: all, loaded at start
+    models_load_timeout_s: float = 60.0  # a call waits this long for its model to load (served_models.py)
 
     def validate(self, default_name: str | None, adapter_names: tuple[str, ...]) -> None:
-        """Every extra model has a name no other model or adapter has, and a file."""
+        """Every extra model has a name no other model or adapter has, and a file; room for
+        the default model and one more."""
+        if self.models_max is not None and self.models_max < 2 or self.models_load_timeout_s <= 0:
+            raise ValueError("--models-max must be at least 2 (the default model and one more), "
+                             "--models-load-timeout positive")
         names = [model.name for model in self.extra]
         taken = {default_name, *adapter_names}
         for model in self.extra:

@@ -125,16 +125,14 @@ class Process:
         await asyncio.wait([load, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         try:
             engine = await load  # a signal during loading still waits for the load to free it
-            others = await self.models.load_others(engine) if not stop.is_set() else []
+            if not stop.is_set():
+                await self.models.start(engine)  # without --models-max: every further model loads now
         except RuntimeError as exc:  # llama.cpp could not load a model or create a context
             log.error("model_load_failed", error=str(exc))
             await self._fail(str(exc))
-        engines = [engine, *others]
-        for each in engines:
-            each.start()
-            each.metrics.describe_model(each.meta, self.config.n_ctx, self.config.n_parallel, each.version)
-        self.models.publish(others)
-        watchdog = asyncio.create_task(self._watch(engines))
+        engine.start()
+        self.metrics.describe_model(engine.meta, self.config.n_ctx, self.config.n_parallel, engine.version)
+        watchdog = asyncio.create_task(self._watch(lambda: [engine, *self.models.others()]))
         if self.tracing is not None:
             self.tracing.start(engine.meta, engine.embedding_model)
         if not stop.is_set():
@@ -183,14 +181,14 @@ class Process:
         for surface in self.surfaces:
             await surface.set_health(alive, ready)
 
-    async def _watch(self, engines: list[Engine]) -> None:
+    async def _watch(self, engines: Callable[[], list[Engine]]) -> None:
         """Readiness off while an executor makes no progress with work waiting; exit the
         process when one is dead or stuck (see the module docstring)."""
         config, ready = self.config, True
         ready_stall_s = _ready_stall_s(config)
         while True:
             await asyncio.sleep(0.25)
-            stalled = _worst_stall(engines)
+            stalled = _worst_stall(engines())
             stuck = stalled is not None and stalled > ready_stall_s
             if stuck == ready and not self.stopping:  # readiness follows the executor's progress
                 ready = not stuck
@@ -220,14 +218,13 @@ class Process:
         if not await self.calls.wait_idle(config.shutdown_grace_s):
             log.warning("grace_period_over", detail="ending the remaining calls with UNAVAILABLE")
         watchdog.cancel()  # the executors are about to stop on purpose
-        engines = [engine, *self.models.others()]
-        for each in engines:
-            await asyncio.to_thread(each.stop)  # open sessions fail (gRPC UNAVAILABLE, HTTP 503)
+        await asyncio.to_thread(engine.stop)  # open sessions fail (gRPC UNAVAILABLE, HTTP 503)
+        await self.models.stop()
         await self.calls.wait_idle(5.0)
         for surface in self.surfaces:
             await surface.stop()
-        for each in engines:
-            await asyncio.to_thread(each.close)
+        await self.models.close()
+        await asyncio.to_thread(engine.close)
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.shutdown)  # exports the spans still batched
         log.info("stopped")

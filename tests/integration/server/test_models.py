@@ -5,6 +5,7 @@ each with its own executor and slots, picked per call over HTTP and gRPC."""
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -125,3 +126,69 @@ def test_a_named_session_of_the_other_model_resumes(server: RunningServer, stub:
         reply = stub.GenerateText(pb.GenerateTextRequest(config=config, input=pb.Input(text="Once upon a time")),
                                   timeout=120)
     assert reply.samples[0].turn_end.usage.cached_tokens > 0  # its KV was kept under the other model's name
+
+
+@pytest.fixture(scope="module")
+def lru_server(other_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """Two further models (one file under two names) and room for one of them at a time."""
+    flags = ["-m", str(default_model_path()), "-m", f"a={other_model}", "-m", f"b={other_model}", "--models-max", "2",
+             "--models-load-timeout", "3", "-np", "2", "-c", "1024", "-t", "2"]
+    with serving(flags, tmp_path_factory.mktemp("models-lru") / "server.log", http_port=free_port(),
+                 metrics=True) as running:
+        yield running
+
+
+def _states(server: RunningServer) -> dict[str, str]:
+    data = requests.get(_url(server, "/v1/models"), timeout=10).json()["data"]
+    return {entry["id"]: entry["status"]["value"] for entry in data if "status" in entry}
+
+
+def test_beyond_models_max_a_model_loads_when_named_and_the_idle_one_unloads(lru_server: RunningServer) -> None:
+    stub = pb_grpc.LLMServiceStub(grpc.insecure_channel(lru_server.address))
+    assert _states(lru_server) == {"a": "unloaded", "b": "unloaded"}  # nothing further loads at start
+    assert _text(stub, "a").samples[0].turn_end.usage.completion_tokens == TOKENS
+    assert _states(lru_server) == {"a": "loaded", "b": "unloaded"}
+    assert _text(stub, "b").samples[0].turn_end.usage.completion_tokens == TOKENS
+    assert _states(lru_server) == {"a": "unloaded", "b": "loaded"}  # a was idle: it made room
+    log = lru_server.log_path.read_text()
+    assert log.count('"served_model_loaded"') == 2 and log.count('"served_model_unloaded"') == 1
+
+
+def test_a_model_in_use_is_not_unloaded_and_the_call_waiting_for_room_is_told_to_retry(
+        lru_server: RunningServer) -> None:
+    stub = pb_grpc.LLMServiceStub(grpc.insecure_channel(lru_server.address))
+    _text(stub, "b")
+    config = session_config(max_tokens=1, temperature=0, model="b")
+    done = threading.Event()
+
+    def requests_() -> Iterator[pb.GenerateRequest]:  # one turn, then the stream stays open: no half-close
+        yield pb.GenerateRequest(config=config, input=pb.Input(text="Hi"), end_of_turn=True)
+        done.wait(60)
+
+    holding = stub.Generate(requests_())  # an open session on b
+    next(holding)
+    with pytest.raises(grpc.RpcError) as caught:
+        _text(stub, "a")  # room only if b unloads: it cannot while its session is open
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "retry" in (caught.value.details() or "")
+    reply = requests.post(_url(lru_server, "/v1/completions"), timeout=30, json={"model": "a", "prompt": "Hi"})
+    assert reply.status_code == 429 and "Retry-After" in reply.headers
+    done.set()
+    holding.cancel()
+    assert _text(stub, "a").samples[0].turn_end.usage.completion_tokens == TOKENS  # once b is idle, a loads
+
+
+def test_calls_alternating_between_models_all_finish(lru_server: RunningServer) -> None:
+    stub = pb_grpc.LLMServiceStub(grpc.insecure_channel(lru_server.address))
+    names = ["a", "b"] * 3
+
+    def call(name: str) -> int:
+        for _ in range(20):  # a call refused while the other model is in use retries, as a client would
+            try:
+                return _text(stub, name).samples[0].turn_end.usage.completion_tokens
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+        raise AssertionError(f"{name} never loaded")
+
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+        assert list(pool.map(call, names)) == [TOKENS] * len(names)
+    assert set(_states(lru_server).values()) <= {"loaded", "unloaded"}

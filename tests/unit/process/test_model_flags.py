@@ -22,8 +22,9 @@ def _files(tmp_path: Path, *names: str) -> list[Path]:
 
 def test_the_first_model_is_the_default_and_each_further_one_is_named(tmp_path: Path) -> None:
     base, other, third = _files(tmp_path, "base.gguf", "other-q8.gguf", "third.gguf")
-    config = cli.build_config(cli.parse_args(["serve", "-m", f"main={base}", "--model", f"q8={other}", "-m", str(third)]))
-    assert config.model_path == base and config.alias == "main"
+    config = cli.build_config(cli.parse_args(["serve", "-m", f"main={base}", "--model", f"q8={other}", "-m", str(third),
+                                              "--models-max", "2"]))
+    assert config.model_path == base and config.alias == "main" and config.models.models_max == 2
     assert config.models.extra == (NamedModel("q8", other), NamedModel("third", third))
     plain = cli.build_config(cli.parse_args(["serve", "-m", str(base)]))
     assert plain.model_path == base and plain.alias is None and plain.models.extra == ()
@@ -41,11 +42,12 @@ def test_a_path_with_an_equals_sign_in_a_folder_is_a_path() -> None:
     ["-m", "x={base}", "-m", "x={other}"],  # the default's alias
     ["-m", "{base}", "-m", "x={other}", "-m", "x={base}"],  # two alike
     ["-m", "{base}", "-m", "mild={other}", "--lora", "mild={other}"],  # an adapter's name
+    ["-m", "{base}", "-m", "x={other}", "--models-max", "1"],  # no room for a further model
 ])
 def test_a_further_model_needs_a_file_and_a_name_of_its_own(tmp_path: Path, flags: list[str]) -> None:
     base, other = _files(tmp_path, "base.gguf", "other.gguf")
     argv = [f.format(base=base, other=other, missing=tmp_path / "missing.gguf") for f in flags]
-    with pytest.raises(ValueError, match="--model x=|--model mild="):
+    with pytest.raises(ValueError, match="--model x=|--model mild=|--models-max"):
         cli.build_config(cli.parse_args(["serve", *argv]))
 
 

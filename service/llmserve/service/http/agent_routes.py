@@ -48,14 +48,18 @@ class AgentRoutes:
         return chat, model, params
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        engine, body = await self._router.body(request, lambda engine: _reading(parse_messages_request, engine))
-        chat, model, params = self._call(request, engine, body.chat)
-        with engine.session_gate.admitted():  # open sessions of every route: the slots plus --max-queue
-            responder = MessagesResponder(engine, chat, params, model)
-            return await (responder.stream(request) if body.stream else responder.whole())
+        async with self._router.body(request, lambda engine: _reading(parse_messages_request, engine)) as routed:
+            engine, body = routed
+            chat, model, params = self._call(request, engine, body.chat)
+            with engine.session_gate.admitted():  # open sessions of every route: the slots plus --max-queue
+                responder = MessagesResponder(engine, chat, params, model)
+                return await (responder.stream(request) if body.stream else responder.whole())
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
-        engine, body = await self._router.body(request, lambda engine: _reading(parse_responses_request, engine))
+        async with self._router.body(request, lambda engine: _reading(parse_responses_request, engine)) as routed:
+            return await self._respond(request, *routed)
+
+    async def _respond(self, request: web.Request, engine: Engine, body: ResponsesRequest) -> web.StreamResponse:
         owner = owner_of(_credentials(request))
         chat, model, params = self._call(request, engine, self._continued(engine, body, owner))
         said = tuple(chat.messages[body.num_instructions:])
@@ -112,10 +116,12 @@ class AgentRoutes:
 
     async def input_tokens(self, request: web.Request) -> web.Response:
         """`POST /v1/responses/input_tokens`: the prompt the same `/v1/responses` request would prefill."""
-        engine, body = await self._router.body(request, lambda engine: _reading(parse_responses_request, engine))
-        chat = self._continued(engine, body, owner_of(_credentials(request)))
-        model_and_adapters(engine, chat.model, (), self._model_names(engine))
-        return web.json_response({"object": "response.input_tokens", "input_tokens": await _prompt_tokens(engine, chat)})
+        async with self._router.body(request, lambda engine: _reading(parse_responses_request, engine)) as routed:
+            engine, body = routed
+            chat = self._continued(engine, body, owner_of(_credentials(request)))
+            model_and_adapters(engine, chat.model, (), self._model_names(engine))
+            num_tokens = await _prompt_tokens(engine, chat)
+        return web.json_response({"object": "response.input_tokens", "input_tokens": num_tokens})
 
     async def stored_response(self, request: web.Request) -> web.Response:
         """`GET /v1/responses/{id}`: a stored response object; `DELETE`: forget it."""
@@ -148,9 +154,11 @@ class AgentRoutes:
 
     async def count_tokens(self, request: web.Request) -> web.Response:
         """The prompt a `/v1/messages` turn with these messages, system and tools would prefill."""
-        engine, chat = await self._router.body(request, lambda engine: _reading(parse_count_request, engine))
-        model_and_adapters(engine, chat.model, (), self._model_names(engine))
-        return web.json_response({"input_tokens": await _prompt_tokens(engine, chat)})
+        async with self._router.body(request, lambda engine: _reading(parse_count_request, engine)) as routed:
+            engine, chat = routed
+            model_and_adapters(engine, chat.model, (), self._model_names(engine))
+            num_tokens = await _prompt_tokens(engine, chat)
+        return web.json_response({"input_tokens": num_tokens})
 
 
 def _reading(parse: Callable[[object, ToolFormat], T], engine: Engine) -> Callable[[object], T]:

@@ -4,7 +4,8 @@ names, its LoRA adapters' and 404 for the rest (fields.known_model)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Protocol, TypeVar
 
 from aiohttp import web
@@ -12,8 +13,6 @@ from aiohttp import web
 from ..engine.engine import Engine
 from ..served_models import ServedModels
 from .body import parsed_body
-
-T = TypeVar("T")
 
 
 class _Named(Protocol):
@@ -30,15 +29,15 @@ class ModelRouter:
         self.default = default
         self.models = models
 
-    async def body(self, request: web.Request, parse: Callable[[Engine], Callable[[object], B]]) -> tuple[Engine, B]:
-        """The engine of the model the body names, and the body as `parse(engine)` reads it:
-        read with the default model's rules first, again with the named model's when its
-        tool format differs (a body is parsed once otherwise)."""
-        engine = self.default()
-        body = await parsed_body(request, engine, parse(engine))
-        other = self.models.engine_for(body.model)
-        if other is None:
-            return engine, body
-        if other.tool_format != engine.tool_format:
-            body = await parsed_body(request, other, parse(other))
-        return other, body
+    @asynccontextmanager
+    async def body(self, request: web.Request,
+                   parse: Callable[[Engine], Callable[[object], B]]) -> AsyncIterator[tuple[Engine, B]]:
+        """The engine of the model the body names, held for the block (served_models.py),
+        and the body as `parse(engine)` reads it: read with the default model's rules first,
+        again with the named model's when its tool format differs."""
+        default = self.default()
+        body = await parsed_body(request, default, parse(default))
+        async with self.models.held(default, body.model) as engine:
+            if engine.tool_format != default.tool_format:
+                body = await parsed_body(request, engine, parse(engine))
+            yield engine, body

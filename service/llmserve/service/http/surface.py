@@ -198,37 +198,40 @@ class HttpSurface:
 
     async def _models(self, request: web.Request) -> web.Response:
         engine = self._engine_or_503()
-        created = _created(engine)
+        created = _created(Path(engine.meta.path))
         names = self._model_names(engine)
         data = [{"id": name, "object": "model", "created": created, "owned_by": "llmserve"} for name in names]
         data += adapters.model_entries(engine, names[0], created)
-        for other in self.models.others():  # the further models (--model NAME=PATH)
-            data.append({"id": other.model_name, "object": "model", "created": _created(other), "owned_by": "llmserve",
-                         "root": other.meta.path})
+        for name in self.models.names()[1:]:  # the further models (--model NAME=PATH)
+            path = self.models.spec(name).path
+            data.append({"id": name, "object": "model", "created": _created(path), "owned_by": "llmserve",
+                         "root": str(path), "status": {"value": self.models.state(name)}})
         return web.json_response({"object": "list", "data": data})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        engine, parsed = await self._router.body(request, lambda engine: lambda value: parse_chat(value, engine.tool_format))
-        chat = replace(parsed, deadline=request_deadline(request))
-        model, chosen = adapters.model_and_adapters(engine, chat.model, chat.lora, self._model_names(engine))
-        params = replace(chat.session_params(request["request_id"], engine.limits), surface=SURFACE, adapters=chosen)
-        with engine.session_gate.admitted():  # open sessions of both surfaces: the slots plus --max-queue
-            responder = ChatResponder(engine, chat, params, model)
-            return await (responder.stream(request) if chat.stream else responder.whole())
+        async with self._router.body(request, lambda e: lambda value: parse_chat(value, e.tool_format)) as routed:
+            engine, chat = routed[0], replace(routed[1], deadline=request_deadline(request))
+            model, chosen = adapters.model_and_adapters(engine, chat.model, chat.lora, self._model_names(engine))
+            params = replace(chat.session_params(request["request_id"], engine.limits), surface=SURFACE,
+                             adapters=chosen)
+            with engine.session_gate.admitted():  # open sessions of both surfaces: the slots plus --max-queue
+                responder = ChatResponder(engine, chat, params, model)
+                return await (responder.stream(request) if chat.stream else responder.whole())
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        engine, parsed_completion = await self._router.body(request, lambda engine: parse_completion)
-        completion = replace(parsed_completion, deadline=request_deadline(request))
-        model, chosen = adapters.model_and_adapters(engine, completion.model, completion.lora, self._model_names(engine))
-        params = replace(completion.session_params(request["request_id"], engine.limits), surface=SURFACE,
-                         adapters=chosen)
-        num_prompts = len(completion.prompts)  # each prompt is a session of its own
-        if num_prompts > engine.session_gate.capacity:
-            raise ApiError(400, f"{num_prompts} prompts; one request may send up to {engine.session_gate.capacity}: the "
-                                "slots plus --max-queue", param="prompt")
-        with engine.session_gate.admitted(num_prompts):
-            responder = CompletionResponder(engine, completion, params, model)
-            return await (responder.stream(request) if completion.stream else responder.whole())
+        async with self._router.body(request, lambda _: parse_completion) as routed:
+            engine, completion = routed[0], replace(routed[1], deadline=request_deadline(request))
+            model, chosen = adapters.model_and_adapters(engine, completion.model, completion.lora,
+                                                        self._model_names(engine))
+            params = replace(completion.session_params(request["request_id"], engine.limits), surface=SURFACE,
+                             adapters=chosen)
+            num_prompts = len(completion.prompts)  # each prompt is a session of its own
+            if num_prompts > engine.session_gate.capacity:
+                raise ApiError(400, f"{num_prompts} prompts; one request may send up to "
+                                    f"{engine.session_gate.capacity}: the slots plus --max-queue", param="prompt")
+            with engine.session_gate.admitted(num_prompts):
+                responder = CompletionResponder(engine, completion, params, model)
+                return await (responder.stream(request) if completion.stream else responder.whole())
 
     async def _embeddings(self, request: web.Request) -> web.Response:
         engine = self._engine_or_503()
@@ -239,9 +242,8 @@ class HttpSurface:
             return web.Response(body=await embed(engine, embedder, body, model), content_type="application/json")
 
 
-def _created(engine: Engine) -> int:
+def _created(path: Path) -> int:
     """The model file's time, as OpenAI's `created`."""
-    path = Path(engine.meta.path)
     return int(path.stat().st_mtime) if path.exists() else 0
 
 

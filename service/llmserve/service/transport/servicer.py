@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import replace
 
 import grpc
@@ -75,25 +76,24 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         self._generate_calls: set[GenerateCall] = set()
         calls.on_drain(self._drain_sessions)
 
-    def _engine(self, model: str = "", field: str = "model") -> Engine:
-        """The model called `model` (empty: the default one); NOT_FOUND naming `field` when
-        nothing serves it."""
+    def _engine(self) -> Engine:
         engine = self.engine()
         if self.calls.draining:
             raise Unavailable("the server is shutting down")
         if engine is None:
             raise Unavailable("the model is still loading", retry_after_s=1.0)
-        if not model or model == engine.model_name:
-            return engine
-        other = self.models.engine_for(model)
-        if other is None:
-            raise NotFound(f"no model is called {model!r}; this server serves {', '.join(self._model_names())}",
-                           field=field)
-        return other
+        return engine
 
-    def _model_names(self) -> list[str]:
-        engine = self.engine()
-        return [engine.model_name] + [other.model_name for other in self.models.others()] if engine else []
+    @asynccontextmanager
+    async def _model(self, name: str, field: str = "model") -> AsyncIterator[Engine]:
+        """The engine of the model called `name` (empty: the default one), held for the block
+        (served_models.py); NOT_FOUND naming `field` when nothing serves it."""
+        default = self._engine()
+        if name and name not in self.models.names():
+            raise NotFound(f"no model is called {name!r}; this server serves {', '.join(self.models.names())}",
+                           field=field)
+        async with self.models.held(default, name) as engine:
+            yield engine
 
     def _drain_sessions(self) -> None:
         """Sessions end UNAVAILABLE once their open turn is done."""
@@ -138,27 +138,26 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     async def Generate(self, request_iterator, context):  # type: ignore[no-untyped-def]
         with self.calls.counted():
             first = await self._first_message(request_iterator, self._engine())
-            engine = self._engine(first.config.model, "config.model")
-            async for response in self._session(engine, first, request_iterator, context, "Generate"):
-                yield response
+            async with self._model(first.config.model, "config.model") as engine:
+                async for response in self._session(engine, first, request_iterator, context, "Generate"):
+                    yield response
 
     @rpc_errors
     async def GenerateOnce(self, request, context):  # type: ignore[no-untyped-def]
         """A session of one turn: the request is its first message, then a half-close."""
         first = one_turn(check_decoded(request))
-        engine = self._engine(first.config.model, "config.model")
         with self.calls.counted():
-            async for response in self._session(engine, first, _no_more_input(), context, "GenerateOnce"):
-                yield pb.GenerateOnceResponse.FromString(response.SerializeToString())  # the same fields
+            async with self._model(first.config.model, "config.model") as engine:
+                async for response in self._session(engine, first, _no_more_input(), context, "GenerateOnce"):
+                    yield pb.GenerateOnceResponse.FromString(response.SerializeToString())  # the same fields
 
     @rpc_errors
     async def GenerateText(self, request, context):  # type: ignore[no-untyped-def]
         first = one_turn(request)
-        engine = self._engine(first.config.model, "config.model")
         with self.calls.counted():
-            return responses.text_response(
-                [r async for r in self._session(engine, first, _no_more_input(), context, "GenerateText")]
-            )
+            async with self._model(first.config.model, "config.model") as engine:
+                return responses.text_response(
+                    [r async for r in self._session(engine, first, _no_more_input(), context, "GenerateText")])
 
     async def _session(self, engine: Engine, first, request_iterator, context, rpc: str):  # type: ignore[no-untyped-def]
         rid = request_id(context, first.config.request_id)
@@ -203,15 +202,18 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
 
     @rpc_errors
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:  # type: ignore[no-untyped-def]
-        return await unary.tokenize(self._engine(request.model), request)
+        async with self._model(request.model) as engine:
+            return await unary.tokenize(engine, request)
 
     @rpc_errors
     async def Detokenize(self, request: pb.DetokenizeRequest, context) -> pb.DetokenizeResponse:  # type: ignore[no-untyped-def]
-        return await unary.detokenize(self._engine(request.model), request)
+        async with self._model(request.model) as engine:
+            return await unary.detokenize(engine, request)
 
     @rpc_errors
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:  # type: ignore[no-untyped-def]
-        return responses.model_info(self._engine(request.model), self.max_queue, self._model_names())
+        async with self._model(request.model) as engine:
+            return responses.model_info(engine, self.max_queue, self.models.names())
 
     @rpc_errors
     async def LoadAdapter(self, request: pb.LoadAdapterRequest, context) -> pb.AdapterInfo:  # type: ignore[no-untyped-def]
