@@ -29,6 +29,8 @@ FEATURES: dict[str, tuple[str, frozenset[str]]] = {
     "cancel": ("the client never cancels a turn", frozenset({"SessionHandle.cancel"})),
     "failure": ("nothing fails (and no `raise`, `assert` or `except` body is read)", frozenset({"SessionFailed"})),
     "drain": ("the server is not shutting down", frozenset({"Drain"})),
+    "several models": ("the call names no further model (--model NAME=PATH): the default model serves it", frozenset({
+        "ServedModels._resident_now", "_Resident"})),
 }
 
 # Which features each call leaves out. Chat renders its messages on the offload pool, so
@@ -36,8 +38,9 @@ FEATURES: dict[str, tuple[str, frozenset[str]]] = {
 # (chat's SSE branch is read too) add no type of their own today, so nothing names them.
 CALLS: dict[str, tuple[str, ...]] = {
     "generate": ("chat", "tools", "constraint", "named sessions", "stored turns", "speculation", "logprobs", "embeddings",
-                 "large input", "cancel", "failure", "drain"),
-    "chat": ("tools", "constraint", "named sessions", "speculation", "logprobs", "embeddings", "failure", "drain"),
+                 "large input", "cancel", "failure", "drain", "several models"),
+    "chat": ("tools", "constraint", "named sessions", "speculation", "logprobs", "embeddings", "failure", "drain",
+             "several models"),
 }
 
 DESCRIPTIONS = {
