@@ -56,6 +56,7 @@ export type SamplingOptions = Omit<MessageInitShape<typeof SamplingParamsSchema>
  * `continueFrom`: a stored conversation's id (a response stored by POST /v1/responses) that
  * the first turn's messages continue; `store: true` keeps each chat turn's conversation, its
  * id in `TurnEnd.storedId`, for `continueFrom` (or HTTP's previous_response_id) later.
+ * `model`: which model serves the session, by name (ModelInfo.models; unset: the default).
  * Sampling: every SamplingParams field (`temperature`, `topK`, `seed`, `logitBias`, ...).
  * `config`: a SessionConfig init merged under the flat options.
  */
@@ -87,6 +88,7 @@ export type GenerateConfig = SamplingOptions & {
   adapterScale?: number;
   continueFrom?: string;
   store?: boolean;
+  model?: string;
   config?: MessageInitShape<typeof SessionConfigSchema>;
 };
 
@@ -104,7 +106,8 @@ const TOOL_MODES: Record<string, ToolChoice_Mode> = {
 const SESSION_KEYS = new Set([
   "requestId", "sessionId", "priority", "addBos", "n", "maxTokens", "minTokens", "stop", "stopTokenIds",
   "ignoreEos", "logprobs", "topLogprobs", "promptLogprobs", "includeSpecial", "grammar", "jsonSchema", "regex", "choice",
-  "jsonObject", "strict", "tools", "toolChoice", "parallelToolCalls", "adapter", "adapterScale", "continueFrom", "store", "config",
+  "jsonObject", "strict", "tools", "toolChoice", "parallelToolCalls", "adapter", "adapterScale", "continueFrom", "store", "model",
+  "config",
 ]);
 /** Keys of call options that may ride along in the same object; not config. */
 const CALL_KEYS = new Set(["timeoutMs", "signal", "headers"]);
@@ -195,6 +198,7 @@ export function sessionConfig(options: GenerateConfig = {}): SessionConfig {
   if (o.adapter !== undefined) config.adapter = create(AdapterRefSchema, { name: o.adapter, scale: o.adapterScale });
   if (o.continueFrom !== undefined) config.continueFrom = o.continueFrom;
   if (o.store !== undefined) config.store = o.store;
+  if (o.model !== undefined) config.model = o.model;
   return config;
 }
 

@@ -80,6 +80,7 @@ test("sessionConfig maps flat options onto SessionConfig", () => {
   assert.deepEqual(config.sampling?.drySequenceBreakers?.values, ["x"]);
   assert.deepEqual(config.constraint?.kind, { case: "jsonSchema", value: '{"type":"object"}' });
   assert.equal(config.sessionId, "s1");
+  assert.equal(sessionConfig({ model: "q8" }).model, "q8");
   assert.deepEqual(sessionConfig({ regex: "[a-z]+" }).constraint?.kind, { case: "regex", value: "[a-z]+" });
   assert.deepEqual(sessionConfig({ choice: ["a", "b"] }).constraint?.kind.value, create(StringListSchema, { values: ["a", "b"] }));
   assert.deepEqual(sessionConfig({ jsonObject: true }).constraint?.kind, { case: "jsonObject", value: true });
