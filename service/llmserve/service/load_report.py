@@ -6,7 +6,10 @@ A report carries `application_utilization` (domain/load.py defines it; averaged 
 last UTILIZATION_WINDOW_S, or the current value when higher, so a jump shows at once;
 at least MIN_UTILIZATION), `rps_fractional` (calls started on either surface per second
 over the last RATE_WINDOW_S, at least MIN_RPS) and `named_metrics`, as they are now:
-kv_cache_usage, running_sessions, waiting_sessions, prefill_tokens_waiting, slot_wait_s.
+kv_cache_usage, running_sessions, waiting_sessions, prefill_tokens_waiting, slot_wait_s;
+with further models (served_models.py) the default model's, and each further resident
+model's running and waiting sessions and KV use as `model.<NAME>.<metric>` (the
+utilization and call rate stay the default model's).
 While the model loads there is no load to report: the reports are empty, which weighted
 round robin reads as "no weight yet" (health checks keep the replica out of rotation
 meanwhile).
@@ -81,9 +84,12 @@ class LoadReporter:
     or slow down. An instantaneous utilization would read 0 between short calls (no
     weight at all), so it is sampled every SAMPLE_S and averaged."""
 
-    def __init__(self, engine: Callable[[], Engine | None], metrics: Metrics) -> None:
-        """On the server's event loop: samples from now on (into Prometheus too)."""
+    def __init__(self, engine: Callable[[], Engine | None], metrics: Metrics,
+                 others: Callable[[], list[Engine]] = list) -> None:
+        """On the server's event loop: samples from now on (into Prometheus too). `others()`:
+        the further models resident now."""
         self.engine = engine
+        self.others = others
         self.metrics = metrics
         self.rate = Window(RATE_WINDOW_S)
         self.utilization = Window(UTILIZATION_WINDOW_S)
@@ -98,17 +104,20 @@ class LoadReporter:
             return OrcaLoadReport()
         load, rps = engine.load, self.rate.per_second()
         utilization = max(self.utilization.mean(), load.utilization)
-        return OrcaLoadReport(
-            application_utilization=max(utilization, MIN_UTILIZATION),
-            rps_fractional=max(rps, MIN_RPS),
-            named_metrics={
-                "kv_cache_usage": load.kv_cache_usage,
-                "running_sessions": float(load.running_sessions),
-                "waiting_sessions": float(load.waiting_sessions),
-                "prefill_tokens_waiting": float(load.prefill_tokens_waiting),
-                "slot_wait_s": load.slot_wait_s,
-            },
-        )
+        named = {
+            "kv_cache_usage": load.kv_cache_usage,
+            "running_sessions": float(load.running_sessions),
+            "waiting_sessions": float(load.waiting_sessions),
+            "prefill_tokens_waiting": float(load.prefill_tokens_waiting),
+            "slot_wait_s": load.slot_wait_s,
+        }
+        for other in self.others():
+            other_load = other.load
+            named |= {f"model.{other.model_name}.running_sessions": float(other_load.running_sessions),
+                      f"model.{other.model_name}.waiting_sessions": float(other_load.waiting_sessions),
+                      f"model.{other.model_name}.kv_cache_usage": other_load.kv_cache_usage}
+        return OrcaLoadReport(application_utilization=max(utilization, MIN_UTILIZATION),
+                              rps_fractional=max(rps, MIN_RPS), named_metrics=named)
 
     async def _sample(self) -> None:
         while True:

@@ -106,7 +106,7 @@ class Process:
         self.models = ServedModels(config, self.metrics)  # the further models' (--model NAME=PATH)
         self.stopping = False  # shutdown began: not ready
         self.tracing = Tracing(config.otlp_traces_endpoint) if config.otlp_traces_endpoint else None
-        self.load = LoadReporter(lambda: self.engine, self.metrics)
+        self.load = LoadReporter(lambda: self.engine, self.metrics, self.models.others)
         self.surfaces: list[Surface] = []
 
     def ready(self) -> bool:

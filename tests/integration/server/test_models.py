@@ -4,6 +4,7 @@ each with its own executor and slots, picked per call over HTTP and gRPC."""
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import threading
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import requests
 from llmserve.client import pb, session_config
 from llmserve.service.model.default_model import cache_dir, default_model_path
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+from xds.data.orca.v3.orca_load_report_pb2 import OrcaLoadReport
 
 from harness.metrics import scrape
 from harness.server import RunningServer, free_port, serving
@@ -78,6 +80,8 @@ def test_a_call_runs_on_the_model_it_names(server: RunningServer, stub: pb_grpc.
     reply = requests.post(_url(server, "/v1/chat/completions"), timeout=120, json={
         "model": OTHER, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": TOKENS})
     assert reply.status_code == 200 and reply.json()["model"] == OTHER
+    report = OrcaLoadReport.FromString(base64.b64decode(reply.headers["endpoint-load-metrics-bin"]))
+    assert {f"model.{OTHER}.running_sessions", f"model.{OTHER}.kv_cache_usage"} <= set(report.named_metrics)
     assert _turns(server, OTHER) == before_other + 2  # both on the other model's executor
     assert _turns(server, None) == before_default
     _text(stub)  # and a call that names none runs on the default model
