@@ -100,8 +100,9 @@ serve: model
 	exec $(VENV)/bin/llmserve serve --host $(HOST) --port $(PORT) --http-port $(HTTP_PORT) --embeddings \
 		$${EMBED_MODEL:+--embedding-model "$$EMBED_MODEL"}
 
+# Cases marked `soak` (longer variants of a case that stays here) run in `make soak` only.
 test: model embed-model tools gen
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -m "not soak"
 
 unit: install
 	$(PY) -m pytest tests/unit
@@ -124,8 +125,9 @@ bench: model
 COMBO_CONFIGS := "" "--spec-type ngram-simple" "-kvu"
 COMBO_SURFACE ?= mixed
 
-soak: model
-	@failed=0; $(PY) -m tests.soak.chaos --calls 2000 --out docs/reliability.md || failed=1; \
+soak: model embed-model tools gen
+	@failed=0; $(PY) -m pytest tests -m soak || failed=1; \
+	$(PY) -m tests.soak.chaos --calls 2000 --out docs/reliability.md || failed=1; \
 	for args in $(COMBO_CONFIGS); do \
 		$(PY) -m tests.soak.combos --calls 600 --server-args="$$args" --out docs/reliability.md || failed=1; \
 	done; \

@@ -43,7 +43,10 @@ def _retries_since(cluster: Cluster, before: dict[str, int]) -> dict[str, int]:
     return {name.rsplit(".", 1)[-1]: value - before.get(name, 0) for name, value in cluster.envoy_stats().items()}
 
 
-@pytest.mark.parametrize(("retries", "keyed"), [(True, False), (False, False), (True, True)],
+SOAK = pytest.mark.soak  # also run by `make soak` only: `make test` keeps one case of each event
+
+@pytest.mark.parametrize(("retries", "keyed"), [(True, False), pytest.param(False, False, marks=SOAK),
+                                                pytest.param(True, True, marks=SOAK)],
                          ids=["sdk-retries", "no-sdk-retries", "derived-keys"])
 def test_a_sigterm_under_load_loses_no_call(pair: Cluster, retries: bool, keyed: bool) -> None:
     """150 calls from 6 callers (keyless: Envoy's ORCA weights; keyed by the SDK's derived
@@ -110,7 +113,7 @@ def _killed(load: Load) -> tuple[list[str], int]:
     return broken, len(streaming)
 
 
-@pytest.mark.parametrize("keyed", [False, True], ids=["keyless", "derived-keys"])
+@pytest.mark.parametrize("keyed", [pytest.param(False, marks=SOAK), True], ids=["keyless", "derived-keys"])
 def test_a_sigkill_under_load_fails_only_the_calls_it_was_streaming(pair: Cluster, keyed: bool) -> None:
     """120 calls from 6 callers (keyless, or keyed as above); one replica is SIGKILLed 4 s in. The calls whose replies it
     was streaming fail (through Envoy: INTERNAL, "Received RST_STREAM with error code 2");
