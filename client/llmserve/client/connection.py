@@ -83,10 +83,13 @@ class ConnectionOptions:
         A Generate call passes its `config` and, when one-shot, its input (`head`) for the
         affinity header: the caller's key, else the session id, else the LoRA adapter's
         name (`a-<name>`: calls for one adapter prefer a replica that has it loaded), else
-        (with `derive_affinity`) a key derived from the head."""
+        the model's (`m-<name>`, a model other than the default: likewise), else (with
+        `derive_affinity`) a key derived from the head."""
         session_id = config.session_id if config is not None else ""
         adapter = config.adapter.name if config is not None and config.HasField("adapter") else ""
-        affinity = self.affinity_key or session_id or (f"a-{adapter}" if adapter else "")
+        model = config.model if config is not None else ""
+        affinity = (self.affinity_key or session_id or (f"a-{adapter}" if adapter else "")
+                    or (f"m-{model}" if model else ""))
         if not affinity and head is not None and self.derive_affinity:
             affinity = prefix_affinity_key(head)
         return {

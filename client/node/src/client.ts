@@ -81,10 +81,12 @@ export class Client {
 
   /** Per-call options and headers. A Generate call's affinity header: the caller's key, else
    * the session id, else the LoRA adapter's name (`a-<name>`: an adapter's calls prefer a
-   * replica that has it loaded), else (with `deriveAffinity`) a key from the input's head. */
+   * replica that has it loaded), else the model's (`m-<name>`, a model other than the
+   * default: likewise), else (with `deriveAffinity`) a key from the input's head. */
   private call(options: CallOptions, config?: SessionConfig, generate = false, head?: Input) {
     const adapter = config?.adapter?.name ? `a-${config.adapter.name}` : "";
-    let affinity = generate ? this.options.affinityKey || config?.sessionId || adapter : "";
+    const model = config?.model ? `m-${config.model}` : "";
+    let affinity = generate ? this.options.affinityKey || config?.sessionId || adapter || model : "";
     if (!affinity && head && this.options.deriveAffinity) affinity = prefixAffinityKey(head);
     return {
       timeoutMs: options.timeoutMs,

@@ -143,7 +143,8 @@ test("a call under a LoRA adapter sends a-<adapter> unless a key or session id i
   await client.generateText("Hi", { adapter: "support" });
   await client.generateText("Hi", { adapter: "support", sessionId: "s1" });
   await new Client({ transport, affinityKey: "tenant-7" }).generateText("Hi", { adapter: "support" });
-  assert.deepEqual(seen, ["a-support", "s1", "tenant-7"]);
+  await client.generateText("Hi", { model: "q8" });
+  assert.deepEqual(seen, ["a-support", "s1", "tenant-7", "m-q8"]);
   const config = sessionConfig({ adapter: "support", adapterScale: 0.5, continueFrom: "resp_1", store: true });
   assert.equal(config.adapter?.name, "support");
   assert.equal(config.adapter?.scale, 0.5);

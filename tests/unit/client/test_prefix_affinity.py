@@ -40,6 +40,8 @@ def test_a_callers_key_or_session_wins_and_opting_out_sends_none() -> None:
     assert dict(session["metadata"])[AFFINITY_HEADER] == "my-session"
     tuned = ConnectionOptions(derive_affinity=True).call_kwargs(None, session_config(adapter="support"), make_input(prompt))
     assert dict(tuned["metadata"])[AFFINITY_HEADER] == "a-support"  # one adapter's calls: one replica
+    other = ConnectionOptions(derive_affinity=True).call_kwargs(None, session_config(model="q8"), make_input(prompt))
+    assert dict(other["metadata"])[AFFINITY_HEADER] == "m-q8"  # and one model's
     assert _key(prompt, derive_affinity=False) is None
     assert _key("") is None  # nothing to derive from
     assert prefix_affinity_key(make_input([])) == ""
