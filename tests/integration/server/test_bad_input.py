@@ -96,3 +96,23 @@ def test_message_larger_than_the_limit_is_refused_by_grpc(server) -> None:  # ty
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     with Client(server.address, timeout=30) as client:
         assert client.generate("Hello", max_tokens=1).turn_end.usage.completion_tokens == 1
+
+
+LONG = "x" * 100_000
+
+
+@pytest.mark.parametrize(("config", "field"), [
+    (session_config(adapter=LONG), "config.adapter"),
+    (session_config(continue_from=LONG), "config.continue_from"),
+    (session_config(tool_choice=LONG, tools=[{"name": "f"}]), "config.tool_choice"),
+    (session_config(model=LONG), "config.model"),
+], ids=["adapter", "continue_from", "tool_choice", "model"])
+def test_a_huge_value_echoed_in_a_refusal_is_cut_so_the_status_arrives(server, config: pb.SessionConfig,
+                                                                        field: str) -> None:  # type: ignore[no-untyped-def]
+    """A refusal that quotes the client's value travels in trailers; whole, 100 kB of it made
+    the client drop the call (RESOURCE_EXHAUSTED 'received metadata size exceeds hard limit')."""
+    stub = pb_grpc.LLMServiceStub(grpc.insecure_channel(server.address))
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.GenerateText(pb.GenerateTextRequest(config=config, input=pb.Input(text="hi")), timeout=60)
+    assert caught.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), caught.value
+    assert field_of(caught.value).startswith(field) and len(caught.value.details() or "") < 1100

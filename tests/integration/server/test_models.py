@@ -104,9 +104,6 @@ def test_a_name_nothing_serves_is_refused_on_both_surfaces(server: RunningServer
     with pytest.raises(grpc.RpcError) as info:
         stub.GetModelInfo(pb.GetModelInfoRequest(model="no-such-model"))
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
-    with pytest.raises(grpc.RpcError) as long:
-        _text(stub, "x" * 100_000)  # its name is not echoed whole into the status
-    assert long.value.code() == grpc.StatusCode.NOT_FOUND and len(long.value.details() or "") < 300
     reply = requests.post(_url(server, "/v1/chat/completions"), timeout=30, json={
         "model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
     assert reply.status_code == 404 and reply.json()["error"]["code"] == "model_not_found"

@@ -42,6 +42,18 @@ from ..domain.errors import (
 log = structlog.get_logger("llmserve.errors")
 
 
+MAX_MESSAGE_BYTES = 1024  # a status travels in trailers: gRPC clients refuse metadata over 8-16 KiB
+
+
+def bounded(message: str) -> str:
+    """`message` cut to MAX_MESSAGE_BYTES of UTF-8 (a client's value echoed in it can be any
+    length; percent-encoded in grpc-message and again in the details it stays under 8 KiB)."""
+    raw = message.encode("utf-8", "replace")
+    if len(raw) <= MAX_MESSAGE_BYTES:
+        return message
+    return raw[:MAX_MESSAGE_BYTES].decode("utf-8", "ignore") + "..."
+
+
 class ServiceError(Exception):
     code = grpc.StatusCode.INTERNAL
 
@@ -51,8 +63,8 @@ class ServiceError(Exception):
     ):
         """`violation`: (type, subject) of a PreconditionFailure detail (what in the server's
         environment is not as it must be, e.g. ("SESSION_DIR", its path))."""
+        self.message = message = bounded(message)
         super().__init__(message)
-        self.message = message
         self.field = field
         self.retry_after_s = retry_after_s
         self.violation = violation

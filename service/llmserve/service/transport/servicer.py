@@ -90,8 +90,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         (served_models.py); NOT_FOUND naming `field` when nothing serves it."""
         default = self._engine()
         if name and name not in self.models.names():
-            shown = repr(name[:64]) + ("..." if len(name) > 64 else "")  # a status message stays small
-            raise NotFound(f"no model is called {shown}; this server serves {', '.join(self.models.names())}",
+            raise NotFound(f"no model is called {name!r}; this server serves {', '.join(self.models.names())}",
                            field=field)
         async with self.models.held(default, name) as engine:
             yield engine
