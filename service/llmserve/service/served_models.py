@@ -21,6 +21,7 @@ default model's. Each further model records into its own metrics registry, shown
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -150,6 +151,7 @@ class ServedModels:
         _, name = min(idle)
         engine = self._resident.pop(name).engine  # first: no new call, nor the watchdog, finds it
         await asyncio.to_thread(engine.stop)
+        gc.collect()  # its sessions' cycles, before the model's memory goes back to the system (close)
         await asyncio.to_thread(engine.close)
         log.info("served_model_unloaded", model=name, reason="lru")
 

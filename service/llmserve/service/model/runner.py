@@ -201,3 +201,13 @@ class LlamaRunner:
         if self.model:
             llama_cpp.llama_model_free(self.model)
             self.model = None
+            _trim_heap()
+
+
+def _trim_heap() -> None:
+    """Give the pages a freed model leaves in glibc's heap back to the system: without it a
+    server that loads and unloads models (--models-max) grew about 1 MiB a swap, measured."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        pass
