@@ -215,3 +215,18 @@ def test_loading_and_unloading_models_keeps_the_memory_flat(lru_server: RunningS
                 assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
         rss.append(next(int(line.split()[1]) for line in status.read_text().splitlines() if line.startswith("VmRSS:")))
     assert (rss[-1] - rss[9]) / 1024 < 15, [kb // 1024 for kb in rss]
+
+
+def test_a_model_file_llama_cpp_cannot_load_is_refused_by_name_and_the_rest_serve(tmp_path: Path) -> None:
+    bad = tmp_path / "not-a-model.gguf"
+    bad.write_text("not a GGUF file\n")
+    flags = ["-m", str(default_model_path()), "-m", f"bad={bad}", "--models-max", "2", "-np", "2", "-c", "2048",
+             "-t", "2"]
+    with serving(flags, tmp_path / "server.log", http_port=free_port()) as running:
+        stub = pb_grpc.LLMServiceStub(grpc.insecure_channel(running.address))
+        with pytest.raises(grpc.RpcError) as caught:
+            _text(stub, "bad")
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "bad" in (caught.value.details() or "")
+        reply = requests.post(_url(running, "/v1/completions"), timeout=60, json={"model": "bad", "prompt": "hi"})
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "model"
+        assert _text(stub).samples[0].turn_end.usage.completion_tokens == TOKENS  # the default model serves on
