@@ -7,7 +7,9 @@ and holds it for the call (`held`): a model is never unloaded under a call.
 Residency: without `--models-max` every model loads at start-up and stays. With it, at
 most that many models are resident, the default one always; a further model loads when
 a call first names it, and to make room the least recently used *idle* one (no call
-holds it, no session is open on it) is unloaded. A call for a model that is loading, or
+holds it or waits for it, no session is open on it) is unloaded: a model loaded for the
+calls waiting on it is not unloaded before they run (without that two models each wanted
+by waiting calls unloaded each other as each loaded, and no call ran). A call for a model that is loading, or
 that waits for room, waits up to `--models-load-timeout` seconds, then `Overloaded` (429 /
 RESOURCE_EXHAUSTED with a retry hint). A model file llama.cpp cannot load: the call gets
 `PreconditionFailed` naming it; the server goes on serving the others.
@@ -21,6 +23,7 @@ default model's. Each further model records into its own metrics registry, shown
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import time
 from collections.abc import AsyncIterator
@@ -66,6 +69,7 @@ class ServedModels:
         self._specs = {model.name: model for model in config.models.extra}
         self._resident: dict[str, _Resident] = {}  # the further models loaded, by name
         self._loading: dict[str, asyncio.Task[None]] = {}
+        self._num_waiting: collections.Counter[str] = collections.Counter()  # calls waiting for each model
         self._room = asyncio.Lock()  # one load (and its unloads) at a time
         self._default: Engine | None = None
 
@@ -104,7 +108,11 @@ class ServedModels:
         if not name or name not in self._specs:
             yield default
             return
-        resident = await self._resident_now(name)
+        self._num_waiting[name] += 1  # a model loaded for waiting calls stays until they hold it
+        try:
+            resident = await self._resident_now(name)
+        finally:
+            self._num_waiting[name] -= 1
         resident.num_holds += 1
         try:
             yield resident.engine
@@ -146,7 +154,8 @@ class ServedModels:
 
     async def _unload_one(self) -> None:
         """Unload the least recently used idle further model, waiting until one is idle."""
-        while not (idle := [(r.last_used, name) for name, r in self._resident.items() if r.idle]):
+        while not (idle := [(r.last_used, name) for name, r in self._resident.items()
+                            if r.idle and not self._num_waiting[name]]):
             await asyncio.sleep(ROOM_POLL_S)
         _, name = min(idle)
         engine = self._resident.pop(name).engine  # first: no new call, nor the watchdog, finds it
