@@ -8,6 +8,16 @@ PORT   ?= 50051
 HTTP_PORT ?= 8080
 # llama-cpp-python compiles from source once; pip caches the wheel afterwards.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc)
+# ggml built with -march=native uses Intel AMX wherever the CPU reports it, and on a VM that
+# reports AMX without running it every llama_decode dies (general-protection fault on
+# `ldtilecfg` in ggml_backend_amx_mul_mat; seen on an AMX Xeon VM, plain llama-cpp-python too).
+# So the build leaves AMX out (AVX-512 VNNI does that work) where the compiler knows the flags;
+# CMAKE_ARGS set by the caller wins. docs/deployment.md "CPU builds".
+NO_AMX := $(shell echo | $${CC:-cc} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 -E - >/dev/null 2>&1 \
+	&& echo "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+ifneq ($(NO_AMX),)
+export CMAKE_ARGS ?= -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
+endif
 
 .PHONY: install node-tool compose-tool client-tools tools gen model embed-model serve test unit lint proto bench soak clean
 

@@ -22,6 +22,7 @@ from ..domain.errors import GrammarError
 from ..domain.requests import AdapterSet, SamplingParams
 from .adapters import AdapterFile, Adapters, check_adapter_file
 from .batch import BatchBuffer
+from .cpu_check import check_cpu_kernels
 from .embedder import Embedder
 from .grammar_compiler import CompiledGrammar
 from .runner_config import RunnerConfig
@@ -58,6 +59,7 @@ class LlamaRunner:
         _llama_log_state["verbose"] = config.verbose
         llama_cpp.llama_log_set(_llama_log, ctypes.c_void_p(0))
         self.config = config
+        check_cpu_kernels(Path(config.model_path))  # a build whose kernels die here stops now, saying why
         self.model = load_model(config.model_path)
         self.tokenizer = Vocab(self.model)
         self.vocab = self.tokenizer.ptr  # the raw llama_vocab, for samplers and grammars
