@@ -128,7 +128,8 @@ bench: model
 # 2,000-call chaos soak, then 600 feature-combination calls checked by their oracle in each server
 # configuration (default, n-gram speculation, unified KV), then 600 with each plan's surface drawn
 # (--surface mixed: about half over the OpenAI HTTP API, side by side with gRPC; COMBO_SURFACE=http
-# for HTTP only), then 300 cut to each of the Responses and Messages APIs (--surface responses|messages), then 600 agent calls
+# for HTTP only), then 300 mixed over two models (--models: each plan's model drawn), then 300 cut to
+# each of the Responses and Messages APIs (--surface responses|messages), then 600 agent calls
 # (Responses and Messages, stored chains, a restart: tests/soak/agent_chaos.py); each writes its table
 # into docs/reliability.md, and a run whose oracle finds
 # anything fails the target after all have run.
@@ -142,6 +143,7 @@ soak: model embed-model tools gen
 		$(PY) -m tests.soak.combos --calls 600 --server-args="$$args" --out docs/reliability.md || failed=1; \
 	done; \
 	$(PY) -m tests.soak.combos --calls 600 --surface $(COMBO_SURFACE) --out docs/reliability.md || failed=1; \
+	$(PY) -m tests.soak.combos --calls 300 --surface mixed --models --out docs/reliability.md || failed=1; \
 	$(PY) -m tests.soak.combos --calls 300 --surface responses --out docs/reliability.md || failed=1; \
 	$(PY) -m tests.soak.combos --calls 300 --surface messages --out docs/reliability.md || failed=1; \
 	$(PY) -m tests.soak.agent_chaos --calls 600 --out docs/reliability.md || failed=1; \

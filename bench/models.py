@@ -22,11 +22,11 @@ from pathlib import Path
 import grpc
 from llmserve.client import pb, session_config
 from llmserve.client.loadgen import llmserve_level
-from llmserve.service.model.default_model import cache_dir, default_model_path
+from llmserve.service.model.default_model import default_model_path
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from harness.models import other_model_path
 from harness.server import RunningServer, start_server, stop_server
-from tools.requantize import requantize
 
 FLAGS = ["-np", "4", "-c", "4096", "-t", "2"]
 
@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,4")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
-    q8 = requantize(default_model_path(), cache_dir() / "test-models" / "gemma-3-270m-q8_0.gguf")
+    q8 = other_model_path()
     logs = Path("/tmp/bench-models")
     logs.mkdir(exist_ok=True)
     two_models = ["-m", str(default_model_path()), "-m", f"q8={q8}"]

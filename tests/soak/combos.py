@@ -16,7 +16,8 @@ cached prefixes across turns and streams. Afterwards the process lives, every sl
 idle with llama.cpp's KV holding exactly the cached prefixes, no session is open, RSS
 stays under a bound and the log has no error. A finding prints its plan and how to
 send that call again. `make test` runs 150 calls (test_combos.py) and 36 over HTTP,
-`make soak` 600 in each server configuration and 600 mixed.
+`make soak` 600 in each server configuration and 600 mixed. `--models` serves a further model
+beside the default and draws each plan's model (named sessions keep to theirs).
 
 `--surface http` sends the plans over the OpenAI HTTP API instead (tests/soak/http_call.py):
 the same drawing, restricted to what one OpenAI request expresses, translated back
@@ -41,7 +42,8 @@ from llmserve.client import pb
 from llmserve.client.errors import from_rpc_error
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-from harness.metrics import metric
+from harness.metrics import total
+from harness.models import OTHER_MODEL, two_model_flags
 from harness.server import rss_kb
 from tests.soak.http_call import eog_pieces, run_http_plan
 from tests.soak.oracle import CallRecord, RunContext, Status, sample_turns
@@ -128,7 +130,8 @@ def _detokenize(rec: CallRecord, tools: pb_grpc.LLMServiceStub) -> None:
     turns, _ = sample_turns(rec.responses, rec.plan.num_samples)
     for key, st in turns.items():
         if st.ids:
-            texts = [tools.Detokenize(pb.DetokenizeRequest(ids=ids, render_special=special), timeout=30).text
+            texts = [tools.Detokenize(pb.DetokenizeRequest(ids=ids, render_special=special, model=rec.plan.config.model),
+                                      timeout=30).text
                      for ids in (st.ids, st.ids[:-1])]
             rec.decoded[key] = (texts[0], texts[1])
 
@@ -150,27 +153,30 @@ def run_context(info: pb.ModelInfo, workers: int, log_path: Path, address: str =
                       eog_pieces=eog_pieces(address, list(info.eog_token_ids)) if address else frozenset())
 
 
-def server_findings(server, info: pb.ModelInfo) -> list[str]:  # type: ignore[no-untyped-def]
-    """After the run: alive, KV clean, no session open, RSS bounded, nothing wrong in the log."""
-    findings = [f"KV: {leak}" for leak in kv_leaks(info)]
+def server_findings(server, info: pb.ModelInfo, *further: pb.ModelInfo) -> list[str]:  # type: ignore[no-untyped-def]
+    """After the run: alive, KV clean (the default model's and each `further` one's), no session
+    open on any model, RSS bounded, nothing wrong in the log."""
+    findings = [f"KV of {Path(each.path).name}: {leak}" for each in (info, *further) for leak in kv_leaks(each)]
     if server.process.poll() is not None:
         findings.append(f"the server exited with {server.process.returncode}")
-    if server.metrics_port is not None and (open_sessions := metric(server.metrics_port, "llmserve_sessions")):
+    if server.metrics_port is not None and (open_sessions := total(server.metrics_port, "llmserve_sessions")):
         findings.append(f"{open_sessions:.0f} sessions open after the run")
     if (rss := rss_kb(server.process.pid)) > MAX_RSS_MIB * 1024:
         findings.append(f"server RSS {rss / 1024:.0f} MiB (bound {MAX_RSS_MIB})")
     return findings + [f"log: {line}" for line in log_problems(Path(server.log_path).read_text())]
 
 
-def rerun_hint(seed: int, calls: int, index: int | None, server_args: str = "", surface: str = "grpc") -> str:
+def rerun_hint(seed: int, calls: int, index: int | None, server_args: str = "", surface: str = "grpc",
+               models: bool = False) -> str:
     args = f" --server-args={server_args!r}" if server_args else ""
     args += f" --surface {surface}" if surface != "grpc" else ""
+    args += " --models" if models else ""
     only = f" --only {index}" if index is not None else ""
     return f"python -m tests.soak.combos --calls {calls} --seed {seed}{args}{only}"
 
 
 def failure_text(verdict: Verdict, plans: list[Plan], seed: int, server_args: str = "", limit: int = 20,
-                 surface: str = "grpc") -> str:
+                 surface: str = "grpc", models: bool = False) -> str:
     """Each finding with its plan, and the command that sends that call again."""
     lines = []
     for f in verdict.findings[:limit]:
@@ -179,13 +185,13 @@ def failure_text(verdict: Verdict, plans: list[Plan], seed: int, server_args: st
         else:
             rid = f" (request id {f.request_id})" if f.request_id else ""
             lines.append(f"{f.text}{rid}\n    {plans[f.index].describe()}\n    rerun: "
-                         f"{rerun_hint(seed, len(plans), f.index, server_args, surface)}")
+                         f"{rerun_hint(seed, len(plans), f.index, server_args, surface, models)}")
     more = len(verdict.findings) - limit
     return "\n".join(lines) + (f"\n... and {more} more findings" if more > 0 else "")
 
 
 def report(verdict: Verdict, calls: int, seed: int, workers: int, extra: list[str], server_args: str = "",
-           surface: str = "grpc") -> str:
+           surface: str = "grpc", models: bool = False) -> str:
     statuses = sorted({s for _, s in verdict.statuses})
     labels = sorted({label for label, _ in verdict.statuses})
     lines = ["| plan | " + " | ".join(statuses) + " | calls with findings |", "|---|" + "---|" * (len(statuses) + 1)]
@@ -204,7 +210,7 @@ def report(verdict: Verdict, calls: int, seed: int, workers: int, extra: list[st
         f"calls whose stream the server preempted (cached_tokens over turns not checked): {verdict.num_preempted}",
         f"oracle findings: {len(verdict.findings)}",
     ]
-    return (f"{calls} calls, seed {seed} (`{rerun_hint(seed, calls, None, server_args, surface)}`)\n\n" + "\n".join(lines)
+    return (f"{calls} calls, seed {seed} (`{rerun_hint(seed, calls, None, server_args, surface, models)}`)\n\n" + "\n".join(lines)
             + "\n\n" + "\n".join(f"* {e}" for e in summary + extra) + "\n")
 
 
@@ -232,11 +238,15 @@ def main() -> int:
     parser.add_argument("--server-args", default="", help="extra serve flags, e.g. '--spec-type ngram-simple'")
     parser.add_argument("--surface", choices=SURFACES, default="grpc",
                         help="gRPC, the OpenAI HTTP API, or each plan's drawn (multi-turn and named sessions: gRPC)")
+    parser.add_argument("--models", action="store_true",
+                        help=f"serve a further model ({OTHER_MODEL}, harness/models.py) and draw each plan's model")
     args = parser.parse_args()
-    all_plans = draw_plans(args.calls, args.seed, args.surface)
+    models = ("", OTHER_MODEL) if args.models else ()
+    all_plans = draw_plans(args.calls, args.seed, args.surface, models)
     plans = all_plans if args.only is None else [all_plans[args.only]]
     session_dir = Path(tempfile.mkdtemp(prefix="llmserve-combos-"))  # fresh: no sessions of earlier runs
-    server = start_server([*SERVER_ARGS, "--session-dir", str(session_dir), *args.server_args.split()],
+    model_flags = two_model_flags() if args.models else []
+    server = start_server([*SERVER_ARGS, *model_flags, "--session-dir", str(session_dir), *args.server_args.split()],
                           Path("/tmp/llmserve-combos.log"), metrics=True,
                           http_port=free_port() if args.surface != "grpc" else None)
     http_url = f"http://127.0.0.1:{server.http_port}" if server.http_port else ""
@@ -244,8 +254,9 @@ def main() -> int:
     try:
         records = run_combos(server.address, plans, args.workers, http_url)
         info = wait_until_idle(server.address)
+        further = [wait_until_idle(server.address, model=name) for name in models if name]
         verdict = check_run(records, run_context(info, args.workers, Path(server.log_path), server.address))
-        problems = server_findings(server, info)
+        problems = server_findings(server, info, *further)
         extra = [f"extra server flags: {args.server_args or 'none'}", f"run time {time.monotonic() - started:.0f} s",
                  f"surface {args.surface}: {sum(p.surface == 'http' for p in plans)} calls over HTTP, "
                  f"{sum(p.surface == 'grpc' for p in plans)} over gRPC",
@@ -256,13 +267,15 @@ def main() -> int:
         shutil.rmtree(session_dir, ignore_errors=True)
     extra.append(f"server exit code after SIGTERM: {code}")
     extra += [f"finding, plan {f.index}: {f.text}" for f in verdict.findings[:10]]
-    text = report(verdict, args.calls, args.seed, args.workers, extra, args.server_args, args.surface)
+    text = report(verdict, args.calls, args.seed, args.workers, extra, args.server_args, args.surface, args.models)
     print(text)
     if verdict.findings:
-        print(failure_text(verdict, all_plans, args.seed, args.server_args, surface=args.surface), file=sys.stderr)
+        print(failure_text(verdict, all_plans, args.seed, args.server_args, surface=args.surface, models=args.models),
+              file=sys.stderr)
     if args.out and args.only is None:
         name = args.server_args or "default flags"
-        write_section(args.out, name if args.surface == "grpc" else f"{name}, surface {args.surface}", text)
+        name = name if args.surface == "grpc" else f"{name}, surface {args.surface}"
+        write_section(args.out, f"{name}, two models" if args.models else name, text)
     return 1 if verdict.findings or problems or code != 0 else 0
 
 

@@ -38,9 +38,12 @@ CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 408:
 def request(plan: Plan) -> tuple[str, dict[str, Any]]:
     """The route and body of the plan's one turn."""
     if plan.api != "openai":
-        return APIS[plan.api].request(plan)
+        route, body = APIS[plan.api].request(plan)
+        return route, body | ({"model": plan.config.model} if plan.config.model else {})
     c, prompt = plan.config, plan.prompts[0]
     body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]} if plan.chat else {"prompt": prompt}
+    if c.model:  # a further model (combos --models)
+        body["model"] = c.model
     body |= {name: getattr(c.sampling, name) for name in SAMPLING if c.sampling.HasField(name)}
     if c.sampling.logit_bias:
         body["logit_bias"] = {str(t): b for t, b in sorted(c.sampling.logit_bias.items())}
@@ -62,7 +65,7 @@ def request(plan: Plan) -> tuple[str, dict[str, Any]]:
     rest = pb.SessionConfig()
     rest.CopyFrom(c)
     for message, names in ((rest.sampling, (*SAMPLING, "logit_bias")), (rest.stopping, STOPPING),
-                           (rest.output, ("top_logprobs",)), (rest, ("n", "constraint"))):
+                           (rest.output, ("top_logprobs",)), (rest, ("n", "constraint", "model"))):
         for name in names:
             message.ClearField(name)
     for name in ("sampling", "stopping", "output"):

@@ -275,13 +275,29 @@ def as_api(plan: Plan, api: str) -> Plan:
 SURFACES = ("grpc", "http", "mixed", *API_ADVERSARIAL)
 
 
-def draw_plans(calls: int, seed: int, surface: str = "grpc") -> list[Plan]:
+def draw_plans(calls: int, seed: int, surface: str = "grpc", models: tuple[str, ...] = ()) -> list[Plan]:
     """`surface` grpc or http: every plan on it; mixed: each plan's surface drawn (half each)
     by a second generator, so the plans of a seed differ only in which surface they take;
-    responses or messages: HTTP plans cut to that API (`as_api`)."""
+    responses or messages: HTTP plans cut to that API (`as_api`). `models`: each plan's model
+    drawn from these names ("" the default) by a third generator (`on_model`)."""
     rng, sides = random.Random(seed), random.Random(f"surfaces-{seed}")
     ids = [f"combo-{seed}-{i}" for i in range(3)]
     if surface in API_ADVERSARIAL:
-        return [as_api(draw(i, rng, ids, "http"), surface) for i in range(calls)]
-    pick = (lambda: surface) if surface != "mixed" else (lambda: "http" if sides.random() < 0.5 else "grpc")
-    return [draw(i, rng, ids, pick()) for i in range(calls)]
+        plans = [as_api(draw(i, rng, ids, "http"), surface) for i in range(calls)]
+    else:
+        pick = (lambda: surface) if surface != "mixed" else (lambda: "http" if sides.random() < 0.5 else "grpc")
+        plans = [draw(i, rng, ids, pick()) for i in range(calls)]
+    if models:
+        which = random.Random(f"models-{seed}")
+        plans = [on_model(plan, which.choice(models)) for plan in plans]
+    return plans
+
+
+def on_model(plan: Plan, model: str) -> Plan:
+    """The plan sent to `model` ("" the default): `SessionConfig.model` (HTTP: the body's
+    `model`); a named session keeps to one model (each model has its own named sessions)."""
+    if model:
+        plan.config.model = model
+        if plan.config.session_id:
+            plan.config.session_id += f"-{model}"
+    return plan

@@ -8,11 +8,12 @@ import time
 from llmserve.client import Client, pb
 
 
-def wait_until_idle(address: str, timeout: float = 30.0) -> pb.ModelInfo:
+def wait_until_idle(address: str, timeout: float = 30.0, model: str = "") -> pb.ModelInfo:
+    """The model's info once its slots are idle and nothing waits ("" the default model)."""
     deadline = time.monotonic() + timeout
     with Client(address, timeout=10) as client:
         while True:
-            info = client.model_info()
+            info = client.model_info(model)
             if not any(s.busy for s in info.slots) and info.num_sessions_waiting == 0:
                 return info
             assert time.monotonic() < deadline, "slots still busy after the run"

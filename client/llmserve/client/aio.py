@@ -101,8 +101,9 @@ class AsyncClient:
         request = pb.DetokenizeRequest(ids=list(ids), render_special=render_special, embedding_model=embedding_model)
         return (await self._unary(self.stub.Detokenize, request, timeout)).text  # type: ignore[no-any-return]
 
-    async def model_info(self, *, timeout: float | None = None) -> pb.ModelInfo:
-        return await self._unary(self.stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
+    async def model_info(self, model: str = "", *, timeout: float | None = None) -> pb.ModelInfo:
+        """The model's facts and slots: the default model's, or the further model `model` names."""
+        return await self._unary(self.stub.GetModelInfo, pb.GetModelInfoRequest(model=model), timeout)
 
     async def health(self, service: str = "", *, timeout: float | None = None) -> bool:
         from grpc_health.v1 import health_pb2, health_pb2_grpc

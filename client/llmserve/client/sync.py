@@ -130,8 +130,9 @@ class Client:
         request = pb.DetokenizeRequest(ids=list(ids), render_special=render_special, embedding_model=embedding_model)
         return self._unary(self.stub.Detokenize, request, timeout).text  # type: ignore[no-any-return]
 
-    def model_info(self, *, timeout: float | None = None) -> pb.ModelInfo:
-        return self._unary(self.stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
+    def model_info(self, model: str = "", *, timeout: float | None = None) -> pb.ModelInfo:
+        """The model's facts and slots: the default model's, or the further model `model` names."""
+        return self._unary(self.stub.GetModelInfo, pb.GetModelInfoRequest(model=model), timeout)
 
     def health(self, service: str = "", *, timeout: float | None = None) -> bool:
         """True when the server reports SERVING (grpc.health.v1; needs no API key; fails

@@ -2,6 +2,8 @@
 point (lone surrogates included), against the real server. Whatever the body, the answer
 is never a 5xx; a refusal is OpenAI's error object, and a field at fault is named in
 `param` (Anthropic's object on the Messages routes, which has no `param`). After the run the server is alive and serves a plain request.
+The server serves a further model (`-m gemma-q8=PATH`): a body's `model` names it, the default,
+nothing served, or anything else, so every route's routing by model is fuzzed too.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from llmserve.service.model.default_model import default_model_path
 
+from harness.models import OTHER_MODEL, two_model_flags
 from harness.server import CHAT_SERVER_ARGS, RunningServer, free_port, start_server, stop_server
 
 CHAT = "/v1/chat/completions"
@@ -56,6 +60,7 @@ JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
     max_leaves=12,
 )
+MODEL = st.sampled_from([OTHER_MODEL, default_model_path().stem, "no-such-model", ""]) | JSON
 # Shapes a route takes, with one part fuzzed: where most checks live
 NEAR = {
     CHAT: st.builds(lambda role, content: {"messages": [{"role": role, "content": content}]},
@@ -77,7 +82,7 @@ NEAR[COUNT] = NEAR[MESSAGES]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    running = start_server([*CHAT_SERVER_ARGS, "--embeddings"], tmp_path_factory.mktemp("fuzz") / "server.log",
+    running = start_server([*CHAT_SERVER_ARGS, *two_model_flags(), "--embeddings"], tmp_path_factory.mktemp("fuzz") / "server.log",
                            http_port=free_port())
     yield running
     assert stop_server(running) == 0
@@ -118,7 +123,7 @@ def fuzz_settings(num_examples: int) -> settings:
 @given(data=st.data())
 def test_any_value_of_any_field_is_never_a_5xx(server: RunningServer, path: str, data: st.DataObject) -> None:
     names = data.draw(st.lists(st.sampled_from(FIELDS[path]), min_size=1, max_size=3, unique=True))
-    body = {**BASE[path], **{name: data.draw(JSON, label=name) for name in names}}
+    body = {**BASE[path], **{name: data.draw(MODEL if name == "model" else JSON, label=name) for name in names}}
     check_answer(path, body, *post(server, path, body))
 
 
@@ -126,7 +131,7 @@ def test_any_value_of_any_field_is_never_a_5xx(server: RunningServer, path: str,
 @fuzz_settings(80)
 @given(data=st.data())
 def test_near_valid_bodies_are_never_a_5xx(server: RunningServer, path: str, data: st.DataObject) -> None:
-    body = {**BASE[path], **data.draw(NEAR[path])}
+    body = {**BASE[path], "model": data.draw(MODEL, label="model"), **data.draw(NEAR[path])}
     check_answer(path, body, *post(server, path, body))
 
 
@@ -138,6 +143,7 @@ def test_any_json_body_is_never_a_5xx(server: RunningServer, path: str, body: ob
 
 
 def test_the_server_serves_after_the_fuzz(server: RunningServer) -> None:
-    status, raw = post(server, CHAT, BASE[CHAT])
-    assert status == 200 and json.loads(raw)["choices"]
+    for model in (default_model_path().stem, OTHER_MODEL):
+        status, raw = post(server, CHAT, {**BASE[CHAT], "model": model})
+        assert status == 200 and json.loads(raw)["choices"], raw[:300]
     assert server.process.poll() is None

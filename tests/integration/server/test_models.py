@@ -15,22 +15,22 @@ import grpc
 import pytest
 import requests
 from llmserve.client import pb, session_config
-from llmserve.service.model.default_model import cache_dir, default_model_path
+from llmserve.service.model.default_model import default_model_path
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 from xds.data.orca.v3.orca_load_report_pb2 import OrcaLoadReport
 
 from harness.metrics import scrape
+from harness.models import OTHER_MODEL as OTHER
+from harness.models import other_model_path
 from harness.server import RunningServer, free_port, serving
-from tools.requantize import requantize
 
-OTHER = "gemma-q8"
 TOKENS = 12
 
 
 @pytest.fixture(scope="module")
 def other_model() -> Path:
     """The second model, made once per machine (a few seconds)."""
-    return requantize(default_model_path(), cache_dir() / "test-models" / "gemma-3-270m-q8_0.gguf")
+    return other_model_path()
 
 
 @pytest.fixture(scope="module")
