@@ -282,15 +282,11 @@ def draw_plans(calls: int, seed: int, surface: str = "grpc", models: tuple[str, 
     drawn from these names ("" the default) by a third generator (`on_model`)."""
     rng, sides = random.Random(seed), random.Random(f"surfaces-{seed}")
     ids = [f"combo-{seed}-{i}" for i in range(3)]
-    if surface in API_ADVERSARIAL:
-        plans = [as_api(draw(i, rng, ids, "http"), surface) for i in range(calls)]
-    else:
-        pick = (lambda: surface) if surface != "mixed" else (lambda: "http" if sides.random() < 0.5 else "grpc")
-        plans = [draw(i, rng, ids, pick()) for i in range(calls)]
-    if models:
-        which = random.Random(f"models-{seed}")
-        plans = [on_model(plan, which.choice(models)) for plan in plans]
-    return plans
+    pick = (lambda: surface) if surface != "mixed" else (lambda: "http" if sides.random() < 0.5 else "grpc")
+    plans = [as_api(draw(i, rng, ids, "http"), surface) if surface in API_ADVERSARIAL else draw(i, rng, ids, pick())
+             for i in range(calls)]
+    which = random.Random(f"models-{seed}")
+    return [on_model(plan, which.choice(models)) for plan in plans] if models else plans
 
 
 def on_model(plan: Plan, model: str) -> Plan:
