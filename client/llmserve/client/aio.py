@@ -68,10 +68,10 @@ class AsyncClient:
         return AsyncSession(self, session_config(**config), timeout)
 
     async def embed(self, inputs: Iterable[Prompt], *, normalize: bool = True, truncate: bool = False,
-                    batch_size: int = 32, timeout: float | None = None) -> AsyncIterator[list[float]]:
-        requests = embed_requests(inputs, normalize=normalize, truncate=truncate, batch_size=batch_size)
+                    batch_size: int = 32, timeout: float | None = None, model: str = "") -> AsyncIterator[list[float]]:
+        requests = embed_requests(inputs, normalize=normalize, truncate=truncate, batch_size=batch_size, model=model)
         try:
-            async for response in self.stub.Embed(requests, **self.options.call_kwargs(timeout)):
+            async for response in self.stub.Embed(requests, **self.options.call_kwargs(timeout, pb.SessionConfig(model=model))):
                 yield list(response.embedding)
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None

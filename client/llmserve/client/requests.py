@@ -157,15 +157,16 @@ def sampling_params(**fields: Any) -> pb.SamplingParams:
     return params
 
 
-def embed_requests(inputs, *, normalize: bool, truncate: bool, batch_size: int):  # type: ignore[no-untyped-def]
-    """Lazily batch any iterable of inputs into EmbedRequests (gRPC flow control paces it)."""
+def embed_requests(inputs, *, normalize: bool, truncate: bool, batch_size: int, model: str = ""):  # type: ignore[no-untyped-def]
+    """Lazily batch any iterable of inputs into EmbedRequests (gRPC flow control paces it);
+    the first names `model` ("" the default model's embeddings)."""
     options = pb.EmbedOptions(normalize=normalize, truncate=truncate)
     chunk: list[pb.Input] = []
     first = True
     for item in inputs:
         chunk.append(make_input(item))
         if len(chunk) == batch_size:
-            yield pb.EmbedRequest(options=options if first else None, inputs=chunk)
+            yield pb.EmbedRequest(options=options if first else None, inputs=chunk, model=model if first else "")
             chunk, first = [], False
     if chunk or first:
-        yield pb.EmbedRequest(options=options if first else None, inputs=chunk)
+        yield pb.EmbedRequest(options=options if first else None, inputs=chunk, model=model if first else "")

@@ -96,11 +96,12 @@ class Client:
     # ------------------------------------------------------------------ other
 
     def embed(self, inputs: Iterable[Prompt], *, normalize: bool = True, truncate: bool = False,
-              batch_size: int = 32, timeout: float | None = None) -> Iterator[list[float]]:
-        """Stream any number of inputs (read lazily); yields one vector per input, in order."""
-        requests = embed_requests(inputs, normalize=normalize, truncate=truncate, batch_size=batch_size)
+              batch_size: int = 32, timeout: float | None = None, model: str = "") -> Iterator[list[float]]:
+        """Stream any number of inputs (read lazily); yields one vector per input, in order.
+        `model`: a further embedding model (`-m NAME=PATH`) instead of the default model's embeddings."""
+        requests = embed_requests(inputs, normalize=normalize, truncate=truncate, batch_size=batch_size, model=model)
         try:
-            for response in self.stub.Embed(requests, **self.options.call_kwargs(timeout)):
+            for response in self.stub.Embed(requests, **self.options.call_kwargs(timeout, pb.SessionConfig(model=model))):
                 yield list(response.embedding)
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None

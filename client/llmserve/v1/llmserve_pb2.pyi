@@ -445,12 +445,14 @@ class EmbedOptions(_message.Message):
     def __init__(self, normalize: _Optional[bool] = ..., truncate: _Optional[bool] = ..., add_bos: _Optional[bool] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("options", "inputs")
+    __slots__ = ("options", "inputs", "model")
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     options: EmbedOptions
     inputs: _containers.RepeatedCompositeFieldContainer[Input]
-    def __init__(self, options: _Optional[_Union[EmbedOptions, _Mapping]] = ..., inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ...) -> None: ...
+    model: str
+    def __init__(self, options: _Optional[_Union[EmbedOptions, _Mapping]] = ..., inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("index", "embedding", "num_tokens", "truncated")

@@ -46,6 +46,8 @@ export interface EmbedCallOptions extends EmbedOptionsInit {
   signal?: AbortSignal;
   /** Headers of the call. */
   headers?: Record<string, string>;
+  /** A further embedding model's name (`-m NAME=PATH`); unset: the default model's embeddings. */
+  model?: string;
 }
 
 /** Runs one Embed stream over `inputs`; yields one Embedding per input, in input order. */
@@ -83,6 +85,7 @@ export async function* embedStream(
       await room(batch.length);
       if (finished) return;
       const request = embedRequest(batch, first ? embedOptions : undefined);
+      if (first && options.model) request.model = options.model;
       sent += batch.length;
       batch = [];
       first = false;

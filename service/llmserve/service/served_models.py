@@ -14,9 +14,13 @@ that waits for room, waits up to `--models-load-timeout` seconds, then `Overload
 RESOURCE_EXHAUSTED with a retry hint). A model file llama.cpp cannot load: the call gets
 `PreconditionFailed` naming it; the server goes on serving the others.
 
-Only the default model serves Embed, LoRA adapters and --store-kv; each model's named
-sessions live under `--session-dir/models/NAME`; stored responses are kept once, with the
-default model's. Each further model records into its own metrics registry, shown on
+A further model whose GGUF declares a pooling (an embedding model: BERT, all-MiniLM-L6-v2, ...)
+serves embeddings only (Embed, /v1/embeddings), on an executor of its own with no generation
+context; a generation call naming it is refused (`PreconditionFailed` naming its field), as is
+an embedding call naming a further generative model: of the generative models only the
+default one embeds (--embeddings), and only it serves LoRA adapters and --store-kv. Each
+model's named sessions live under `--session-dir/models/NAME`; stored responses are kept
+once, with the default model's. Each further model records into its own metrics registry, shown on
 /metrics with a `model_name` label (metrics.py `Metrics.add_model`). Event-loop thread.
 """
 
@@ -29,11 +33,12 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import structlog
 
 from .config import AdapterSettings, ServerConfig
-from .domain.errors import Overloaded, PreconditionFailed
+from .domain.errors import FieldRef, Overloaded, PreconditionFailed
 from .engine.engine import Engine
 from .metrics import Metrics
 from .model_settings import ModelSettings, NamedModel
@@ -41,6 +46,7 @@ from .model_settings import ModelSettings, NamedModel
 log = structlog.get_logger("llmserve.models")
 
 ROOM_POLL_S = 0.05  # how often a load waiting for room looks for an idle model again
+Purpose = Literal["any", "generation", "embeddings"]  # what a call asks of the model it names
 
 
 def model_config(config: ServerConfig, model: NamedModel) -> ServerConfig:
@@ -102,17 +108,20 @@ class ServedModels:
         return "loaded" if name in self._resident else "loading" if name in self._loading else "unloaded"
 
     @asynccontextmanager
-    async def held(self, default: Engine, name: str | None) -> AsyncIterator[Engine]:
+    async def held(self, default: Engine, name: str | None, field: FieldRef = "model",
+                   purpose: Purpose = "any") -> AsyncIterator[Engine]:
         """The engine of the model `name` names, resident and held for the block: a further
-        model's (loaded now if it is not), else `default` (its own names, adapters, 404s)."""
+        model's (loaded now if it is not), else `default` (its own names, adapters, 404s).
+        A further model that does not serve the call's `purpose` is refused naming `field`."""
         if not name or name not in self._specs:
             yield default
             return
         self._num_waiting[name] += 1  # a model loaded for waiting calls stays until they hold it
         try:
-            resident = await self._resident_now(name)
+            resident = await self._resident_now(name, field)
         finally:
             self._num_waiting[name] -= 1
+        _check_serves(resident.engine, name, purpose, field)
         resident.num_holds += 1
         try:
             yield resident.engine
@@ -120,7 +129,7 @@ class ServedModels:
             resident.num_holds -= 1
             resident.last_used = time.monotonic()
 
-    async def _resident_now(self, name: str) -> _Resident:
+    async def _resident_now(self, name: str, field: FieldRef) -> _Resident:
         timeout_s = self.config.models.models_load_timeout_s
         while (resident := self._resident.get(name)) is None:
             task = self._loading.get(name)
@@ -133,7 +142,7 @@ class ServedModels:
                 raise Overloaded(f"the model {name!r} is still loading, or waits for an idle model to unload "
                                  f"(--models-max {self.max_resident}); retry later", retry_after_s=1.0) from None
             except RuntimeError as exc:
-                raise PreconditionFailed(f"the model {name!r} cannot load: {exc}", "model") from None
+                raise PreconditionFailed(f"the model {name!r} cannot load: {exc}", field) from None
         return resident
 
     async def _load(self, name: str) -> None:
@@ -176,3 +185,12 @@ class ServedModels:
         """After `stop` and the surfaces: every further model freed."""
         for name in list(self._resident):
             await asyncio.to_thread(self._resident.pop(name).engine.close)
+
+
+def _check_serves(engine: Engine, name: str, purpose: Purpose, field: FieldRef) -> None:
+    if purpose == "generation" and not engine.generates:
+        raise PreconditionFailed(f"the model {name!r} is an embedding model: it serves embeddings only "
+                                 "(Embed, /v1/embeddings)", field)
+    if purpose == "embeddings" and engine.embedding_model is None:
+        raise PreconditionFailed(f"the model {name!r} does not serve embeddings: of the generative models only the "
+                                 "default one embeds (--embeddings); serve an embedding model with -m NAME=PATH", field)

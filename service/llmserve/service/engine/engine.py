@@ -1,12 +1,10 @@
 """The engine: the one object every surface talks to.
 
-Built from a ServerConfig, it loads the model (model wing), starts the batching
-executor, and offers everything a call needs, once for every surface: a call's sessions
-and their events (`call`: a `Call`, engine/call.py), embeddings (with their size rule),
-tokenizing (large texts off the loop: `off_loop`), compiling a constraint, rendering
-chat, loading a saved session, the limits a request keeps, the model. It hides the
-executor, the runner and the session store; nothing here knows gRPC or HTTP.
-"""
+Built from a ServerConfig, it loads the model (model wing), starts the batching executor, and offers
+everything a call needs, once for every surface: a call's sessions and their events (`call`: a `Call`,
+engine/call.py), embeddings (with their size rule), tokenizing (large texts off the loop: `off_loop`),
+compiling a constraint, rendering chat, loading a saved session, the limits a request keeps, the model.
+It hides the executor, the runner and the session store; nothing here knows gRPC or HTTP."""
 
 from __future__ import annotations
 
@@ -83,14 +81,14 @@ class Engine:
         self.version = __version__
         self.metrics = metrics = metrics or Metrics()  # the executor's: the wings count their turns in it too
         self._runner = runner = LlamaRunner(runner_config(config, model_path))
-        self.meta = runner.meta
+        self.meta, self.generates = runner.meta, runner.generates  # generates False: an embedding model
         shifts = config.context_shift.context_shift
         self.limits = Limits(n_vocab=runner.n_vocab, n_ctx_per_slot=config.n_ctx_per_slot, context_shift=shifts,
                              n_parallel=config.n_parallel, input_tokens_limit=config.max_input_tokens,
                              deterministic=config.deterministic, kv_per_slot=not config.kv_cache.kv_unified)
         self.chat_template = chat_template(config, runner.tokenizer, self.meta)
         self.tool_format = tool_format(config, self.chat_template, runner.tokenizer)  # the wings plan tools in it
-        if shifts and not runner.can_shift:
+        if shifts and self.generates and not runner.can_shift:
             raise RuntimeError("--context-shift: this model's memory cannot shift positions")
         self._store: SessionStore | None = None
         if config.session_dir is not None:
@@ -165,6 +163,8 @@ class Engine:
         when none holds it; `grammar`: `compile_async`'s for `params.sampling.grammar`;
         `add_bos`: the first text starts with BOS (if the model's does); `tools`: the
         session's tools (`session_tools`: an active plan's constraint is the grammar); `one_turn`: see `Call`."""
+        if not self.generates:  # the surfaces refuse it first (served_models.py): a decode here would end the process
+            raise PreconditionFailed(f"the model {self.model_name!r} is an embedding model: it generates nothing", "model")
         asked = params.stopping.max_tokens  # prompt + the request's own must fit a slot; -n's default need not
         if asked is None and self.config.n_predict > 0:
             params = replace(params, stopping=replace(params.stopping, max_tokens=self.config.n_predict))

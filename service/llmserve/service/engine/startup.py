@@ -114,7 +114,7 @@ def log_loaded(config: ServerConfig, meta: ModelMeta, embedder: Embedder | None)
     if embedder is not None:
         log.info(
             "embedding_model_loaded",
-            source="embedding_model" if embedder.owns_model else "generative_model",
+            source="embedding_model" if embedder.owns_model else "this_model" if embedder.pools_in_llama else "generative_model",
             model=embedder.meta.name,
             path=embedder.meta.path,
             architecture=embedder.meta.architecture,

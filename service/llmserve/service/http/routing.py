@@ -11,7 +11,7 @@ from typing import Protocol, TypeVar
 from aiohttp import web
 
 from ..engine.engine import Engine
-from ..served_models import ServedModels
+from ..served_models import Purpose, ServedModels
 from .body import parsed_body
 
 
@@ -30,14 +30,15 @@ class ModelRouter:
         self.models = models
 
     @asynccontextmanager
-    async def body(self, request: web.Request,
-                   parse: Callable[[Engine], Callable[[object], B]]) -> AsyncIterator[tuple[Engine, B]]:
+    async def body(self, request: web.Request, parse: Callable[[Engine], Callable[[object], B]],
+                   purpose: Purpose = "generation") -> AsyncIterator[tuple[Engine, B]]:
         """The engine of the model the body names, held for the block (served_models.py),
         and the body as `parse(engine)` reads it: read with the default model's rules first,
-        again with the named model's when its tool format differs."""
+        again with the named model's when its tool format differs. A model that does not
+        serve the route's `purpose` is a 400 naming `model`."""
         default = self.default()
         body = await parsed_body(request, default, parse(default))
-        async with self.models.held(default, body.model) as engine:
+        async with self.models.held(default, body.model, "model", purpose) as engine:
             if engine.tool_format != default.tool_format:
                 body = await parsed_body(request, engine, parse(engine))
             yield engine, body

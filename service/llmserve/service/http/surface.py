@@ -38,7 +38,6 @@ from ..open_calls import OpenCalls
 from ..served_models import ServedModels
 from . import adapters, anthropic
 from .agent_routes import AgentRoutes
-from .body import parsed_body
 from .chat import ChatResponder
 from .completion_request import parse_completion
 from .completions import CompletionResponder
@@ -234,12 +233,11 @@ class HttpSurface:
                 return await (responder.stream(request) if completion.stream else responder.whole())
 
     async def _embeddings(self, request: web.Request) -> web.Response:
-        engine = self._engine_or_503()
-        body = await parsed_body(request, engine, parse_embeddings)
-        embedder = embedding_model_of(engine, self._model_names(engine))
-        model = known_model(body.model, model_names(embedder, self._model_names(engine)))
-        with engine.session_gate.admitted():  # a place like a session's: the slots plus --max-queue
-            return web.Response(body=await embed(engine, embedder, body, model), content_type="application/json")
+        async with self._router.body(request, lambda _: parse_embeddings, "embeddings") as (engine, body):
+            embedder = embedding_model_of(engine, self._model_names(engine))
+            model = known_model(body.model, model_names(embedder, self._model_names(engine)))
+            with engine.session_gate.admitted():  # a place like a session's: the slots plus --max-queue
+                return web.Response(body=await embed(engine, embedder, body, model), content_type="application/json")
 
 
 def _created(path: Path) -> int:

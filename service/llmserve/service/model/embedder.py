@@ -2,7 +2,7 @@
 
 Two sources of vectors:
 
-* An embedding model of its own (`--embedding-model`, e.g. all-MiniLM-L6-v2):
+* An embedding model (`--embedding-model`, or `-m NAME=PATH` of one: e.g. all-MiniLM-L6-v2):
   llama.cpp pools as the GGUF's `<arch>.pooling_type` says (mean, cls, last) with the
   attention the model declares (non-causal for BERT); `llama_get_embeddings_seq`
   gives one vector per sequence. The Embedder owns that model and its vocabulary.
@@ -68,7 +68,7 @@ class Embedder:
         self.max_seqs = max_seqs
         # Positions past the trained context would index past a learned position table (BERT).
         self.max_input_tokens = min(n_ubatch, self.meta.n_ctx_train)
-        self.pooling = self._model_pooling() if owns_model else llama_cpp.LLAMA_POOLING_TYPE_NONE
+        self.pooling = tokenizer.pooling(meta)  # a generative model declares none: its hidden states, pooled here
         if self.pooling == llama_cpp.LLAMA_POOLING_TYPE_RANK:
             raise RuntimeError(f"{meta.path} is a reranker (pooling 'rank'), not an embedding model")
         self.pools_in_llama = self.pooling in MODEL_POOLINGS
@@ -113,10 +113,6 @@ class Embedder:
     @property
     def pooling_name(self) -> str:
         return POOLING_NAMES[self.pooling if self.pools_in_llama else llama_cpp.LLAMA_POOLING_TYPE_MEAN]
-
-    def _model_pooling(self) -> int:
-        value = self.tokenizer.meta_str(f"{self.meta.architecture}.pooling_type")
-        return int(value) if value.lstrip("-").isdigit() else llama_cpp.LLAMA_POOLING_TYPE_NONE
 
     def _on_node(self, tensor: int, ask: bool, _user_data: int) -> bool:
         if ask:

@@ -64,6 +64,11 @@ class LlamaRunner:
         self.tokenizer = Vocab(self.model)
         self.vocab = self.tokenizer.ptr  # the raw llama_vocab, for samplers and grammars
         self.n_vocab = self.tokenizer.n_tokens
+        self.meta = self.tokenizer.read_meta(Path(config.model_path))
+        self.generates = not self.tokenizer.pools(self.meta)  # an embedding model (BERT, ...): embeddings only
+        if not self.generates:
+            self._embeddings_only()
+            return
         self.ctx = llama_cpp.llama_init_from_model(self.model, self._context_params())
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
@@ -77,11 +82,21 @@ class LlamaRunner:
         # what a step costs (runner_api.StepCosts) on this machine: timed here once, then cached
         self.costs: LlamaCpuCosts | MeasuredCosts = (
             LLAMA_CPU_COSTS if config.step_costs == "builtin" else load_or_measure(self, config))
-        self.meta = self.tokenizer.read_meta(Path(config.model_path))
         self.adapters = Adapters(self.model, self.ctx, self.meta.architecture)
         for spec in config.lora:  # one that cannot load stops the start (AdapterFileError)
             self.adapters.load(spec.name, check_adapter_file(spec.path, self.meta.architecture))
         self.embedder = self._embedder() if config.embeddings else None
+
+    def _embeddings_only(self) -> None:
+        """An embedding model (its GGUF declares a pooling): an Embedder on it and no generation
+        context; the KV and decode methods are never called (served_models.py refuses
+        generation for it) and the queries the executor's bookkeeping makes answer empty."""
+        c = self.config
+        self.ctx = self.memory = None
+        self.batch = BatchBuffer(1)
+        self.costs = LLAMA_CPU_COSTS  # no generation step to price
+        self.adapters = Adapters(self.model, None, self.meta.architecture)
+        self.embedder = Embedder(self.tokenizer, self.meta, c.n_ubatch, c.max_embed_seqs, c.n_threads)
 
     def _embedder(self) -> Embedder:
         c = self.config
@@ -159,7 +174,7 @@ class LlamaRunner:
 
     @property
     def can_shift(self) -> bool:
-        return bool(llama_cpp.llama_memory_can_shift(self.memory))
+        return self.memory is not None and bool(llama_cpp.llama_memory_can_shift(self.memory))
 
     def seq_state(self, seq_id: int) -> bytes:
         """The sequence's KV state (llama_state_seq_get_data)."""
@@ -188,10 +203,10 @@ class LlamaRunner:
         return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1))
 
     def seq_pos_min(self, seq_id: int) -> int:
-        return int(llama_cpp.llama_memory_seq_pos_min(self.memory, seq_id))
+        return int(llama_cpp.llama_memory_seq_pos_min(self.memory, seq_id)) if self.memory is not None else -1
 
     def seq_pos_max(self, seq_id: int) -> int:
-        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id))
+        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id)) if self.memory is not None else -1
 
     def close(self) -> None:
         if self.embedder is not None:
@@ -200,6 +215,7 @@ class LlamaRunner:
             self.adapters.close()
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
+        self.embedder = None
         if self.model:
             llama_cpp.llama_model_free(self.model)
             self.model = None

@@ -68,6 +68,16 @@ class Vocab:
         n = llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", "replace") if n >= 0 else ""
 
+    def pooling(self, meta: ModelMeta) -> int:
+        """The pooling the GGUF declares (`<arch>.pooling_type`, llama_pooling_type); NONE
+        when it declares none, as a generative model does."""
+        value = self.meta_str(f"{meta.architecture}.pooling_type")
+        return int(value) if value.lstrip("-").isdigit() else llama_cpp.LLAMA_POOLING_TYPE_NONE
+
+    def pools(self, meta: ModelMeta) -> bool:
+        """An embedding model (or a reranker): its GGUF declares how its vectors are pooled."""
+        return self.pooling(meta) > llama_cpp.LLAMA_POOLING_TYPE_NONE
+
     def read_meta(self, path: Path) -> ModelMeta:
         model, ptr = self.model, self.ptr
         template = llama_cpp.llama_model_chat_template(model, None)

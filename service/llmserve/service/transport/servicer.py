@@ -24,7 +24,7 @@ from ..domain.requests import SessionParams
 from ..engine.engine import Engine, ToolFormat, ToolPlan, owner_of
 from ..metrics import Metrics
 from ..open_calls import OpenCalls
-from ..served_models import ServedModels
+from ..served_models import Purpose, ServedModels
 from . import adapters, responses, unary, validation
 from .embed_call import EmbedCall
 from .errors import DeadlineExceeded, InvalidArgument, NotFound, Unavailable, check_decoded, rpc_errors
@@ -85,14 +85,15 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         return engine
 
     @asynccontextmanager
-    async def _model(self, name: str, field: str = "model") -> AsyncIterator[Engine]:
+    async def _model(self, name: str, field: str = "model", purpose: Purpose = "any") -> AsyncIterator[Engine]:
         """The engine of the model called `name` (empty: the default one), held for the block
-        (served_models.py); NOT_FOUND naming `field` when nothing serves it."""
+        (served_models.py); NOT_FOUND naming `field` when nothing serves it, FAILED_PRECONDITION
+        when it does not serve the call's `purpose` (an embedding model generates nothing)."""
         default = self._engine()
         if name and name not in self.models.names():
             raise NotFound(f"no model is called {name!r}; this server serves {', '.join(self.models.names())}",
                            field=field)
-        async with self.models.held(default, name) as engine:
+        async with self.models.held(default, name, field, purpose) as engine:
             yield engine
 
     def _drain_sessions(self) -> None:
@@ -138,7 +139,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     async def Generate(self, request_iterator, context):  # type: ignore[no-untyped-def]
         with self.calls.counted():
             first = await self._first_message(request_iterator, self._engine())
-            async with self._model(first.config.model, "config.model") as engine:
+            async with self._model(first.config.model, "config.model", "generation") as engine:
                 async for response in self._session(engine, first, request_iterator, context, "Generate"):
                     yield response
 
@@ -147,7 +148,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         """A session of one turn: the request is its first message, then a half-close."""
         first = one_turn(check_decoded(request))
         with self.calls.counted():
-            async with self._model(first.config.model, "config.model") as engine:
+            async with self._model(first.config.model, "config.model", "generation") as engine:
                 async for response in self._session(engine, first, _no_more_input(), context, "GenerateOnce"):
                     yield pb.GenerateOnceResponse.FromString(response.SerializeToString())  # the same fields
 
@@ -155,7 +156,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     async def GenerateText(self, request, context):  # type: ignore[no-untyped-def]
         first = one_turn(request)
         with self.calls.counted():
-            async with self._model(first.config.model, "config.model") as engine:
+            async with self._model(first.config.model, "config.model", "generation") as engine:
                 return responses.text_response(
                     [r async for r in self._session(engine, first, _no_more_input(), context, "GenerateText")])
 
@@ -192,11 +193,13 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
 
     @rpc_errors
     async def Embed(self, request_iterator, context):  # type: ignore[no-untyped-def]
-        engine = self._engine()
         bind_request(context, "Embed", request_id(context))
         with self.calls.counted():
-            async for result in EmbedCall(engine).run(request_iterator):
-                yield responses.embed_response(result)
+            first = await anext(aiter(request_iterator), None)  # its `model` names the model that embeds
+            first = check_decoded(first) if first is not None else None
+            async with self._model(first.model if first is not None else "", "model", "embeddings") as engine:
+                async for result in EmbedCall(engine).run(_starting_with(first, request_iterator)):
+                    yield responses.embed_response(result)
 
     # -------------------------------------------------------------------- Unary
 
@@ -232,3 +235,11 @@ def _tools_and_constraint(config: pb.SessionConfig,
                           tool_format: ToolFormat) -> tuple[ToolPlan | None, tuple[str, str] | None]:
     """The session's tools (checked) and the constraint to compile: JSON work that grows with the config."""
     return tool_plan(config, validation.constraint_of(config.constraint), tool_format)
+
+
+async def _starting_with(first: pb.EmbedRequest | None, rest: AsyncIterator[pb.EmbedRequest]) -> AsyncIterator[pb.EmbedRequest]:
+    """The stream again, its first message (read already) first."""
+    if first is not None:
+        yield first
+    async for request in rest:
+        yield request
