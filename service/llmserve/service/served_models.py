@@ -38,6 +38,7 @@ from typing import Literal
 import structlog
 
 from .config import AdapterSettings, ServerConfig
+from .domain.arrivals import Arrivals
 from .domain.errors import FieldRef, Overloaded, PreconditionFailed
 from .engine.engine import Engine
 from .metrics import Metrics
@@ -69,9 +70,11 @@ class _Resident:
 
 
 class ServedModels:
-    def __init__(self, config: ServerConfig, metrics: Metrics) -> None:
+    def __init__(self, config: ServerConfig, metrics: Metrics, arrivals: Arrivals | None = None) -> None:
+        """`arrivals`: the process's calls not yet opened, which each model's executor waits for."""
         self.config = config
         self.metrics = metrics
+        self._arrivals = arrivals
         self._specs = {model.name: model for model in config.models.extra}
         self._resident: dict[str, _Resident] = {}  # the further models loaded, by name
         self._loading: dict[str, asyncio.Task[None]] = {}
@@ -154,7 +157,7 @@ class ServedModels:
             metrics = self.metrics.models.get(name) or Metrics()
             started = time.monotonic()
             engine = await asyncio.to_thread(Engine, model_config(self.config, self._specs[name]), metrics,
-                                             default.conversations)
+                                             default.conversations, self._arrivals)
             engine.start()
             metrics.describe_model(engine.meta, self.config.n_ctx, self.config.n_parallel, engine.version)
             self.metrics.add_model(name, metrics)
