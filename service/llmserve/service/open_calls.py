@@ -4,9 +4,7 @@ The gRPC and HTTP surfaces share one `OpenCalls`: each counts a call while it ru
 (`counted`) and refuses new ones once `draining` (503 / UNAVAILABLE, each in its own
 words); the process turns `begin_drain` on when the lame duck ends and waits for
 `wait_idle` during the grace period. A surface that must tell its open calls (gRPC ends a
-session once its open turn is done) registers `on_drain`. Each call is also one of the
-`arrivals` until it opens a session (engine/arrivals.py: the executors read them). Event
-loop only.
+session once its open turn is done) registers `on_drain`. Event loop only.
 """
 
 from __future__ import annotations
@@ -14,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
-
-from .domain.arrivals import Arrivals
 
 
 class OpenCalls:
@@ -25,7 +21,6 @@ class OpenCalls:
         self._idle = asyncio.Event()
         self._idle.set()
         self._on_drain: list[Callable[[], None]] = []
-        self.arrivals = Arrivals()
 
     def on_drain(self, hook: Callable[[], None]) -> None:
         """`hook` runs once, when the drain begins."""
@@ -43,8 +38,7 @@ class OpenCalls:
         self._num_calls += 1
         self._idle.clear()
         try:
-            with self.arrivals.arriving():
-                yield
+            yield
         finally:
             self._num_calls -= 1
             if self._num_calls == 0:

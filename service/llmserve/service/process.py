@@ -31,7 +31,6 @@ from typing import NoReturn, Protocol
 import structlog
 
 from .config import ServerConfig
-from .domain.arrivals import Arrivals
 from .engine.engine import Engine
 from .faults import injected_target
 from .http.surface import HttpSurface
@@ -90,12 +89,12 @@ def _worst_stall(engines: list[Engine]) -> float | None:
     return None if None in stalls else max(s for s in stalls if s is not None)
 
 
-async def _load_engine(config: ServerConfig, metrics: Metrics, arrivals: Arrivals) -> Engine:
+async def _load_engine(config: ServerConfig, metrics: Metrics) -> Engine:
     """The model, loaded off the event loop. Test only: `LLMSERVE_INJECT_FAULT=slow_load:<s>`
     waits that long first, so that a loading server can be watched on any machine."""
     if (seconds := injected_target("slow_load")) is not None:
         await asyncio.sleep(float(seconds))
-    return await asyncio.to_thread(Engine, config, metrics, None, arrivals)
+    return await asyncio.to_thread(Engine, config, metrics)
 
 
 class Process:
@@ -104,7 +103,7 @@ class Process:
         self.metrics = Metrics()
         self.calls = OpenCalls()  # every surface's, for the drain
         self.engine: Engine | None = None  # the default model's, set once it serves
-        self.models = ServedModels(config, self.metrics, self.calls.arrivals)  # the further models' (--model NAME=PATH)
+        self.models = ServedModels(config, self.metrics)  # the further models' (--model NAME=PATH)
         self.stopping = False  # shutdown began: not ready
         self.tracing = Tracing(config.otlp_traces_endpoint) if config.otlp_traces_endpoint else None
         self.load = LoadReporter(lambda: self.engine, self.metrics, self.models.others)
@@ -122,7 +121,7 @@ class Process:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        load = asyncio.create_task(_load_engine(self.config, self.metrics, self.calls.arrivals))
+        load = asyncio.create_task(_load_engine(self.config, self.metrics))
         await asyncio.wait([load, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         try:
             engine = await load  # a signal during loading still waits for the load to free it

@@ -38,7 +38,6 @@ from typing import Literal
 import structlog
 
 from .config import AdapterSettings, ServerConfig
-from .domain.arrivals import Arrivals
 from .domain.errors import FieldRef, Overloaded, PreconditionFailed
 from .engine.engine import Engine
 from .metrics import Metrics
@@ -70,11 +69,9 @@ class _Resident:
 
 
 class ServedModels:
-    def __init__(self, config: ServerConfig, metrics: Metrics, arrivals: Arrivals | None = None) -> None:
-        """`arrivals`: the process's calls not yet opened, which each model's executor waits for."""
+    def __init__(self, config: ServerConfig, metrics: Metrics) -> None:
         self.config = config
         self.metrics = metrics
-        self._arrivals = arrivals
         self._specs = {model.name: model for model in config.models.extra}
         self._resident: dict[str, _Resident] = {}  # the further models loaded, by name
         self._loading: dict[str, asyncio.Task[None]] = {}
@@ -157,7 +154,7 @@ class ServedModels:
             metrics = self.metrics.models.get(name) or Metrics()
             started = time.monotonic()
             engine = await asyncio.to_thread(Engine, model_config(self.config, self._specs[name]), metrics,
-                                             default.conversations, self._arrivals)
+                                             default.conversations)
             engine.start()
             metrics.describe_model(engine.meta, self.config.n_ctx, self.config.n_parallel, engine.version)
             self.metrics.add_model(name, metrics)

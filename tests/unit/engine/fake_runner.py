@@ -87,13 +87,7 @@ class FakeCosts:
     def num_ubatches(self, rows: Sequence[tuple[int, int]], n_ubatch: int, per_slot_streams: bool) -> int:
         if not per_slot_streams:
             return -(-sum(n for _, n in rows) // n_ubatch)
-        return len(self.ubatch_sizes(rows, n_ubatch, per_slot_streams))
-
-    def ubatch_sizes(self, rows: Sequence[tuple[int, int]], n_ubatch: int, per_slot_streams: bool) -> list[int]:
-        total = sum(n for _, n in rows)
-        if not per_slot_streams:
-            return [min(n_ubatch, total - start) for start in range(0, total, n_ubatch)]
-        return [len(ubatch) for ubatch in split_equal([(seq, pos) for seq, n in rows for pos in range(n)], n_ubatch)]
+        return len(split_equal([(seq, pos) for seq, n in rows for pos in range(n)], n_ubatch))
 
 
 class FakeBatch(BatchArrays):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmserve.service.model.ubatches import num_ubatches, ubatch_sizes
+from llmserve.service.model.ubatches import num_ubatches
 
 
 def test_per_slot_streams_split_by_runs_of_consecutive_ids() -> None:
@@ -17,13 +17,3 @@ def test_per_slot_streams_split_by_runs_of_consecutive_ids() -> None:
 def test_a_unified_cache_splits_by_tokens() -> None:
     assert num_ubatches([(0, 1), (5, 1), (9, 300)], 512, False) == 1
     assert num_ubatches([(0, 400), (5, 400)], 512, False) == 2
-
-
-def test_ubatch_sizes_are_the_tokens_of_each_run() -> None:
-    """Four prompts of 17 to 20 tokens: one ubatch of 17 each, then the tails of 1, 2, 3."""
-    assert ubatch_sizes([(0, 17), (1, 18), (2, 19), (3, 20)], 512, True) == [68, 3, 2, 1]
-    assert ubatch_sizes([(0, 17), (1, 17), (2, 17), (3, 17)], 512, True) == [68]
-    assert ubatch_sizes([(0, 1), (2, 1), (5, 1), (6, 1)], 512, True) == [1, 1, 2]
-    assert ubatch_sizes([(0, 700)], 512, False) == [512, 188]
-    rows = [(0, 1), (1, 1), (2, 1), (3, 1), (4, 200)]
-    assert len(ubatch_sizes(rows, 512, True)) == num_ubatches(rows, 512, True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
-from ..domain.arrivals import opened
 from ..domain.events import PromptLogprobsEvent, SessionFailed, TokenEvent, TurnEndEvent
 from ..domain.requests import SessionParams
 from ..metrics import Metrics
@@ -57,7 +56,6 @@ class Call:
         tag = len(self.sessions)
         self.sessions.append(self._opener(self._params, self.sink.tagged(tag)))
         self._open.add(tag)
-        opened()  # the call has arrived: the executor knows its session
         return self.sessions[tag]
 
     async def events(self) -> AsyncIterator[tuple[int | None, object]]:

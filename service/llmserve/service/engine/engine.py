@@ -19,7 +19,6 @@ import structlog
 
 from .. import __version__
 from ..config import ServerConfig
-from ..domain.arrivals import Arrivals
 from ..domain.errors import GrammarError, PreconditionFailed
 from ..domain.events import EventSink
 from ..domain.load import ReplicaLoad, replica_load
@@ -73,8 +72,7 @@ LARGE_TEXT_CHARS = 16 * 1024  # longer texts are tokenized on the offload pool, 
 
 class Engine:
     def __init__(self, config: ServerConfig, metrics: Metrics | None = None,
-                 conversations: ConversationStore | None = None, arrivals: Arrivals | None = None) -> None:
-        """`arrivals`: the process's calls not yet opened (OpenCalls'), which the executor waits for."""
+                 conversations: ConversationStore | None = None) -> None:
         model_path = config.model_path or default_model_path()
         if config.n_batch_effective != config.n_batch:
             log.info("n_batch_clamped_for_embeddings", n_batch=config.n_batch, n_ubatch=config.n_ubatch,
@@ -97,7 +95,7 @@ class Engine:
             fingerprint = model_fingerprint(model_path, self.meta, config.kv_cache)
             self._store = SessionStore(config.session_dir, config.session_dir_max_bytes, fingerprint, metrics,
                                        config.n_ctx_per_slot, runner.n_vocab)
-        self._executor = Executor(runner, executor_config(config, runner.config.max_embed_seqs), metrics, self._store, arrivals)
+        self._executor = Executor(runner, executor_config(config, runner.config.max_embed_seqs), metrics, self._store)
         self.adapters = adapter_registry(config, runner, self._executor.adapter_command)  # LoRA: names, loads
         self.adapters.resident = lambda: {name for name, _, _ in self._executor.snapshot.adapter_sessions}
         metrics.max_loras = config.adapters.max_loras
@@ -257,6 +255,8 @@ class Engine:
     def drop_embeds(self, sink: EventSink) -> None:
         """The Embed call ended: its inputs that have not run yet are dropped."""
         self._executor.drop_embeds(sink)
+
+    # --------------------------------------------------------- tokenization
 
     def _tokenizer(self, embedding_model: bool) -> Vocab:
         if not embedding_model:

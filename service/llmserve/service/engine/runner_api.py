@@ -79,10 +79,6 @@ class StepCosts(Protocol):
         tokens) in batch order; `per_slot_streams`: one KV stream per slot."""
         ...
 
-    def ubatch_sizes(self, rows: Sequence[tuple[int, int]], n_ubatch: int, per_slot_streams: bool) -> list[int]:
-        """The tokens of each of those ubatches, in order."""
-        ...
-
 
 class Runner(Protocol):
     meta: ModelMeta

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .ubatches import num_ubatches, ubatch_sizes
+from .ubatches import num_ubatches
 
 SMALL_STEPS = (1.0, 2.1, 2.6)  # 1-3 rows: a gemv each
 FIRST_GROUP = 2.7  # four rows: one gemm over every weight
@@ -56,9 +56,6 @@ class LlamaCpuCosts:
 
     def num_ubatches(self, rows: Sequence[tuple[int, int]], n_ubatch: int, per_slot_streams: bool) -> int:
         return num_ubatches(rows, n_ubatch, per_slot_streams)
-
-    def ubatch_sizes(self, rows: Sequence[tuple[int, int]], n_ubatch: int, per_slot_streams: bool) -> list[int]:
-        return ubatch_sizes(rows, n_ubatch, per_slot_streams)
 
 
 LLAMA_CPU_COSTS = LlamaCpuCosts()
@@ -123,6 +120,3 @@ class MeasuredCosts:
 
     def num_ubatches(self, rows: Sequence[tuple[int, int]], n_ubatch: int, per_slot_streams: bool) -> int:
         return num_ubatches(rows, n_ubatch, per_slot_streams)
-
-    def ubatch_sizes(self, rows: Sequence[tuple[int, int]], n_ubatch: int, per_slot_streams: bool) -> list[int]:
-        return ubatch_sizes(rows, n_ubatch, per_slot_streams)

@@ -4,8 +4,7 @@ every layer's weights, so a step's cost grows with their number, not only its to
 A unified KV cache splits simply: `n_ubatch` tokens each. With one KV stream per slot
 llama.cpp uses `split_equal(sequential=true)` (llama-batch.cpp): one ubatch takes a run of
 sequences with consecutive ids (in batch order), the same number of tokens from each.
-This mirrors it, for the step profile (`num_ubatches`) and the scheduler's pricing of a
-step's prompt chunks (`ubatch_sizes`).
+This mirrors it, for the step profile (`step_costs.LlamaCpuCosts.num_ubatches`).
 """
 
 from __future__ import annotations
@@ -15,16 +14,11 @@ from collections.abc import Sequence
 
 def num_ubatches(rows: Sequence[tuple[int, int]], n_ubatch: int, per_slot_streams: bool) -> int:
     """`rows`: (sequence id, tokens) in batch order, one row per sequence."""
-    return len(ubatch_sizes(rows, n_ubatch, per_slot_streams))
-
-
-def ubatch_sizes(rows: Sequence[tuple[int, int]], n_ubatch: int, per_slot_streams: bool) -> list[int]:
-    """The tokens of each ubatch, in order (`rows` as for `num_ubatches`)."""
     total = sum(n for _, n in rows)
     if not per_slot_streams:
-        return [min(n_ubatch, total - start) for start in range(0, total, n_ubatch)]
+        return -(-total // n_ubatch)
     remaining = [[seq, n] for seq, n in rows if n > 0]
-    sizes: list[int] = []
+    count = 0
     while remaining:
         run = [remaining[0]]
         for row in remaining[1:]:
@@ -34,5 +28,5 @@ def ubatch_sizes(rows: Sequence[tuple[int, int]], n_ubatch: int, per_slot_stream
         for row in run:
             row[1] -= each
         remaining = [row for row in remaining if row[1] > 0]
-        sizes.append(each * len(run))
-    return sizes
+        count += 1
+    return count

@@ -13,10 +13,11 @@ import queue
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import structlog
 
-from ...domain.arrivals import Arrivals
+from ...config import ContextShiftSettings, KVCacheSettings, PrefillSettings, SpeculationSettings
 from ...domain.errors import FailureKind
 from ...domain.events import EventSink, SessionFailed
 from ...domain.requests import EmbedInput, SessionParams
@@ -29,11 +30,9 @@ from ..runner_api import Runner
 from ..session_store import SessionStore
 from .adapter_residency import AdapterResidency
 from .allocator import SlotAllocator, min_scattered_reuse
-from .burst import burst_wait_s
 from .canonical_chunks import canonical_chunk
 from .draft_verifier import DraftVerifier
 from .embedding_step import run_embeddings
-from .executor_config import ExecutorConfig
 from .generation_step import GenerationStep, StepOutput, StepProfile
 from .scheduler import PlannerState, PrefillPacer, Scheduler, StepPlan
 from .session_table import SessionTable
@@ -49,15 +48,31 @@ class InjectedFault(BaseException):
     """Test only: `LLMSERVE_INJECT_FAULT=die:<request_id>` kills the thread (faults.py; `stall:` blocks it)."""
 
 
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """The executor's shape (derived by the Engine from the ServerConfig) and the settings
+    objects it hands, as they are, to the parts that read them (config.py)."""
+
+    n_parallel: int
+    n_ctx_per_slot: int
+    n_batch: int
+    n_ubatch: int
+    max_embed_seqs: int = 64
+    reader_timeout_s: float | None = None  # a paused stream whose client reads nothing this long ends; None: never
+    prefill: PrefillSettings = PrefillSettings()
+    speculation: SpeculationSettings = SpeculationSettings()  # n-gram drafts where they pay, as the server
+    kv_cache: KVCacheSettings = KVCacheSettings()  # kv_unified off: one KV stream per slot
+    context_shift: ContextShiftSettings = ContextShiftSettings()  # off by default
+    lora_names: tuple[str, ...] = ()  # the LoRA adapters the runner loaded at start
+    max_loras: int = 8  # resident at once (adapter_residency.py)
+
+
 class Executor:
     def __init__(
-        self, runner: Runner, config: ExecutorConfig, metrics: Metrics | None = None, store: SessionStore | None = None,
-        arrivals: Arrivals | None = None,
+        self, runner: Runner, config: ExecutorConfig, metrics: Metrics | None = None, store: SessionStore | None = None
     ) -> None:
-        """`store`: where named sessions are saved when they end; `arrivals`: the surfaces'
-        calls not yet opened (the process's), which an idle executor waits for (burst.py)."""
+        """`store`: where named sessions are saved when they end."""
         self.metrics = metrics or Metrics()
-        self.arrivals = arrivals or Arrivals()
         self.runner = runner
         self.config = config
         self.profile = StepProfile()
@@ -158,21 +173,11 @@ class Executor:
                     self._idle = True
                     if not self.drain(block=True, timeout=self.table.admission.idle_timeout(self._deadline_margin_s)):
                         break
-                    if not self._gather_burst():
-                        break
         except BaseException:
             log.critical("executor_died", exc_info=True)  # the watchdog sees the dead thread
             raise
         finally:
             self._shutdown()
-
-    def _gather_burst(self) -> bool:
-        """Woken from idle: wait, bounded, for the rest of a burst (burst.py); False once stopped."""
-        t_woken = time.monotonic()
-        while (wait_s := burst_wait_s(self.arrivals, self.table.sessions.values(), t_woken, self._step_s)) > 0:
-            if not self.drain(block=True, timeout=wait_s):
-                return False
-        return True
 
     def drain(self, block: bool, timeout: float | None = None) -> bool:
         """Handle queued commands (wait up to `timeout` for one if `block`); False once stopped."""

@@ -27,13 +27,29 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ...domain.requests import AdapterSet
 from ..runner_api import StepCosts
 from .draft_pricing import best_draft_length, worth_drafting
-from .prefill_shares import SeqDemand, equal_chunks, fair_shares, share_prefill
 
 MAX_DRAFTING_SEQS = 4  # more sequences decoding than this: no drafts (measured: verify rows then cost more than they save)
 MIN_ACCEPTANCE_BUSY = 0.85  # with 3-4 decoding only drafts that nearly always land pay for their rows (measured)
 MAX_PROMPTS_WHILE_DECODING = 2  # per-slot streams: prompts one step carries beside decode rows
+
+
+@dataclass(frozen=True)
+class SeqDemand:
+    """What one session could put in this step."""
+
+    key: int
+    decode_token: bool  # a sampled token waits to be decoded
+    num_prefill: int  # prompt tokens ready to prefill now
+    num_draft: int = 0  # draft tokens it would verify after its decode token
+    seq_id: int = -1  # its slot's sequence id
+    window_at_risk: bool = False  # long enough that a split draft could cost a sliding-window cell
+    draft_acceptance: float = 0.5  # the accepted share of its drafts lately (SeqSpeculation.acceptance)
+    draft_odds: float = 0.5  # its per-token draft odds lately (SeqSpeculation.odds)
+    adapters: AdapterSet = ()  # the LoRA adapters it decodes under: one decode runs one set (StepRotation)
+    alone: bool = False  # deterministic: its rows share no decode (canonical_chunks.py, StepRotation)
 
 
 @dataclass(frozen=True)
@@ -132,9 +148,7 @@ class Scheduler:
         max_prompts = MAX_PROMPTS_WHILE_DECODING if paced and not outnumbered and self.per_slot_streams else None
         num_plans = state.num_plans + 1
         since = {d.key: state.prefill_since.get(d.key, num_plans) for d in waiting}
-        prefill = share_prefill(waiting, since, budget, max_prompts)
-        if self.per_slot_streams and self.costs is not None and len(prefill) > 1:  # chunk lengths: ubatches
-            prefill = equal_chunks(prefill, demands, dict(drafts), self.costs, self.n_ubatch)
+        prefill = _share_prefill(waiting, since, budget, max_prompts)
         return StepPlan(decode=decode, prefill=tuple(prefill), drafts=tuple(drafts),
                         next_state=PlannerState(state.last_was_embedding, num_plans, since))
 
@@ -177,7 +191,25 @@ class Scheduler:
         extra_ubatch = self.per_slot_streams and num_decoding > 1
         wants = [(d.key, worth_drafting(costs, d.draft_acceptance, num_decoding, d.num_draft, extra_ubatch)
                   if self.price_drafts else d.num_draft) for d in wanting]
-        return fair_shares([(key, n) for key, n in wants if n > 0], budget)
+        return _fair_shares([(key, n) for key, n in wants if n > 0], budget)
+
+
+def _share_prefill(waiting: list[SeqDemand], since: Mapping[int, int], budget: int,
+                   max_prompts: int | None = None) -> list[tuple[int, int]]:
+    """The oldest waiting prompt (`since`: the plan each showed up in) gets at least an equal
+    share; the rest of the budget goes shortest-remaining first (ties: the older first), to
+    `max_prompts` at most."""
+    if not waiting or budget <= 0:
+        return []
+    oldest = min(waiting, key=lambda d: (since[d.key], d.key))
+    granted = {oldest.key: min(oldest.num_prefill, max(budget // len(waiting), 1))}
+    left = budget - granted[oldest.key]
+    for d in sorted(waiting, key=lambda d: (d.num_prefill - granted.get(d.key, 0), since[d.key], d.key)):
+        extra = min(d.num_prefill - granted.get(d.key, 0), left)
+        if extra > 0 and (d.key in granted or max_prompts is None or len(granted) < max_prompts):
+            granted[d.key] = granted.get(d.key, 0) + extra
+            left -= extra
+    return list(granted.items())
 
 
 def _drafts_kept_whole(drafts: list[tuple[int, int]], demands: Sequence[SeqDemand]) -> list[tuple[int, int]]:
@@ -205,6 +237,20 @@ def _drafts_kept_whole(drafts: list[tuple[int, int]], demands: Sequence[SeqDeman
         if d.window_at_risk:
             at_risk_drafting.add(d.seq_id)
     return kept
+
+
+def _fair_shares(wants: list[tuple[int, int]], budget: int) -> list[tuple[int, int]]:
+    """Split `budget` across (key, wanted) in order: equal shares, what one leaves goes to the
+    next, the first in order gets the rounding."""
+    shares: list[tuple[int, int]] = []
+    for i, (key, wanted) in enumerate(wants):
+        if budget <= 0:
+            break
+        left = len(wants) - i
+        n = min(wanted, max(budget // left, 1) if i else max(budget - (budget // left) * (left - 1), 1))
+        shares.append((key, n))
+        budget -= n
+    return shares
 
 
 class PrefillPacer:
