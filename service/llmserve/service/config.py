@@ -10,7 +10,7 @@ and its test.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .model_settings import ModelSettings
@@ -288,6 +288,12 @@ class ServerConfig:
         self.adapters.validate()
         self.models.validate(self.alias or (self.model_path.stem if self.model_path else None),
                              tuple(spec.name for spec in self.adapters.lora))
+        for model in (m for m in self.models.extra if m.n_ctx or m.n_parallel):  # its own -c/-np: the same rules
+            try:
+                replace(self, n_ctx=model.n_ctx or self.n_ctx, n_parallel=model.n_parallel or self.n_parallel,
+                        models=ModelSettings()).validate()
+            except ValueError as exc:
+                raise ValueError(f"--model {model.name}=...: {exc}") from None
         if self.store_kv and self.session_dir is None:
             raise ValueError("--store-kv saves stored responses' KV under --session-dir: give one")
         if self.context_shift.keep < 0 or self.context_shift.keep >= self.n_ctx_per_slot // 2:

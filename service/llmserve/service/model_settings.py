@@ -2,8 +2,10 @@
 
 The first `--model` is the default model (a call that names no model gets it; its NAME,
 when given, is its alias). Each further one is another model, served by its NAME: with
-its own context, executor thread and slots (served_models.py), the same -c/-np/-t as the
-default. Read by the cli (parse), ServerConfig.validate and served_models.py.
+its own context, executor thread and slots (served_models.py), by default the same
+-c/-np/-t as the default; `NAME=PATH,c=N,np=N` gives it a context size and slots of its
+own (llama-server's `-c/--ctx-size` and `-np/--parallel`). Read by the cli (parse),
+ServerConfig.validate and served_models.py.
 """
 
 from __future__ import annotations
@@ -15,10 +17,16 @@ from pathlib import Path
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 
 
+_OPTION = re.compile(r"([a-z][a-z-]*)=(\S*)")
+_SHAPE_KEYS = {"c": "n_ctx", "ctx-size": "n_ctx", "np": "n_parallel", "parallel": "n_parallel"}
+
+
 @dataclass(frozen=True)
 class NamedModel:
     name: str
     path: Path
+    n_ctx: int | None = None  # its own -c (None: the server's)
+    n_parallel: int | None = None  # its own -np (None: the server's)
 
 
 def parse_named_model(value: str) -> tuple[str | None, Path]:
@@ -30,6 +38,20 @@ def parse_named_model(value: str) -> tuple[str | None, Path]:
     if not _NAME.fullmatch(name):
         raise ValueError(f"--model {value}: a model's NAME is 1 to 64 letters, digits, '.', '_', ':' or '-'")
     return name, Path(path)
+
+
+def model_shape(value: str) -> tuple[str, dict[str, int]]:
+    """`value` without its trailing `,KEY=N` options, and them as NamedModel fields (KEY:
+    c/ctx-size, np/parallel); ValueError naming an unknown KEY or a value not a positive integer."""
+    parts, shape = value.split(","), {}
+    while len(parts) > 1 and (option := _OPTION.fullmatch(parts[-1])):
+        key, number = option.groups()
+        if key not in _SHAPE_KEYS or not number.isdigit() or int(number) < 1:
+            raise ValueError(f"--model {value}: ,{parts[-1]} is not an option (c=N or ctx-size=N, np=N or "
+                             "parallel=N, positive integers)")
+        shape[_SHAPE_KEYS[key]] = int(number)
+        parts.pop()
+    return ",".join(parts), shape
 
 
 @dataclass(frozen=True)

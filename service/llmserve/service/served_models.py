@@ -50,11 +50,12 @@ Purpose = Literal["any", "generation", "embeddings"]  # what a call asks of the 
 
 
 def model_config(config: ServerConfig, model: NamedModel) -> ServerConfig:
-    """A further model's settings: the server's, with its file and name, and no embeddings,
-    adapters or stored KV (the default model's)."""
+    """A further model's settings: the server's, with its file, name and shape (-c, -np, when
+    it has its own), and no embeddings, adapters or stored KV (the default model's)."""
     session_dir = config.session_dir / "models" / model.name if config.session_dir is not None else None
     return replace(config, model_path=model.path, alias=model.name, models=ModelSettings(), embeddings=False,
-                   embedding_model_path=None, adapters=AdapterSettings(), session_dir=session_dir, store_kv=False)
+                   embedding_model_path=None, adapters=AdapterSettings(), session_dir=session_dir, store_kv=False,
+                   n_ctx=model.n_ctx or config.n_ctx, n_parallel=model.n_parallel or config.n_parallel)
 
 
 @dataclass
@@ -156,7 +157,7 @@ class ServedModels:
             engine = await asyncio.to_thread(Engine, model_config(self.config, self._specs[name]), metrics,
                                              default.conversations)
             engine.start()
-            metrics.describe_model(engine.meta, self.config.n_ctx, self.config.n_parallel, engine.version)
+            metrics.describe_model(engine.meta, engine.config.n_ctx, engine.config.n_parallel, engine.version)
             self.metrics.add_model(name, metrics)
             self._resident[name] = _Resident(engine)
             log.info("served_model_loaded", model=name, seconds=round(time.monotonic() - started, 3))

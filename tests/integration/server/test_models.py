@@ -35,7 +35,7 @@ def other_model() -> Path:
 
 @pytest.fixture(scope="module")
 def server(other_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    flags = ["-m", str(default_model_path()), "-m", f"{OTHER}={other_model}", "-np", "2", "-c", "2048", "-t", "2",
+    flags = ["-m", str(default_model_path()), "-m", f"{OTHER}={other_model},c=1536,np=3", "-np", "2", "-c", "2048", "-t", "2",
              "--session-dir", str(tmp_path_factory.mktemp("model-sessions"))]
     with serving(flags, tmp_path_factory.mktemp("models") / "server.log", http_port=free_port(),
                  metrics=True) as running:
@@ -71,6 +71,8 @@ def test_models_lists_both_and_model_info_tells_them_apart(server: RunningServer
     assert OTHER in ids and ids[0] != OTHER  # the default model first
     default, other = stub.GetModelInfo(pb.GetModelInfoRequest()), stub.GetModelInfo(pb.GetModelInfoRequest(model=OTHER))
     assert Path(other.path) == other_model and Path(default.path) == default_model_path()
+    assert (other.n_ctx, other.n_parallel, len(other.slots)) == (1536, 3, 3)  # its own -c/-np
+    assert (default.n_ctx, default.n_parallel, len(default.slots)) == (2048, 2, 2)
     assert list(default.models) == list(other.models) and default.models[1] == OTHER
     assert stub.GetModelInfo(pb.GetModelInfoRequest(model=default.models[0])).path == default.path
 

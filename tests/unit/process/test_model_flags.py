@@ -30,6 +30,21 @@ def test_the_first_model_is_the_default_and_each_further_one_is_named(tmp_path: 
     assert plain.model_path == base and plain.alias is None and plain.models.extra == ()
 
 
+def test_a_further_model_takes_its_own_context_size_and_slots(tmp_path: Path) -> None:
+    base, other, third = _files(tmp_path, "base.gguf", "other.gguf", "a,b.gguf")
+    config = cli.build_config(cli.parse_args(["serve", "-m", str(base), "-c", "4096", "-np", "4",
+                                              "-m", f"q8={other},c=8192,np=2", "-m", f"t={third},parallel=8"]))
+    assert config.models.extra == (NamedModel("q8", other, 8192, 2), NamedModel("t", third, None, 8))
+    assert config.n_ctx == 4096 and config.n_parallel == 4  # the default model's
+    for bad in (f"q8={other},foo=1", f"q8={other},np=0", f"q8={other},c=x"):
+        with pytest.raises(SystemExit):
+            cli.parse_args(["serve", "-m", str(base), "-m", bad])
+    with pytest.raises(SystemExit):  # the default model's shape is -c/-np
+        cli.parse_args(["serve", "-m", f"{base},c=2048"])
+    with pytest.raises(ValueError, match="--model q8=.*fewer than 16 tokens per slot"):
+        cli.build_config(cli.parse_args(["serve", "-m", str(base), "-m", f"q8={other},c=64,np=8"]))
+
+
 def test_a_path_with_an_equals_sign_in_a_folder_is_a_path() -> None:
     assert parse_named_model("/models/a=b/x.gguf") == (None, Path("/models/a=b/x.gguf"))
     assert parse_named_model("q8=/m/x.gguf") == ("q8", Path("/m/x.gguf"))
