@@ -290,8 +290,7 @@ class ServerConfig:
                              tuple(spec.name for spec in self.adapters.lora))
         for model in (m for m in self.models.extra if m.n_ctx or m.n_parallel):  # its own -c/-np: the same rules
             try:
-                replace(self, n_ctx=model.n_ctx or self.n_ctx, n_parallel=model.n_parallel or self.n_parallel,
-                        models=ModelSettings()).validate()
+                replace(self, **model.shape(self.n_ctx, self.n_parallel), models=ModelSettings()).validate()
             except ValueError as exc:
                 raise ValueError(f"--model {model.name}=...: {exc}") from None
         if self.store_kv and self.session_dir is None:

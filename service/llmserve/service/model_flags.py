@@ -34,7 +34,7 @@ class _ModelAction(argparse.Action):
 
 def add_model_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
     d = ModelSettings()
-    serve.add_argument("-m", "--model", action=_ModelAction, metavar="[NAME=]PATH",
+    serve.add_argument("-m", "--model", action=_ModelAction, metavar="[NAME=]PATH[,c=N][,np=N]",
                        default=from_env("LLMSERVE_MODEL", Path, None),
                        help="GGUF model file (default: gemma-3-270m Q4_K_M from PyPI); repeat for more models, each "
                             "served by its NAME, with its own ,c=N ,np=N if given (the first is the default; "

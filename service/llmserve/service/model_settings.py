@@ -28,6 +28,10 @@ class NamedModel:
     n_ctx: int | None = None  # its own -c (None: the server's)
     n_parallel: int | None = None  # its own -np (None: the server's)
 
+    def shape(self, n_ctx: int, n_parallel: int) -> dict[str, int]:
+        """Its context size and slots given the server's: ServerConfig fields, for `replace`."""
+        return {"n_ctx": self.n_ctx or n_ctx, "n_parallel": self.n_parallel or n_parallel}
+
 
 def parse_named_model(value: str) -> tuple[str | None, Path]:
     """`NAME=PATH` or `PATH` (a NAME holds no `/`): ValueError when NAME is not 1-64 of

@@ -55,7 +55,7 @@ def model_config(config: ServerConfig, model: NamedModel) -> ServerConfig:
     session_dir = config.session_dir / "models" / model.name if config.session_dir is not None else None
     return replace(config, model_path=model.path, alias=model.name, models=ModelSettings(), embeddings=False,
                    embedding_model_path=None, adapters=AdapterSettings(), session_dir=session_dir, store_kv=False,
-                   n_ctx=model.n_ctx or config.n_ctx, n_parallel=model.n_parallel or config.n_parallel)
+                   **model.shape(config.n_ctx, config.n_parallel))
 
 
 @dataclass
