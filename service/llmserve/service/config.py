@@ -148,8 +148,8 @@ class AdapterSettings:
         for spec in self.lora:
             if not spec.path.is_file():
                 raise ValueError(f"--lora {spec.name}={spec.path}: no such file")
-        if self.max_loras < max(1, len(self.lora)):
-            raise ValueError(f"--max-loras {self.max_loras}: at least 1 and the {len(self.lora)} given by --lora")
+        if self.max_loras < 1:  # --lora beyond it: loaded when first named (adapter_residency.py)
+            raise ValueError(f"--max-loras {self.max_loras}: at least 1")
         if self.allow_adapter_updates and (self.adapter_dir is None or not self.adapter_dir.is_dir()):
             raise ValueError("--allow-adapter-updates loads adapters from --adapter-dir: give an existing directory")
 

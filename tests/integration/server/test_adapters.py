@@ -213,27 +213,41 @@ def test_a_named_session_keeps_its_adapter_across_a_restart(adapter_dir: Path, t
         assert under_base.samples[0].turn_end.usage.cached_tokens == 0  # mild's KV is no prefix for the base
 
 
+def _wait_idle(stub: pb_grpc.LLMServiceStub) -> None:
+    """Until no session runs under an adapter: a call's session closes just after its reply."""
+    deadline = time.monotonic() + 10
+    while any(a.num_sessions for a in stub.ListAdapters(pb.ListAdaptersRequest()).adapters):
+        assert time.monotonic() < deadline, "a session under an adapter never closed"
+        time.sleep(0.05)
+
+
 def test_beyond_max_loras_an_idle_adapter_is_evicted_and_loads_again_when_named(adapter_dir: Path,
                                                                                tmp_path: Path) -> None:
-    """--max-loras 1: a run-time load evicts the idle resident adapter (listed "available"),
-    a call naming it loads it again (evicting the other) and gets its tokens; with the
-    resident one in use, a call naming the other is RESOURCE_EXHAUSTED."""
+    """--max-loras 1: a second --lora starts available; a run-time load evicts the idle
+    resident adapter (listed "available"), a call naming it loads it again (evicting the
+    other) and gets its tokens; with the resident one in use, a call naming the other is
+    RESOURCE_EXHAUSTED."""
     flags = ["-np", "4", "-c", "4096", "-t", "2", "--max-loras", "1", "--lora", f"mild={adapter_dir / 'mild.gguf'}",
-             "--adapter-dir", str(adapter_dir), "--allow-adapter-updates"]
+             "--lora", f"strong={adapter_dir / 'strong.gguf'}", "--adapter-dir", str(adapter_dir),
+             "--allow-adapter-updates"]
     with serving(flags, tmp_path / "server.log", http_port=free_port()) as running:
         stub = pb_grpc.LLMServiceStub(grpc.insecure_channel(running.address))
+        states = {a.name: a.state for a in stub.ListAdapters(pb.ListAdaptersRequest()).adapters}
+        assert states == {"mild": "loaded", "strong": "available"}  # the --lora beyond --max-loras
+        strong = _turn(stub, adapter="strong", top_logprobs=2)  # loads it, evicting the idle mild
+        assert _ids(strong) != _ids(_turn(stub))
+        states = {a.name: a.state for a in stub.ListAdapters(pb.ListAdaptersRequest()).adapters}
+        assert states == {"mild": "available", "strong": "loaded"}
+        _wait_idle(stub)
         mild = _turn(stub, adapter="mild", top_logprobs=2)
-        deadline = time.monotonic() + 10  # the call's session closes just after its reply: then mild is idle
-        while any(a.num_sessions for a in stub.ListAdapters(pb.ListAdaptersRequest()).adapters):
-            assert time.monotonic() < deadline, "mild's session never closed"
-            time.sleep(0.05)
+        _wait_idle(stub)
         stub.LoadAdapter(pb.LoadAdapterRequest(name="other", path="other.gguf"), timeout=60)
         states = {a.name: a.state for a in stub.ListAdapters(pb.ListAdaptersRequest()).adapters}
-        assert states == {"mild": "available", "other": "loaded"}
+        assert states == {"mild": "available", "other": "loaded", "strong": "available"}
         again = _turn(stub, adapter="mild", top_logprobs=2)
         assert _agrees(mild, again) and _ids(again) != _ids(_turn(stub))  # mild's own output, not the base's
         states = {a.name: a.state for a in stub.ListAdapters(pb.ListAdaptersRequest()).adapters}
-        assert states == {"mild": "loaded", "other": "available"}
+        assert states == {"mild": "loaded", "other": "available", "strong": "available"}
         cfg = session_config(max_tokens=400, ignore_eos=True, adapter="mild")
         busy = stub.Generate(iter([pb.GenerateRequest(config=cfg, input=pb.Input(text=PROMPT), end_of_turn=True)]),
                              timeout=120)
@@ -243,4 +257,4 @@ def test_beyond_max_loras_an_idle_adapter_is_evicted_and_loads_again_when_named(
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-loras" in (refused.value.details() or "")
         busy.cancel()
         models = requests.get(f"http://127.0.0.1:{running.http_port}/lora-adapters", timeout=10).json()
-        assert {m["name"]: m["state"] for m in models} == {"mild": "loaded", "other": "available"}
+        assert {m["name"]: m["state"] for m in models} == {"mild": "loaded", "other": "available", "strong": "available"}

@@ -13,6 +13,7 @@ from llmserve.service.domain.events import SessionFailed, TurnEndEvent
 from llmserve.service.domain.requests import AdapterSet, adapter_set
 from llmserve.service.domain.snapshots import SavedSession
 from llmserve.service.engine.commands import LoadAdapter, UnloadAdapter
+from llmserve.service.engine.executor.adapter_residency import AdapterResidency
 from llmserve.service.engine.executor.scheduler import SeqDemand
 from llmserve.service.engine.executor.step_rotation import StepRotation
 
@@ -180,3 +181,18 @@ def test_with_every_resident_adapter_in_use_a_new_one_is_refused_busy() -> None:
     executor.adapter_command(UnloadAdapter("b", answers.append, freed.append))  # available: freed at once
     executor.drain(block=False)
     assert freed == ["b"] and runner.loaded_adapters == {"a"}
+
+
+def test_lora_adapters_beyond_max_loras_at_start_are_available_and_load_when_named() -> None:
+    """--lora a --lora b --lora c with --max-loras 1: the runner loaded all three at start;
+    the first stays resident, the other two are unloaded (available, their checked files
+    kept) and load when a session names them, evicting the idle resident one."""
+    executor, runner = make(n_parallel=4)
+    for name in ("a", "b", "c"):
+        runner.load_adapter(name, f"/adapters/{name}")
+    executor.table.adapters = AdapterResidency(runner, ("a", "b", "c"), max_loras=1)  # type: ignore[arg-type]
+    assert runner.loaded_adapters == {"a"} and set(executor.table.adapters.available) == {"b", "c"}
+    under_b = _open(executor, B, (BOS, 5), max_tokens=2)
+    run_until(executor, turn_ends(under_b))
+    assert not under_b.of(SessionFailed) and runner.loaded_adapters == {"b"}
+    assert runner.adapter_files["b"] == "/adapters/b"  # the file checked at start, loaded again

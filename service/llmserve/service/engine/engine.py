@@ -95,8 +95,8 @@ class Engine:
             fingerprint = model_fingerprint(model_path, self.meta, config.kv_cache)
             self._store = SessionStore(config.session_dir, config.session_dir_max_bytes, fingerprint, metrics,
                                        config.n_ctx_per_slot, runner.n_vocab)
+        self.adapters = adapter_registry(config, runner, lambda command: self._executor.adapter_command(command))
         self._executor = Executor(runner, executor_config(config, runner.config.max_embed_seqs), metrics, self._store)
-        self.adapters = adapter_registry(config, runner, self._executor.adapter_command)  # LoRA: names, loads
         self.adapters.resident = lambda: {name for name, _, _ in self._executor.snapshot.adapter_sessions}
         metrics.max_loras = config.adapters.max_loras
         self.named_sessions = SessionClaims(self._store)  # one stream per session id (claim, release)

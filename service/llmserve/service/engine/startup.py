@@ -127,7 +127,8 @@ def log_loaded(config: ServerConfig, meta: ModelMeta, embedder: Embedder | None)
 
 
 def adapter_registry(config: ServerConfig, runner: LlamaRunner, submit: Callable[[object], None]) -> AdapterRegistry:
-    """The adapters loaded at start (the runner loaded them), as requests see them."""
+    """The adapters loaded at start (the runner loaded them), as requests see them. Made
+    before the Executor, which unloads the `--lora` beyond `--max-loras` (adapter_residency.py)."""
     settings = config.adapters
     registry = AdapterRegistry(runner.meta.architecture, settings.max_loras, settings.adapter_dir,
                                settings.allow_adapter_updates, submit)

@@ -16,7 +16,7 @@ adapter's KV in the prefix cache stays valid: the same file loads again.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import structlog
@@ -35,11 +35,15 @@ class AdapterUnavailable(PreconditionFailed):
 
 
 class AdapterResidency:
-    def __init__(self, runner: Runner, loaded: Iterable[str] = (), max_loras: int = 8) -> None:
+    def __init__(self, runner: Runner, loaded: Sequence[str] = (), max_loras: int = 8) -> None:
+        """`loaded`: the adapters the runner loaded at start (`--lora`), in order; the first
+        `max_loras` stay resident, the rest are made available (vLLM's `--lora-modules`
+        beyond `--max-loras`). Runs before the executor thread starts."""
         self.runner = runner
         self.max_loras = max_loras
-        self.loaded = set(loaded)  # resident
-        self.available: dict[str, object] = {}  # name -> its checked file, loaded on first use
+        self.loaded = set(loaded[:max_loras])  # resident
+        # name -> its checked file, loaded on first use
+        self.available: dict[str, object] = {name: runner.unload_adapter(name) for name in loaded[max_loras:]}
         self.unloading: dict[str, Callable[[str], None]] = {}  # name -> tell the loop when it is freed
         self.last_named: dict[str, int] = {}  # name -> the open that last named it (the LRU order)
         self.num_opens = 0
