@@ -14,7 +14,9 @@ balancing) and with the header the Python SDK sends for them (`ConnectionOptions
 A call refused for room (all resident adapters in use, a model still loading) is retried
 after half a second, as the refusal's hint asks; its latency counts from its first try.
 Reports: adapter or model loads after start-up (the replicas' logs: `adapter_loaded`,
-`served_model_loaded`), refusals, time to first token (p50, p90) and the wall time.
+`served_model_loaded`), the Generate calls each replica answered (Envoy's retries of a
+refusal on another replica included), Envoy's retries, the refusals that reached the
+caller, time to first token (p50, p90) and the wall time.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def run(setup: str, keyed: bool, num_calls: int, num_callers: int) -> dict[str, 
         cluster.start()
         try:
             at_start = _loads(cluster, LOAD_EVENTS[setup])
-            served_before = [r.served() for r in cluster.replicas]
+            served_before = [r.generate_calls() for r in cluster.replicas]
             began = time.perf_counter()
             with grpc.insecure_channel(cluster.address) as channel, ThreadPoolExecutor(num_callers) as pool:
                 results = list(pool.map(
@@ -104,23 +106,24 @@ def run(setup: str, keyed: bool, num_calls: int, num_callers: int) -> dict[str, 
             wall = time.perf_counter() - began
             time.sleep(1.0)  # a call's count lands just after its stream ends
             loads = [n - n0 for n, n0 in zip(_loads(cluster, LOAD_EVENTS[setup]), at_start)]
-            served = [int(r.served() - s0) for r, s0 in zip(cluster.replicas, served_before)]
+            served = [int(r.generate_calls() - s0) for r, s0 in zip(cluster.replicas, served_before)]
+            retries = sum(v for k, v in cluster.envoy_stats("cluster.llmserve").items() if k.endswith(".upstream_rq_retry"))
         finally:
             cluster.stop()
     ttfts = sorted(r[0] for r in results)
-    return {"loads": loads, "served": served, "refused": sum(r[1] for r in results),
+    return {"loads": loads, "served": served, "envoy_retries": retries, "refused": sum(r[1] for r in results),
             "refused_calls": sum(1 for r in results if r[1]), "ttft_p50": statistics.median(ttfts),
             "ttft_p90": ttfts[int(0.9 * (len(ttfts) - 1))], "wall": wall, "names": Counter(n for n, _ in plan)}
 
 
 def table(results: dict[tuple[str, bool], dict[str, object]]) -> str:
-    lines = ["| setup | routing | loads after start (per replica) | calls served (per replica) | refused tries "
-             "(calls) | TTFT p50 | TTFT p90 | wall |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| setup | routing | loads after start (per replica) | Generate calls per replica | Envoy's "
+             "retries | refused tries (calls) | TTFT p50 | TTFT p90 | wall |", "|---|---|---|---|---|---|---|---|---|"]
     for (setup, keyed), r in results.items():
         loads, served = r["loads"], r["served"]
         routing = ("`a-<adapter>`" if setup == "adapters" else "`m-<model>`") if keyed else "no key"
         lines.append(f"| {setup} | {routing} | {sum(loads)} ({', '.join(map(str, loads))}) "  # type: ignore[call-overload, arg-type]
-                     f"| {', '.join(map(str, served))} | {r['refused']} ({r['refused_calls']}) "  # type: ignore[call-overload]
+                     f"| {', '.join(map(str, served))} | {r['envoy_retries']} | {r['refused']} ({r['refused_calls']}) "  # type: ignore[call-overload]
                      f"| {r['ttft_p50'] * 1000:,.0f} ms | {r['ttft_p90'] * 1000:,.0f} ms | {r['wall']:.1f} s |")  # type: ignore[operator]
     return "\n".join(lines) + "\n"
 
