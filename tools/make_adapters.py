@@ -30,6 +30,7 @@ class AdapterSpec:
     targets: tuple[str, ...]  # weight names within a layer (blk.N.<target>.weight)
     dtype: str = "float16"  # the tensors' type (numpy's name)
     architecture: str | None = None  # another than the base's: a LoRA of the wrong model
+    invocation_tokens: tuple[int, ...] = ()  # an aLoRA's (adapter.alora.invocation_tokens): it applies from them on
 
 
 ADAPTERS = (
@@ -64,6 +65,9 @@ def write_adapter(spec: AdapterSpec, arch: str, shapes: dict[str, tuple[int, int
     writer.add_string("general.name", f"llmserve-test-{spec.name}")
     writer.add_string("adapter.type", "lora")
     writer.add_float32("adapter.lora.alpha", float(spec.rank))  # scale = alpha / rank = 1
+    if spec.invocation_tokens:
+        writer.add_key_value("adapter.alora.invocation_tokens", list(spec.invocation_tokens), gguf.GGUFValueType.ARRAY,
+                             gguf.GGUFValueType.UINT32)  # as llama.cpp's convert_lora_to_gguf.py writes it
     names = sorted(n for n in shapes if n.startswith("blk.") and n.split(".")[2] in spec.targets)
     if not names:
         raise ValueError(f"the base has none of {spec.targets}")

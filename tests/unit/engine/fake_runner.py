@@ -158,6 +158,8 @@ class FakeRunner:
         self.kv_adapters: dict[int, AdapterSet] = {}  # seq_id -> the set its cells were computed under
         self.num_adapter_switches = 0
         self.loaded_adapters: set[str] = set()
+        self.alora_adapters: set[str] = set()  # loaded from a path naming "alora": an aLoRA
+        self.placed: list[tuple[int, int, AdapterSet]] = []  # (seq, position, adapter set) of each cell decoded
         self.adapter_files: dict[str, object] = {}
 
     def use_adapters(self, adapters: AdapterSet) -> None:
@@ -169,8 +171,13 @@ class FakeRunner:
         if "bad" in str(path):
             raise ValueError(f"{path} is not a LoRA adapter")
         self.loaded_adapters.add(name)
+        if "alora" in str(path):
+            self.alora_adapters.add(name)
         self.adapter_files[name] = path
         return {"name": name}
+
+    def _is_alora(self, adapters: AdapterSet) -> bool:
+        return len(adapters) == 1 and adapters[0][0] in self.alora_adapters
 
     def unload_adapter(self, name: str) -> object:
         if name in dict(self.adapters):  # as the real runner: the context drops it first
@@ -205,8 +212,9 @@ class FakeRunner:
         seq, pos, token = int(b.seq[i]), int(b.pos[i]), int(b.token[i])
         cells = self.kv.setdefault(seq, [])
         assert pos == len(cells), f"seq {seq}: token at position {pos}, but the KV holds {len(cells)}"
-        if pos == 0:
-            self.kv_adapters[seq] = self.adapters
+        if pos == 0 or (self.kv_adapters.get(seq) == () and self._is_alora(self.adapters)):
+            self.kv_adapters[seq] = self.adapters  # an aLoRA's invocation follows the base's cells
+        self.placed.append((seq, pos, self.adapters))
         assert self.kv_adapters.get(seq, self.adapters) == self.adapters, (
             f"seq {seq}: decoded under {self.adapters} beside cells computed under {self.kv_adapters[seq]}")
         assert self.holds_window(seq, pos), f"seq {seq}: position {pos} attends to cells already dropped"

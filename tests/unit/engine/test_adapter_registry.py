@@ -11,6 +11,7 @@ from llmserve.service.domain.errors import InvalidRequest, PreconditionFailed
 from llmserve.service.engine.adapter_registry import AdapterRegistry
 from llmserve.service.http.adapters import lora_field
 from llmserve.service.http.errors import ApiError
+from llmserve.service.model.adapters import AdapterFile
 
 
 def test_lora_flags_take_both_spellings() -> None:
@@ -38,8 +39,17 @@ def test_adapter_settings_refuse_what_cannot_run(tmp_path: Path) -> None:
 
 def _registry(tmp_path: Path, allow: bool = True) -> AdapterRegistry:
     registry = AdapterRegistry("gemma3", 4, tmp_path, allow, submit=lambda command: None)
-    registry.add("tuned", tmp_path / "t.gguf", 0.5, 8, 100)
+    registry.add("tuned", tmp_path / "t.gguf", 0.5, AdapterFile(tmp_path / "t.gguf", 8, 16.0, 4, 100))
     return registry
+
+
+def test_an_alora_runs_alone_and_its_set_carries_its_invocation(tmp_path: Path) -> None:
+    registry = _registry(tmp_path)
+    registry.add("act", tmp_path / "a.gguf", 1.0, AdapterFile(tmp_path / "a.gguf", 8, 16.0, 4, 100, (7, 8)))
+    assert registry.invocation(registry.resolve([("act", None)])) == (7, 8)
+    assert registry.invocation(registry.resolve([("tuned", None)])) == () and registry.invocation(()) == ()
+    with pytest.raises(InvalidRequest, match="aLoRA adapter runs alone"):
+        registry.resolve([("act", None), ("tuned", None)])
 
 
 def test_names_and_scales_resolve_to_one_spelling(tmp_path: Path) -> None:

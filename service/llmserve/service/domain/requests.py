@@ -96,6 +96,14 @@ class SessionParams:
     session_id: str = ""  # saved when the stream ends, restored by a later stream
     surface: str = "grpc"  # the wing that opened it ("grpc", "http"): the metrics' `surface` label
     adapters: AdapterSet = ()  # the LoRA adapters its decodes run under (adapter_set); (): the base model
+    # An aLoRA set's invocation tokens: the adapters apply from their last occurrence on (): a LoRA set
+    alora_invocation: tuple[int, ...] = ()
+
+    @property
+    def reuses_prefix(self) -> bool:
+        """Whether a prefix cached by another session may be reused: not for prompt logprobs,
+        nor under an aLoRA (a cached cell's adapter depends on where that session's invocation was)."""
+        return self.output.reuses_prefix and not self.alora_invocation
 
 
 @dataclass(frozen=True)

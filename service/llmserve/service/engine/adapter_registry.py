@@ -35,6 +35,7 @@ class AdapterInfo:
     size_bytes: int
     state: str = "loaded"  # resident; "available": loads when a session names it (beyond --max-loras);
     # "unloading": refuses new sessions, freed when its last one ends
+    invocation_tokens: tuple[int, ...] = ()  # an aLoRA's (llama.cpp's adapter.alora.invocation_tokens); (): a LoRA
 
 
 class AdapterRegistry:
@@ -50,8 +51,9 @@ class AdapterRegistry:
         self._ids = itertools.count()
         self.resident: Callable[[], set[str]] = lambda: set(self._adapters)  # the Engine's: the executor's snapshot
 
-    def add(self, name: str, path: Path, scale: float, rank: int, size_bytes: int) -> AdapterInfo:
-        info = AdapterInfo(name, str(path), scale, next(self._ids), rank, size_bytes)
+    def add(self, name: str, path: Path, scale: float, checked: AdapterFile) -> AdapterInfo:
+        info = AdapterInfo(name, str(path), scale, next(self._ids), checked.rank, checked.size_bytes,
+                           invocation_tokens=checked.invocation_tokens)
         self._adapters[name] = info
         return info
 
@@ -73,7 +75,7 @@ class AdapterRegistry:
         result = await self._ask(lambda done: LoadAdapter(name, checked, done))
         if isinstance(result, Exception):
             raise result
-        return self.add(name, file, 1.0 if scale is None else float(scale), checked.rank, checked.size_bytes)
+        return self.add(name, file, 1.0 if scale is None else float(scale), checked)
 
     async def unload(self, name: str) -> bool:
         """Refuse new sessions under `name` and free it once none runs; True: freed at once."""
@@ -125,7 +127,14 @@ class AdapterRegistry:
             pairs.append((name, value))
         if len({name for name, _ in pairs}) != len(pairs):
             raise InvalidRequest("an adapter is named twice", field)  # type: ignore[arg-type]
+        if len(pairs) > 1 and any(self._adapters[name].invocation_tokens for name, _ in pairs):
+            raise InvalidRequest("an aLoRA adapter runs alone: name no other adapter beside it", field)  # type: ignore[arg-type]
         return adapter_set(pairs)
+
+    def invocation(self, adapters: AdapterSet) -> tuple[int, ...]:
+        """The invocation tokens of an aLoRA set (`resolve` lets an aLoRA only run alone); (): a LoRA set or the base."""
+        info = self._adapters.get(adapters[0][0]) if len(adapters) == 1 else None
+        return info.invocation_tokens if info is not None else ()
 
     def by_id(self, adapter_id: int) -> str | None:
         return next((info.name for info in self._adapters.values() if info.id == adapter_id), None)

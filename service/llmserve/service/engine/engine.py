@@ -168,8 +168,8 @@ class Engine:
         asked = params.stopping.max_tokens  # prompt + the request's own must fit a slot; -n's default need not
         if asked is None and self.config.n_predict > 0:
             params = replace(params, stopping=replace(params.stopping, max_tokens=self.config.n_predict))
-        if params.sampling.deterministic or not params.output.reuses_prefix:  # whole chunks, or no cache at all
-            prefix = None
+        params = replace(params, alora_invocation=self.adapters.invocation(params.adapters))
+        prefix = None if params.sampling.deterministic or not params.reuses_prefix else prefix  # whole chunks, no cache
 
         def opener(session_params: SessionParams, sink: EventSink) -> SessionHandle:
             return self._open_session(session_params, sink, deadline, restore, prefix, grammar, add_bos, tools, asked)

@@ -134,5 +134,5 @@ def adapter_registry(config: ServerConfig, runner: LlamaRunner, submit: Callable
                                settings.allow_adapter_updates, submit)
     for spec in settings.lora:
         _, checked = runner.adapters.loaded[spec.name]
-        registry.add(spec.name, spec.path, spec.scale, checked.rank, checked.size_bytes)
+        registry.add(spec.name, spec.path, spec.scale, checked)
     return registry

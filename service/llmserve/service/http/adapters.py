@@ -67,9 +67,16 @@ def model_entries(engine: Engine, base: str, created: int) -> list[dict[str, Any
 
 
 def lora_adapters(engine: Engine) -> list[dict[str, Any]]:
-    """llama-server's `GET /lora-adapters`."""
-    return [{"id": info.id, "path": info.path, "scale": info.scale, "name": info.name, "state": info.state}
-            for info in engine.adapters.listing()]
+    """llama-server's `GET /lora-adapters` (an aLoRA with its invocation, as llama-server lists it)."""
+    return [{"id": info.id, "path": info.path, "scale": info.scale, "name": info.name, "state": info.state,
+             **_invocation(engine, info.invocation_tokens)} for info in engine.adapters.listing()]
+
+
+def _invocation(engine: Engine, tokens: tuple[int, ...]) -> dict[str, Any]:
+    if not tokens:
+        return {}
+    return {"alora_invocation_string": engine.detokenize(tokens, render_special=True),
+            "alora_invocation_tokens": list(tokens)}
 
 
 async def load(engine: Engine, request: web.Request) -> web.Response:

@@ -25,6 +25,7 @@ from ..domain.requests import AdapterSet
 from .gguf_header import read_header
 
 ALLOWED_TENSOR_TYPES = frozenset({"F32", "F16", "BF16", "Q8_0"})
+ALORA_KEY = "adapter.alora.invocation_tokens"
 
 
 class AdapterFileError(PreconditionFailed):
@@ -40,12 +41,15 @@ class AdapterFile:
     alpha: float
     num_tensors: int
     size_bytes: int
+    # aLoRA (activated LoRA): the token sequence from whose last occurrence in a session's
+    # tokens the adapter applies (llama.cpp's `adapter.alora.invocation_tokens`); (): a LoRA
+    invocation_tokens: tuple[int, ...] = ()
 
 
 def check_adapter_file(path: Path, architecture: str) -> AdapterFile:
     """The file's facts, or AdapterFileError saying why llama.cpp must not load it."""
     header = read_header(path, ("general.type", "general.architecture", "adapter.type"), ("adapter.lora.alpha",),
-                         rows_of=".lora_a")
+                         rows_of=".lora_a", uint32_arrays=(ALORA_KEY,))
     if header is None:
         raise AdapterFileError(f"{path.name} is not a readable GGUF file")
     text = header.strings
@@ -58,8 +62,12 @@ def check_adapter_file(path: Path, architecture: str) -> AdapterFile:
     if bad:
         raise AdapterFileError(f"{path.name} has tensors of type {', '.join(bad)}; "
                                f"a LoRA may use {', '.join(sorted(ALLOWED_TENSOR_TYPES))}")
+    invocation = header.uint32_arrays.get(ALORA_KEY, ())
+    if invocation is None:
+        raise AdapterFileError(f"{path.name}: {ALORA_KEY} must be an array of uint32 token ids")
     alpha = header.floats.get("adapter.lora.alpha", 0.0)
-    return AdapterFile(path, max(header.rows.values(), default=0), alpha, len(header.tensor_types), path.stat().st_size)
+    return AdapterFile(path, max(header.rows.values(), default=0), alpha, len(header.tensor_types), path.stat().st_size,
+                       invocation)
 
 
 class Adapters:

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import llama_cpp  # noqa: F401 - loads libggml-base, whose symbols are used below
 
+GGUF_TYPE_UINT32 = 4
 GGUF_TYPE_FLOAT32 = 6
 GGUF_TYPE_STRING = 8
+GGUF_TYPE_ARRAY = 9
 GGML_TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 28: "F64", 30: "BF16"}
 
 
@@ -35,6 +37,11 @@ def _ggml() -> ctypes.CDLL:
     lib.gguf_get_val_str.restype = ctypes.c_char_p
     lib.gguf_get_val_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     lib.gguf_get_val_f32.restype = ctypes.c_float
+    lib.gguf_get_arr_type.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.gguf_get_arr_n.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.gguf_get_arr_n.restype = ctypes.c_size_t
+    lib.gguf_get_arr_data.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.gguf_get_arr_data.restype = ctypes.c_void_p
     lib.gguf_get_n_tensors.argtypes = [ctypes.c_void_p]
     lib.gguf_get_n_tensors.restype = ctypes.c_int64
     lib.gguf_get_tensor_name.argtypes = [ctypes.c_void_p, ctypes.c_int64]
@@ -54,12 +61,14 @@ class GgufHeader:
     floats: dict[str, float]
     tensor_types: dict[str, str]  # name -> ggml type name ("F16", ..., "type 42" when unnamed here)
     rows: dict[str, int]  # name -> rows (ne[1] x ne[2] x ne[3]) of the tensors asked for
+    uint32_arrays: dict[str, tuple[int, ...] | None]  # the arrays asked for that the file has (None: not of uint32)
 
 
 def read_header(path: Path, strings: tuple[str, ...], floats: tuple[str, ...] = (),
-                rows_of: str = "") -> GgufHeader | None:
-    """The header's values for `strings` and `floats` keys (when of that type), every tensor's
-    type, and the rows of tensors whose name ends with `rows_of`; None: not a GGUF file."""
+                rows_of: str = "", uint32_arrays: tuple[str, ...] = ()) -> GgufHeader | None:
+    """The header's values for `strings` and `floats` keys (when of that type) and
+    `uint32_arrays` keys, every tensor's type, and the rows of tensors whose name ends with
+    `rows_of`; None: not a GGUF file."""
     lib = _ggml()
     tensors_ctx = ctypes.c_void_p()
     ctx = lib.gguf_init_from_file(str(path).encode(), _InitParams(True, ctypes.pointer(tensors_ctx)))
@@ -75,8 +84,16 @@ def read_header(path: Path, strings: tuple[str, ...], floats: tuple[str, ...] = 
                  for name, t in zip(names, (lib.gguf_get_tensor_type(ctx, i) for i in range(len(names))))}
         rows = {name.decode(): int(lib.ggml_nrows(lib.ggml_get_tensor(tensors_ctx, name)))
                 for name in names if rows_of and name.decode().endswith(rows_of) and tensors_ctx}
-        return GgufHeader(found_strings, found_floats, types, rows)
+        arrays = {key: _uint32_array(lib, ctx, i) for key in uint32_arrays if (i := lib.gguf_find_key(ctx, key.encode())) >= 0}
+        return GgufHeader(found_strings, found_floats, types, rows, arrays)
     finally:
         lib.gguf_free(ctx)
         if tensors_ctx:
             lib.ggml_free(tensors_ctx)
+
+
+def _uint32_array(lib: ctypes.CDLL, ctx: int, key_id: int) -> tuple[int, ...] | None:
+    if lib.gguf_get_kv_type(ctx, key_id) != GGUF_TYPE_ARRAY or lib.gguf_get_arr_type(ctx, key_id) != GGUF_TYPE_UINT32:
+        return None
+    n = lib.gguf_get_arr_n(ctx, key_id)
+    return tuple((ctypes.c_uint32 * n).from_address(lib.gguf_get_arr_data(ctx, key_id))) if n else ()

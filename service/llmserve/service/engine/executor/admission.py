@@ -93,7 +93,7 @@ class Admission:
             if session.preempted_history is not None:
                 self._reattach(session)
             else:
-                slot = self.kv.take(session.main.pending, session.params.output.reuses_prefix, session.params.adapters)
+                slot = self.kv.take(session.main.pending, session.params.reuses_prefix, session.params.adapters)
                 session.main.attach(slot, self.allocator.reusable)
                 session.reserved = [self.allocator.allocate((), session.params.adapters) for _ in range(need - 1)]
             admitted = True

@@ -13,6 +13,7 @@ from __future__ import annotations
 from ...config import SpeculationSettings
 from ...metrics import Metrics
 from ..runner_api import Runner
+from . import alora
 from .generation_step import ReadyRow
 from .sample import Sample
 from .scheduler import SeqDemand
@@ -51,7 +52,7 @@ class DraftVerifier:
         at_risk = num_draft > 0 and n_swa > 0 and len(s.slot.tokens) + 1 + num_draft >= n_swa
         spec = s.speculation
         acceptance, odds = (spec.acceptance, spec.odds.chance) if spec is not None else (0.0, 0.0)
-        return SeqDemand(s.key, True, 0, num_draft, s.slot.seq_id, at_risk, acceptance, odds, s.params.adapters,
+        return SeqDemand(s.key, True, 0, num_draft, s.slot.seq_id, at_risk, acceptance, odds, alora.adapters_now(s),
                          s.canonical_chunk is not None)
 
     def verify(self, ready: ReadyRow) -> TurnFinish | None:

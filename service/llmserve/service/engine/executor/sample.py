@@ -20,6 +20,7 @@ from ...domain.events import EventSink, FinishReason, TokenLogprob
 from ...domain.requests import SessionParams
 from ...domain.snapshots import SavedSession
 from ..runner_api import TokenSampler
+from . import alora
 from . import canonical_chunks as chunks
 from .allocator import Slot, common_prefix_length
 from .speculation import SeqSpeculation
@@ -38,13 +39,11 @@ class Sample(Generic[SessionT]):
         `sampler` is made from them; `speculation`: drafting state (None: no speculation);
         `canonical_chunk`: deterministic, its KV computed in these chunks (canonical_chunks.py)."""
         self.key, self.session, self.index, self.params, self.sink = key, session, index, params, sink
-        self.n_ctx_per_slot = n_ctx_per_slot  # KV cells this sample may hold
-        self.canonical_chunk = canonical_chunk
+        self.n_ctx_per_slot, self.canonical_chunk = n_ctx_per_slot, canonical_chunk  # n_ctx: KV cells it may hold
         self.t_open = t_open  # when its session opened
         self.prompt_logits: np.ndarray | None = None  # last evaluated row, for prompt logprobs
         self.ready_logits: np.ndarray | None = None  # saved logits to sample the turn's first token from
-        self.t_last_token, self.queue_ms = 0.0, 0.0
-        self.t_slot = 0.0  # when the slot was attached
+        self.t_last_token, self.queue_ms, self.t_slot = 0.0, 0.0, 0.0  # t_slot: when the slot was attached
         self.slot: Slot | None = None
         self.sampler, self.speculation = sampler, speculation
         self.draft: list[int] = []  # proposed for the coming step
@@ -55,6 +54,7 @@ class Sample(Generic[SessionT]):
         self.turn_cached = 0  # of the upcoming turn's history, tokens already in the KV
         self.num_accepted_ahead = 0  # leading pending tokens the sampler already accepted
         self.overflowed = False  # the upcoming turn's input does not fit the context
+        self.alora_from: int | None = None  # an aLoRA's: where its adapter applies from (alora.py)
 
     def fork(self, key: int, index: int, params: SessionParams, slot: Slot, sampler: TokenSampler) -> Sample[SessionT]:
         """Another sample of this turn (n > 1) on `slot`, which holds a copy of the KV already."""
@@ -62,7 +62,7 @@ class Sample(Generic[SessionT]):
         speculation = SeqSpeculation(self.speculation.settings) if self.speculation is not None else None
         forked = Sample(key, self.session, index, params, self.sink, self.n_ctx_per_slot, self.t_open, sampler,
                         speculation, self.canonical_chunk)
-        forked.slot = slot
+        forked.slot, forked.alora_from = slot, self.alora_from
         sampler.accept(slot.tokens)
         forked.turn = self.turn.fork()
         forked.queue_ms, forked.t_slot = self.queue_ms, self.t_slot
@@ -85,20 +85,19 @@ class Sample(Generic[SessionT]):
 
     def add_input(self, tokens: tuple[int, ...]) -> None:
         self.turn_input += len(tokens)
-        if self.slot is not None and not self.pending:
+        if self.slot is not None and not self.pending and not self.params.alora_invocation:
             # The input continues the confirmed history: reuse what the slot caches.
             matched = self.slot.match(tokens, self.canonical_chunk)
             self.turn_cached += matched
             tokens = tokens[matched:]
         self.pending.extend(tokens)
-        if self.num_context_tokens > self.n_ctx_per_slot:
-            self.overflowed = True
+        self.overflowed = self.overflowed or self.num_context_tokens > self.n_ctx_per_slot
 
     def attach(self, slot: Slot, reusable: Callable[[int, int], bool]) -> None:
         """Got a slot: confirm the cached prefix of the pending input if it is worth it."""
         self._took(slot)
         shared = common_prefix_length(slot.tokens, self.pending)
-        if not self.params.output.reuses_prefix or not reusable(shared, len(self.pending)):
+        if not self.params.reuses_prefix or not reusable(shared, len(self.pending)):
             matched = 0
         else:
             matched = slot.match(self.pending, self.canonical_chunk)
@@ -145,6 +144,7 @@ class Sample(Generic[SessionT]):
         if self.sampler is not None:
             self.sampler.begin_turn()
         self.turn = Turn.begin(self.params.stopping.stop, self.turn_input, self.turn_cached)
+        self.alora_from = alora.invocation_start(self.slot, self.pending, self.params.alora_invocation)
         self._keep_a_token_for_logits()
 
     def _keep_a_token_for_logits(self) -> None:
@@ -175,6 +175,7 @@ class Sample(Generic[SessionT]):
         ready = len(self.pending) if self.turn is not None else max(len(self.pending) - 1, 0)
         if self.canonical_chunk is not None:
             ready = chunks.num_ready(self.slot.num_confirmed, ready, self.canonical_chunk, self.turn is not None)
+        ready = alora.prefill_ready(self, ready)
         # Prompt logprobs need logits for every row: llama.cpp's output buffer holds
         # rows x vocabulary floats (1 MiB a row for 262k), so those prompts go in chunks.
         return min(ready, PROMPT_LOGPROBS_CHUNK) if self.params.output.prompt_logprobs else ready
@@ -212,7 +213,7 @@ class Sample(Generic[SessionT]):
         """After preemption, `slot`: confirm what it caches of the history but a token to decode
         for the logits the turn samples from next. Returns how many tokens it caches."""
         self.slot = slot
-        matched = slot.match(self.pending[:-1], self.canonical_chunk)
+        matched = 0 if self.params.alora_invocation else slot.match(self.pending[:-1], self.canonical_chunk)
         del self.pending[:matched]
         self.num_accepted_ahead = max(0, self.num_accepted_ahead - matched)
         if self.turn is None or self.turn.t_first_token is None:

@@ -18,6 +18,7 @@ from ...domain.snapshots import SavedSession
 from ..commands import AddInput, Cancel, Close, Open
 from ..runner_api import Runner, TokenSampler
 from ..session_store import SessionStore
+from . import alora
 from .adapter_residency import AdapterResidency, AdapterUnavailable
 from .admission import Admission
 from .allocator import Slot, SlotAllocator
@@ -118,7 +119,7 @@ class SessionTable:
         """What each sample with a slot could put in the next decode (reads only)."""
         return [
             self.verifier.demand(s) if self.verifier and s.generating else SeqDemand(s.key, s.generating, s.num_prefill_ready, 0, s.slot.seq_id,
-                                                             adapters=s.params.adapters, alone=s.canonical_chunk is not None)
+                                                             adapters=alora.adapters_now(s), alone=s.canonical_chunk is not None)
             for s in self.samples.values()
             if s.slot is not None and not s.session.paused
         ]
@@ -155,8 +156,7 @@ class SessionTable:
                 score_prompt_chunk(self.runner, e.sample, e.tokens, e.first, num_seen)
         for ready in output.ready:
             if self.verifier is not None and ready.sample.draft and not ready.turn_start:
-                finish = self.verifier.verify(ready)
-                if finish is not None:
+                if (finish := self.verifier.verify(ready)) is not None:
                     self._finish(ready.sample, finish)
                 continue
             samples = [ready.sample, *self._fork(ready.sample)] if ready.turn_start else [ready.sample]

@@ -1,0 +1,65 @@
+"""Activated LoRA (aLoRA): an adapter that applies only from its invocation on (executor thread only).
+
+An aLoRA file names an invocation token sequence (llama.cpp's `adapter.alora.invocation_tokens`).
+As llama-server does, a session under one computes the tokens before the start of the
+invocation's last occurrence in its context under the base model and the rest (the
+invocation, what follows, the reply) under the adapter; when no invocation occurs the
+whole turn runs on the base. The point is found when a turn's input ends (`invocation_start`,
+recorded by `Sample.begin_turn`); until then nothing of the turn is prefilled, and no
+prompt chunk crosses the point (`prefill_ready`), so each decode still runs one adapter set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from ...domain.requests import AdapterSet, SessionParams
+from .allocator import Slot
+
+
+class AloraSample(Protocol):
+    """What these rules read of a `Sample` (sample.py, which imports this module)."""
+
+    params: SessionParams
+    slot: Slot | None
+    alora_from: int | None
+    turn: object | None
+
+    @property
+    def generating(self) -> bool: ...
+
+
+def invocation_start(slot: Slot | None, pending: Sequence[int], invocation: Sequence[int]) -> int | None:
+    """Where the last occurrence of `invocation` starts in a sample's context, its history in
+    the KV (`slot`) and its pending input (None: nowhere)."""
+    if not invocation:  # not an aLoRA
+        return None
+    context = [*(slot.tokens[: slot.num_confirmed] if slot is not None else ()), *pending]
+    n, first = len(invocation), invocation[0]
+    for start in range(len(context) - n, -1, -1):
+        if context[start] == first and context[start : start + n] == list(invocation):
+            return start
+    return None
+
+
+def adapters_now(s: AloraSample) -> AdapterSet:
+    """The set a sample's next rows run under: its adapters, or for an aLoRA the adapter's from
+    `alora_from` on (and while generating after it), the base's before it or when the
+    invocation never came."""
+    if not s.params.alora_invocation:
+        return s.params.adapters
+    position = s.slot.num_confirmed if s.slot is not None else 0
+    on = s.alora_from is not None and (s.generating or position >= s.alora_from)
+    return s.params.adapters if on else ()
+
+
+def prefill_ready(s: AloraSample, ready: int) -> int:
+    """Of a sample's `ready` prompt tokens, those that may go into the next chunk: for an aLoRA,
+    none before the turn's input ended (its point is not known yet), none across `alora_from`."""
+    if not s.params.alora_invocation:
+        return ready
+    if s.turn is None or s.slot is None:
+        return 0
+    start, position = s.alora_from, s.slot.num_confirmed
+    return min(ready, start - position) if start is not None and position < start else ready
