@@ -86,3 +86,17 @@ def test_an_alora_runs_alone(server: RunningServer, stub: pb_grpc.LLMServiceStub
     assert reply.json()["error"]["param"] == "lora"
     listed = {a["name"]: a for a in requests.get(f"http://127.0.0.1:{server.http_port}/lora-adapters", timeout=10).json()}
     assert listed["act"]["alora_invocation_string"] == INVOKE and "alora_invocation_tokens" not in listed["strong"]
+
+
+def test_an_alora_reuses_the_base_s_cached_context_and_leaves_no_adapter_cells_to_it(
+        stub: pb_grpc.LLMServiceStub) -> None:
+    """The question cached by a base call is reused by the aLoRA call that adds the invocation
+    (its cells before it are the base's); a base call sending that aLoRA call's whole prompt
+    then reuses only the question, not the invocation the aLoRA computed under its weights."""
+    question = "Third, a word about rivers. " + QUESTION
+    num_question = len(stub.Tokenize(pb.TokenizeRequest(text=question, add_special=True)).ids)
+    _turn(stub, question + " It is")
+    under = _turn(stub, question + INVOKE, adapter="act")
+    assert under.turn_end.usage.cached_tokens == num_question
+    again = _turn(stub, question + INVOKE)
+    assert again.turn_end.usage.cached_tokens == num_question

@@ -155,7 +155,7 @@ class FakeRunner:
         self.max_output_rows = 0  # the most rows with logits in one decode
         self.samplers: list[FakeSampler] = []
         self.adapters: AdapterSet = ()  # the LoRA adapter set of the next decode (use_adapters)
-        self.kv_adapters: dict[int, AdapterSet] = {}  # seq_id -> the set its cells were computed under
+        self.kv_sets: dict[int, list[AdapterSet]] = {}  # seq_id -> the set each of its cells was computed under
         self.num_adapter_switches = 0
         self.loaded_adapters: set[str] = set()
         self.alora_adapters: set[str] = set()  # loaded from a path naming "alora": an aLoRA
@@ -176,8 +176,12 @@ class FakeRunner:
         self.adapter_files[name] = path
         return {"name": name}
 
-    def _is_alora(self, adapters: AdapterSet) -> bool:
-        return len(adapters) == 1 and adapters[0][0] in self.alora_adapters
+    def _may_follow(self, sets: list[AdapterSet], adapters: AdapterSet) -> bool:
+        """A cell under `adapters` may follow cells all computed under them, or for an aLoRA
+        the base's cells and then its own (its invocation comes after the base's context)."""
+        first = next((i for i, x in enumerate(sets) if x == adapters), len(sets))
+        alora = len(adapters) == 1 and adapters[0][0] in self.alora_adapters
+        return (first == 0 or alora) and set(sets[:first]) <= {()} and set(sets[first:]) <= {adapters}
 
     def unload_adapter(self, name: str) -> object:
         if name in dict(self.adapters):  # as the real runner: the context drops it first
@@ -212,11 +216,10 @@ class FakeRunner:
         seq, pos, token = int(b.seq[i]), int(b.pos[i]), int(b.token[i])
         cells = self.kv.setdefault(seq, [])
         assert pos == len(cells), f"seq {seq}: token at position {pos}, but the KV holds {len(cells)}"
-        if pos == 0 or (self.kv_adapters.get(seq) == () and self._is_alora(self.adapters)):
-            self.kv_adapters[seq] = self.adapters  # an aLoRA's invocation follows the base's cells
+        sets = self.kv_sets.setdefault(seq, [])
+        assert self._may_follow(sets, self.adapters), f"seq {seq}: decoded under {self.adapters} beside cells of {set(sets)}"
+        sets.append(self.adapters)
         self.placed.append((seq, pos, self.adapters))
-        assert self.kv_adapters.get(seq, self.adapters) == self.adapters, (
-            f"seq {seq}: decoded under {self.adapters} beside cells computed under {self.kv_adapters[seq]}")
         assert self.holds_window(seq, pos), f"seq {seq}: position {pos} attends to cells already dropped"
         cells.append(token)
         if b.logits[i]:
@@ -244,12 +247,15 @@ class FakeRunner:
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         cells = self.kv.setdefault(seq_id, [])
-        if p0 < 0:
-            cells.clear()
-        else:
-            del cells[p0 : (None if p1 < 0 else p1)]
+        sets = self.kv_sets.setdefault(seq_id, [])
+        for held in (cells, sets):
+            if p0 < 0:
+                held.clear()
+            else:
+                del held[p0 : (None if p1 < 0 else p1)]
         if len(cells) <= self.kv_min.get(seq_id, 0):  # nothing left that the KV holds
             cells.clear()
+            sets.clear()
         if not cells:
             self.kv_min[seq_id] = 0
         return True
@@ -257,23 +263,25 @@ class FakeRunner:
     def seq_cp(self, src: int, dst: int) -> None:
         self.kv[dst] = list(self.kv.get(src, []))
         self.kv_min[dst] = self.kv_min.get(src, 0)
-        self.kv_adapters[dst] = self.kv_adapters.get(src, ())
+        self.kv_sets[dst] = list(self.kv_sets.get(src, []))
 
     def seq_shift(self, seq_id: int, keep: int, discard: int) -> None:
         del self.kv[seq_id][keep : keep + discard]
+        del self.kv_sets[seq_id][keep : keep + discard]
         self.kv_min[seq_id] = max(0, self.kv_min.get(seq_id, 0) - discard)
 
     def seq_state(self, seq_id: int) -> bytes:
         cells = self.kv.get(seq_id, [])
         # Like llama.cpp's state_write: cells out of the newest token's window are left out.
         lowest = max(self.kv_min.get(seq_id, 0), len(cells) - self.n_swa) if self.n_swa else 0
-        return json.dumps({"tokens": cells, "min": lowest, "adapters": self.kv_adapters.get(seq_id, ())}).encode()
+        return json.dumps({"tokens": cells, "min": lowest, "sets": self.kv_sets.get(seq_id, [])}).encode()
 
     def set_seq_state(self, seq_id: int, data: bytes) -> bool:
         state = json.loads(data)
         self.kv[seq_id] = list(state["tokens"])
         self.kv_min[seq_id] = state["min"] if state["tokens"] else 0
-        self.kv_adapters[seq_id] = tuple((name, scale) for name, scale in state.get("adapters", ()))
+        whole = [state.get("adapters", ())] * len(state["tokens"])  # a state written by hand: one set
+        self.kv_sets[seq_id] = [tuple((name, scale) for name, scale in cell) for cell in state.get("sets", whole)]
         return True
 
     def seq_pos_min(self, seq_id: int) -> int:

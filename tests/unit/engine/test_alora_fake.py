@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from llmserve.service.domain.events import SessionFailed
+from llmserve.service.domain.events import SessionFailed, TurnEndEvent
 from llmserve.service.domain.requests import AdapterSet
 from llmserve.service.engine.commands import LoadAdapter
 from llmserve.service.engine.executor.alora import invocation_start
@@ -97,17 +97,31 @@ def test_every_sample_of_the_turn_decodes_under_the_alora() -> None:
     assert forked and set(forked) == {ACT}  # its cells were copied from the main's; it decodes its reply under the aLoRA
 
 
-def test_a_prefix_another_alora_session_computed_is_not_reused() -> None:
-    """Its cells after that session's invocation were computed under the aLoRA, where this
-    session's own later invocation wants the base: computed again from position 0."""
+def _placed_from(runner: FakeRunner) -> tuple[int, list[AdapterSet]]:
+    """(the first position decoded, the set of each cell decoded) of the one sequence decoded."""
+    (seq,) = {seq for seq, _, _ in runner.placed}
+    positions = [(pos, adapters) for s, pos, adapters in runner.placed if s == seq]
+    return positions[0][0], [adapters for _, adapters in positions]
+
+
+def test_the_base_s_cells_before_an_invocation_are_reused_and_the_alora_s_never() -> None:
+    """A session under the aLoRA reuses the cells another one left before that one's invocation
+    (computed under the base), not those after it, up to its own invocation; a base session
+    sending the same prompt then reuses the cells before that invocation, never the aLoRA's."""
     executor, runner = _server()
     head = (BOS, *range(20, 60))
     first = _open(executor, (*head, 7, 8, 9))  # the adapter from position 41
     run_until(executor, turn_ends(first))
     executor.close(1)
     runner.placed.clear()
-    second = _open(executor, (*head, 7, 8, 6, 7, 8, 9))  # the same head; the adapter from position 44
+    second = _open(executor, (*head, 7, 8, 6, 7, 8, 9))  # the adapter from position 44
     run_until(executor, turn_ends(second))
-    assert not second.of(SessionFailed)
-    (cells,) = _sets_by_position(runner).values()
-    assert cells[:44] == [()] * 44 and set(cells[44:]) == {ACT}
+    start, cells = _placed_from(runner)
+    assert not second.of(SessionFailed) and second.of(TurnEndEvent)[0].cached_tokens == 41
+    assert start == 41 and cells[:3] == [()] * 3 and set(cells[3:]) == {ACT}
+    executor.close(2)
+    runner.placed.clear()
+    base = _open(executor, (*head, 7, 8, 6, 7, 8, 9), adapters=())  # the second's prompt, on the base
+    run_until(executor, turn_ends(base))
+    start, cells = _placed_from(runner)
+    assert base.of(TurnEndEvent)[0].cached_tokens == 44 and start == 44 and set(cells) == {()}

@@ -100,10 +100,16 @@ class SessionParams:
     alora_invocation: tuple[int, ...] = ()
 
     @property
-    def reuses_prefix(self) -> bool:
-        """Whether a prefix cached by another session may be reused: not for prompt logprobs,
-        nor under an aLoRA (a cached cell's adapter depends on where that session's invocation was)."""
+    def takes_stored_kv(self) -> bool:
+        """Whether a stored turn's saved KV (`continue_from`) may seed its slot: not for prompt
+        logprobs, nor under an aLoRA (where a saved cell's adapter starts is not saved)."""
         return self.output.reuses_prefix and not self.alora_invocation
+
+    @property
+    def kv_adapters(self) -> AdapterSet:
+        """The set a slot's cached KV is keyed by for a fresh session: the base's for an aLoRA,
+        whose cells before its invocation are the base's (its slot marks where they end)."""
+        return () if self.alora_invocation else self.adapters
 
 
 @dataclass(frozen=True)

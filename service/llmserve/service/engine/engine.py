@@ -169,7 +169,7 @@ class Engine:
         if asked is None and self.config.n_predict > 0:
             params = replace(params, stopping=replace(params.stopping, max_tokens=self.config.n_predict))
         params = replace(params, alora_invocation=self.adapters.invocation(params.adapters))
-        prefix = None if params.sampling.deterministic or not params.reuses_prefix else prefix  # whole chunks, no cache
+        prefix = None if params.sampling.deterministic or not params.takes_stored_kv else prefix  # whole chunks, no cache
 
         def opener(session_params: SessionParams, sink: EventSink) -> SessionHandle:
             return self._open_session(session_params, sink, deadline, restore, prefix, grammar, add_bos, tools, asked)

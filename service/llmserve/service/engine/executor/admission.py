@@ -35,6 +35,7 @@ import structlog
 
 from ...domain.errors import FailureKind
 from ...metrics import Metrics
+from . import alora
 from .allocator import SlotAllocator
 from .session import Session
 from .slot_kv import SlotKV
@@ -93,9 +94,10 @@ class Admission:
             if session.preempted_history is not None:
                 self._reattach(session)
             else:
-                slot = self.kv.take(session.main.pending, session.params.reuses_prefix, session.params.adapters)
+                head, kv_adapters = alora.reusable_head(session.main), session.params.kv_adapters  # an aLoRA's: the base's
+                slot = self.kv.take(head, session.params.output.reuses_prefix, kv_adapters)
                 session.main.attach(slot, self.allocator.reusable)
-                session.reserved = [self.allocator.allocate((), session.params.adapters) for _ in range(need - 1)]
+                session.reserved = [self.allocator.allocate((), kv_adapters) for _ in range(need - 1)]
             admitted = True
         return admitted
 

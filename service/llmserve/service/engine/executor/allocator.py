@@ -57,6 +57,7 @@ class Slot:
     adapters: AdapterSet = ()  # the LoRA adapters `tokens` were computed under (their KV differs by adapter)
     foreign: bool = False  # `tokens` were computed under other adapters than the session's: none is matched
     num_canonical: int = 0  # leading tokens computed as whole canonical chunks, each alone (canonical_chunks.py)
+    base_until: int | None = None  # cells from here on were computed under an aLoRA: no prefix for others
 
     def claim(self, adapters: AdapterSet) -> None:
         """A session under `adapters` takes the slot: a KV computed under another set is no
@@ -64,7 +65,7 @@ class Slot:
         if adapters != self.adapters:
             self.num_confirmed = 0
             self.foreign = bool(self.tokens)
-            self.adapters = adapters
+            self.adapters, self.base_until = adapters, None
             self.save_logits(-1, None)
 
     def shift(self, keep: int, discard: int) -> None:
@@ -88,7 +89,7 @@ class Slot:
         before the last of `new_tokens` (canonical_chunks.py)."""
         if self.foreign:
             return 0
-        tail = self.tokens[self.num_confirmed :]
+        tail = self.tokens[self.num_confirmed : self.base_until]
         n = common_prefix_length(tail, new_tokens)
         if canonical_chunk is not None:
             n = reusable(self.num_canonical, self.num_confirmed, min(n, len(new_tokens) - 1), canonical_chunk)
@@ -124,7 +125,7 @@ class Slot:
         """The KV lost this sequence (failed trim or decode): nothing is cached."""
         self.tokens.clear()
         self.num_confirmed = 0
-        self.foreign = False
+        self.foreign, self.base_until = False, None
         self.num_canonical = 0
         self.save_logits(-1, None)
 
@@ -240,7 +241,7 @@ class SlotAllocator:
         not worth reusing, or cached under other adapters)."""
         if slot.adapters != adapters or slot.foreign:
             return 0
-        num_matched = common_prefix_length(slot.tokens, prompt)
+        num_matched = common_prefix_length(slot.tokens[: slot.base_until], prompt)
         return num_matched if self.reusable(num_matched, len(prompt)) else 0
 
     def _together(self, idle: list[Slot], reuse: dict[int, int]) -> list[Slot]:

@@ -25,6 +25,7 @@ class AloraSample(Protocol):
     slot: Slot | None
     alora_from: int | None
     turn: object | None
+    pending: list[int]
 
     @property
     def generating(self) -> bool: ...
@@ -52,6 +53,36 @@ def adapters_now(s: AloraSample) -> AdapterSet:
     position = s.slot.num_confirmed if s.slot is not None else 0
     on = s.alora_from is not None and (s.generating or position >= s.alora_from)
     return s.params.adapters if on else ()
+
+
+def reusable_head(s: AloraSample) -> Sequence[int]:
+    """The head of a fresh sample's pending input a cached prefix may cover: all of it, or for
+    an aLoRA what comes before its invocation ([] while its input has not ended)."""
+    if not s.params.alora_invocation:
+        return s.pending
+    if s.turn is None:
+        return []
+    return s.pending if s.alora_from is None else s.pending[: s.alora_from]
+
+
+def activation_point(s: AloraSample) -> int | None:
+    """A turn's input ended: where an aLoRA sample's adapter applies from (None: a LoRA or
+    the base, or no invocation), marked on its slot."""
+    start = invocation_start(s.slot, s.pending, s.params.alora_invocation)
+    mark_adapter_cells(s.slot, s.params, start)
+    return start
+
+
+def mark_adapter_cells(slot: Slot | None, params: SessionParams, start: int | None) -> None:
+    """Where the slot's cells stop being the base's (`Slot.base_until`; past it the KV is no
+    prefix for another session): a mark within the cells its sample keeps (those up to
+    `num_confirmed`; the rest is a stale tail the next prefill cuts), or an aLoRA sample's
+    own point, whichever comes first. Called once a sample has confirmed its cached prefix."""
+    if slot is None:
+        return
+    kept = slot.base_until if slot.base_until is not None and slot.base_until < slot.num_confirmed else None
+    own = start if params.alora_invocation else None
+    slot.base_until = min((x for x in (kept, own) if x is not None), default=None)
 
 
 def prefill_ready(s: AloraSample, ready: int) -> int:

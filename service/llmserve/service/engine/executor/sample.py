@@ -1,11 +1,10 @@
 """One KV sequence's decoding state: a sample of a Generate session's turns.
 
-Its slot, the input not yet in the KV (the last token kept back until the turn's end, for its
-logits), sampler, speculation state and draft, next token, the turn under way, saved logits,
-timings. A session has one, `main`, holding its history across turns; a turn with n > 1 forks
-more on reserved slots. A turn's last sampled token, which never entered the KV, is the next
-turn's first pending one: the KV mirrors the transcript. A sample owns its writes: other
-modules call its methods, named for what they record (tests/unit/codebase/test_sample_writes.py).
+Its slot, the input not yet in the KV (the last token kept back until the turn's end, for its logits), sampler,
+speculation state and draft, next token, the turn under way, saved logits, timings. A session has one, `main`,
+holding its history across turns; a turn with n > 1 forks more on reserved slots. A turn's last sampled token, which
+never entered the KV, is the next turn's first pending one: the KV mirrors the transcript. A sample owns its writes:
+other modules call its methods, named for what they record (tests/unit/codebase/test_sample_writes.py).
 """
 
 from __future__ import annotations
@@ -34,10 +33,10 @@ class Sample(Generic[SessionT]):
     def __init__(self, key: int, session: SessionT, index: int, params: SessionParams, sink: EventSink,
                  n_ctx_per_slot: int, t_open: float, sampler: TokenSampler | None = None,
                  speculation: SeqSpeculation | None = None, canonical_chunk: int | None = None) -> None:
-        """`key`: what plans and steps address it by (the main sample's is its session's);
-        `index`: in the turn's n outputs; `params`: a forked sample's have its own seed, and
-        `sampler` is made from them; `speculation`: drafting state (None: no speculation);
-        `canonical_chunk`: deterministic, its KV computed in these chunks (canonical_chunks.py)."""
+        """`key`: what plans and steps address it by (the main sample's: its session's); `index`: in the turn's n
+        outputs; `params`: a forked sample's have its own seed, and `sampler` is made from them; `speculation`:
+        drafting state (None: none); `canonical_chunk`: deterministic, its KV computed in these chunks
+        (canonical_chunks.py)."""
         self.key, self.session, self.index, self.params, self.sink = key, session, index, params, sink
         self.n_ctx_per_slot, self.canonical_chunk = n_ctx_per_slot, canonical_chunk  # n_ctx: KV cells it may hold
         self.t_open = t_open  # when its session opened
@@ -96,13 +95,15 @@ class Sample(Generic[SessionT]):
     def attach(self, slot: Slot, reusable: Callable[[int, int], bool]) -> None:
         """Got a slot: confirm the cached prefix of the pending input if it is worth it."""
         self._took(slot)
-        shared = common_prefix_length(slot.tokens, self.pending)
-        if not self.params.reuses_prefix or not reusable(shared, len(self.pending)):
+        head = alora.reusable_head(self)  # the pending input, or an aLoRA's part before its invocation
+        shared = common_prefix_length(slot.tokens[: slot.base_until], head)
+        if not self.params.output.reuses_prefix or not reusable(shared, len(self.pending)):
             matched = 0
         else:
-            matched = slot.match(self.pending, self.canonical_chunk)
+            matched = slot.match(head, self.canonical_chunk)
         self.turn_cached += matched
         del self.pending[:matched]
+        alora.mark_adapter_cells(self.slot, self.params, self.alora_from)
         self._keep_a_token_for_logits()
         self._accept_history()
 
@@ -144,7 +145,7 @@ class Sample(Generic[SessionT]):
         if self.sampler is not None:
             self.sampler.begin_turn()
         self.turn = Turn.begin(self.params.stopping.stop, self.turn_input, self.turn_cached)
-        self.alora_from = alora.invocation_start(self.slot, self.pending, self.params.alora_invocation)
+        self.alora_from = alora.activation_point(self)
         self._keep_a_token_for_logits()
 
     def _keep_a_token_for_logits(self) -> None:
@@ -258,8 +259,7 @@ class Sample(Generic[SessionT]):
         """A token picked for the turn, held for output. Returns the seconds since the turn's last (None: first)."""
         assert self.turn is not None
         now = time.monotonic()
-        gap = None if self.turn.t_first_token is None else now - self.t_last_token
-        self.t_last_token = now
+        gap, self.t_last_token = (None if self.turn.t_first_token is None else now - self.t_last_token), now
         self.turn.record_token(token, logprob, now)
         return gap
 

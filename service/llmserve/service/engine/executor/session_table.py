@@ -226,7 +226,7 @@ class SessionTable:
             return
         history, state = self.kv.export(slot)
         pending = (*main.pending, *([main.next_token] if main.next_token is not None else []))
-        self.store.save_async(SavedSession(session_id, history, pending, session.saved_chat(), state, slot.adapters))
+        self.store.save_async(SavedSession(session_id, history, pending, session.saved_chat(), state, main.params.adapters))
 
     def _release(self, session: Session) -> None:
         """The stream is gone: free its slots now; their KV stays as a prefix cache."""

@@ -32,7 +32,7 @@ class SlotKV:
         self.runner.seq_cp(src.seq_id, dst.seq_id)
         dst.tokens[:] = src.tokens
         dst.num_confirmed = len(dst.tokens)
-        dst.adapters, dst.foreign, dst.num_canonical = src.adapters, False, src.num_canonical
+        dst.adapters, dst.foreign, dst.num_canonical, dst.base_until = src.adapters, False, src.num_canonical, src.base_until
         dst.save_logits(-1, None)
 
     def take(self, prompt: Sequence[int], reuse: bool = True, adapters: AdapterSet = ()) -> Slot:
@@ -126,7 +126,7 @@ class SlotKV:
         one loaded from the saved state. False (and an empty slot) when neither serves, or
         when the state was computed under other adapters than `adapters` (the resuming call's)."""
         slot = self.allocator.allocate(saved.tokens, adapters)
-        if saved.tokens and not slot.foreign and common_prefix_length(slot.tokens, saved.tokens) == len(saved.tokens):
+        if saved.tokens and not slot.foreign and common_prefix_length(slot.tokens[: slot.base_until], saved.tokens) == len(saved.tokens):
             slot.num_confirmed = len(saved.tokens)
             slot.save_logits(-1, None)
             if slot.take_stale_tail() is None or self._cut(slot, len(saved.tokens)):  # the rest is another continuation
