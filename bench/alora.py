@@ -60,7 +60,9 @@ async def ttft(session: aiohttp.ClientSession, url: str, prompt: str, lora: list
 async def one_round(url: str, alora_id: int, seed: int, words: int) -> tuple[float, float]:
     """(TTFT with the context cached by a base call, TTFT on a fresh context), seconds."""
     lora = [{"id": alora_id, "scale": 1.0}]
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+    # a connection per call: llama-server closes one after a streamed reply
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600),
+                                     connector=aiohttp.TCPConnector(force_close=True)) as session:
         cached = document(seed, words) + QUESTION
         await ttft(session, url, cached, [])
         warm = await ttft(session, url, cached + INVOKE, lora)
