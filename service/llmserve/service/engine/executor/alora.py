@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+import numpy as np
+
 from ...domain.requests import AdapterSet, SessionParams
 from .allocator import Slot
 
@@ -36,12 +38,15 @@ def invocation_start(slot: Slot | None, pending: Sequence[int], invocation: Sequ
     the KV (`slot`) and its pending input (None: nowhere)."""
     if not invocation:  # not an aLoRA
         return None
-    context = [*(slot.tokens[: slot.num_confirmed] if slot is not None else ()), *pending]
-    n, first = len(invocation), invocation[0]
-    for start in range(len(context) - n, -1, -1):
-        if context[start] == first and context[start : start + n] == list(invocation):
-            return start
-    return None
+    context = np.asarray([*(slot.tokens[: slot.num_confirmed] if slot is not None else ()), *pending], dtype=np.int64)
+    num_starts = len(context) - len(invocation) + 1
+    if num_starts <= 0:
+        return None
+    matches = np.ones(num_starts, dtype=bool)  # vectorized: a long context sent by a client stalls no step
+    for i, token in enumerate(invocation):
+        matches &= context[i : i + num_starts] == token
+    found = np.flatnonzero(matches)
+    return int(found[-1]) if found.size else None
 
 
 def adapters_now(s: AloraSample) -> AdapterSet:
