@@ -26,6 +26,7 @@ from .gguf_header import read_header
 
 ALLOWED_TENSOR_TYPES = frozenset({"F32", "F16", "BF16", "Q8_0"})
 ALORA_KEY = "adapter.alora.invocation_tokens"
+MAX_INVOCATION_TOKENS = 1024  # each aLoRA turn looks for it in its context (an invocation is a few tokens)
 
 
 class AdapterFileError(PreconditionFailed):
@@ -63,8 +64,9 @@ def check_adapter_file(path: Path, architecture: str) -> AdapterFile:
         raise AdapterFileError(f"{path.name} has tensors of type {', '.join(bad)}; "
                                f"a LoRA may use {', '.join(sorted(ALLOWED_TENSOR_TYPES))}")
     invocation = header.uint32_arrays.get(ALORA_KEY, ())
-    if invocation is None:
-        raise AdapterFileError(f"{path.name}: {ALORA_KEY} must be an array of uint32 token ids")
+    if invocation is None or len(invocation) > MAX_INVOCATION_TOKENS:
+        raise AdapterFileError(f"{path.name}: {ALORA_KEY} must be an array of at most {MAX_INVOCATION_TOKENS} "
+                               "uint32 token ids")
     alpha = header.floats.get("adapter.lora.alpha", 0.0)
     return AdapterFile(path, max(header.rows.values(), default=0), alpha, len(header.tensor_types), path.stat().st_size,
                        invocation)
