@@ -103,6 +103,7 @@ class Slot:
         self.foreign = False
         del self.tokens[self.num_confirmed :]
         self.num_canonical = min(self.num_canonical, self.num_confirmed)
+        self.base_until = self.base_until if self.base_until is not None and self.base_until < self.num_confirmed else None
         if self.saved_logits_at >= self.num_confirmed:
             self.save_logits(-1, None)
         return self.num_confirmed
@@ -112,10 +113,13 @@ class Slot:
         self.num_confirmed -= 1
         return self.tokens[self.num_confirmed]
 
-    def append(self, tokens: Sequence[int], canonical_chunk: int | None = None) -> None:
+    def append(self, tokens: Sequence[int], canonical_chunk: int | None = None, adapter_cells: bool = False) -> None:
         """Record tokens just decoded into the KV (the tail must be trimmed first);
-        `canonical_chunk`: they were a deterministic sample's prompt chunk, decoded alone."""
+        `canonical_chunk`: they were a deterministic sample's prompt chunk, decoded alone;
+        `adapter_cells`: an aLoRA's (`base_until` then marks the first of them)."""
         assert len(self.tokens) == self.num_confirmed, "trim the stale tail first"
+        if adapter_cells and self.base_until is None:
+            self.base_until = len(self.tokens)
         if canonical_chunk is not None and is_canonical(self.num_canonical, len(self.tokens), len(tokens), canonical_chunk):
             self.num_canonical += len(tokens)
         self.tokens.extend(tokens)

@@ -1,12 +1,18 @@
 """Activated LoRA (aLoRA): an adapter that applies only from its invocation on (executor thread only).
 
 An aLoRA file names an invocation token sequence (llama.cpp's `adapter.alora.invocation_tokens`).
-As llama-server does, a session under one computes the tokens before the start of the
-invocation's last occurrence in its context under the base model and the rest (the
+A session under one computes the tokens before the start of the invocation's last
+occurrence in its context under the base model and the rest (the
 invocation, what follows, the reply) under the adapter; when no invocation occurs the
 whole turn runs on the base. The point is found when a turn's input ends (`invocation_start`,
 recorded by `Sample.begin_turn`); until then nothing of the turn is prefilled, and no
 prompt chunk crosses the point (`prefill_ready`), so each decode still runs one adapter set.
+
+The base's KV before the point is shared both ways: an aLoRA session's slot is keyed as the
+base's and reuses a prefix cached there up to its own point (`reusable_head`), and the slot
+marks where its aLoRA cells begin (`adapter_cells`, `Slot.base_until`) so that no later
+session reuses those. PEFT's aLoRA applies the adapter from the invocation's first token, as
+here; llama-server from the token before it (docs/adapters.md, "Activated LoRA").
 """
 
 from __future__ import annotations
@@ -70,24 +76,10 @@ def reusable_head(s: AloraSample) -> Sequence[int]:
     return s.pending if s.alora_from is None else s.pending[: s.alora_from]
 
 
-def activation_point(s: AloraSample) -> int | None:
-    """A turn's input ended: where an aLoRA sample's adapter applies from (None: a LoRA or
-    the base, or no invocation), marked on its slot."""
-    start = invocation_start(s.slot, s.pending, s.params.alora_invocation)
-    mark_adapter_cells(s.slot, s.params, start)
-    return start
-
-
-def mark_adapter_cells(slot: Slot | None, params: SessionParams, start: int | None) -> None:
-    """Where the slot's cells stop being the base's (`Slot.base_until`; past it the KV is no
-    prefix for another session): a mark within the cells its sample keeps (those up to
-    `num_confirmed`; the rest is a stale tail the next prefill cuts), or an aLoRA sample's
-    own point, whichever comes first. Called once a sample has confirmed its cached prefix."""
-    if slot is None:
-        return
-    kept = slot.base_until if slot.base_until is not None and slot.base_until < slot.num_confirmed else None
-    own = start if params.alora_invocation else None
-    slot.base_until = min((x for x in (kept, own) if x is not None), default=None)
+def adapter_cells(s: AloraSample) -> bool:
+    """Whether the rows its next KV cells come from ran under an aLoRA (the slot marks them:
+    `Slot.base_until`, past which its KV is no prefix for another session)."""
+    return bool(s.params.alora_invocation) and adapters_now(s) != ()
 
 
 def prefill_ready(s: AloraSample, ready: int) -> int:

@@ -103,7 +103,6 @@ class Sample(Generic[SessionT]):
             matched = slot.match(head, self.canonical_chunk)
         self.turn_cached += matched
         del self.pending[:matched]
-        alora.mark_adapter_cells(self.slot, self.params, self.alora_from)
         self._keep_a_token_for_logits()
         self._accept_history()
 
@@ -145,7 +144,7 @@ class Sample(Generic[SessionT]):
         if self.sampler is not None:
             self.sampler.begin_turn()
         self.turn = Turn.begin(self.params.stopping.stop, self.turn_input, self.turn_cached)
-        self.alora_from = alora.activation_point(self)
+        self.alora_from = alora.invocation_start(self.slot, self.pending, self.params.alora_invocation)
         self._keep_a_token_for_logits()
 
     def _keep_a_token_for_logits(self) -> None:
@@ -235,14 +234,14 @@ class Sample(Generic[SessionT]):
     def record_decode(self, token: int) -> None:
         """The sampled token entered the KV."""
         assert self.slot is not None
-        self.slot.append([token])
+        self.slot.append([token], adapter_cells=alora.adapter_cells(self))
         self.next_token = None
 
     def record_prefill(self, tokens: list[int], logits: np.ndarray | None) -> int:
         """A prompt chunk entered the KV: it leaves `pending`, the sampler sees it but the leading
         tokens it saw (returns how many); `logits` (its last row's) wait for a prompt ending here."""
         assert self.slot is not None and self.sampler is not None
-        self.slot.append(tokens, self.canonical_chunk)
+        self.slot.append(tokens, self.canonical_chunk, alora.adapter_cells(self))
         if logits is not None:
             self.slot.save_logits(len(self.slot.tokens) - 1, logits.copy())
         del self.pending[: len(tokens)]
