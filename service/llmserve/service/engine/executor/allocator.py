@@ -59,6 +59,10 @@ class Slot:
     num_canonical: int = 0  # leading tokens computed as whole canonical chunks, each alone (canonical_chunks.py)
     base_until: int | None = None  # cells from here on were computed under an aLoRA: no prefix for others
 
+    def cap(self, num_matched: int) -> int:
+        """A prefix match, up to the first aLoRA cell (`base_until`): no prefix for others past it."""
+        return num_matched if self.base_until is None else min(num_matched, self.base_until)
+
     def claim(self, adapters: AdapterSet) -> None:
         """A session under `adapters` takes the slot: a KV computed under another set is no
         prefix of its input (the stale tail trim then cuts all of it)."""
@@ -245,7 +249,7 @@ class SlotAllocator:
         not worth reusing, or cached under other adapters)."""
         if slot.adapters != adapters or slot.foreign:
             return 0
-        num_matched = common_prefix_length(slot.tokens[: slot.base_until], prompt)
+        num_matched = slot.cap(common_prefix_length(slot.tokens, prompt))
         return num_matched if self.reusable(num_matched, len(prompt)) else 0
 
     def _together(self, idle: list[Slot], reuse: dict[int, int]) -> list[Slot]:

@@ -96,7 +96,7 @@ class Sample(Generic[SessionT]):
         """Got a slot: confirm the cached prefix of the pending input if it is worth it."""
         self._took(slot)
         head = alora.reusable_head(self)  # the pending input, or an aLoRA's part before its invocation
-        shared = common_prefix_length(slot.tokens[: slot.base_until], head)
+        shared = slot.cap(common_prefix_length(slot.tokens, head))
         if not self.params.output.reuses_prefix or not reusable(shared, len(self.pending)):
             matched = 0
         else:

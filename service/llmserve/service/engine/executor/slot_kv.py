@@ -126,7 +126,7 @@ class SlotKV:
         one loaded from the saved state. False (and an empty slot) when neither serves, or
         when the state was computed under other adapters than `adapters` (the resuming call's)."""
         slot = self.allocator.allocate(saved.tokens, adapters)
-        if saved.tokens and not slot.foreign and common_prefix_length(slot.tokens[: slot.base_until], saved.tokens) == len(saved.tokens):
+        if saved.tokens and not slot.foreign and slot.cap(common_prefix_length(slot.tokens, saved.tokens)) == len(saved.tokens):
             slot.num_confirmed = len(saved.tokens)
             slot.save_logits(-1, None)
             if slot.take_stale_tail() is None or self._cut(slot, len(saved.tokens)):  # the rest is another continuation
