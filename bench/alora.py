@@ -20,17 +20,15 @@ import json
 import random
 import statistics
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
 import grpc
-from llmserve.client import pb
-from llmserve.service.model.default_model import cache_dir, default_model_path
+from llmserve.service.model.default_model import default_model_path
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from harness.alora import adapter_dir, load_test_alora
 from harness.server import free_port
-from tools.make_adapters import ADAPTERS, make_all
 
 from .servers import DEFAULT_BUILD, start_llama_server, start_llmserve, stop
 
@@ -70,18 +68,6 @@ async def one_round(url: str, alora_id: int, seed: int, words: int) -> tuple[flo
     return warm, cold
 
 
-def alora_file(address: str) -> Path:
-    """The test aLoRA for this tokenizer, made (once per machine) and loaded on llmserve."""
-    stub = pb_grpc.LLMServiceStub(grpc.insecure_channel(address))
-    head = list(stub.Tokenize(pb.TokenizeRequest(text=QUESTION)).ids)
-    invocation = tuple(stub.Tokenize(pb.TokenizeRequest(text=QUESTION + INVOKE)).ids)[len(head):]
-    strong = next(spec for spec in ADAPTERS if spec.name == "strong")
-    spec = replace(strong, name=f"act-{'-'.join(map(str, invocation))}", invocation_tokens=invocation)
-    path = make_all(cache_dir() / "test-adapters", default_model_path(), (spec,))[spec.name]
-    stub.LoadAdapter(pb.LoadAdapterRequest(name="act", path=path.name), timeout=60)
-    return path
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--llama-server", type=Path, default=DEFAULT_BUILD / "llama-server")
@@ -90,11 +76,11 @@ def main() -> None:
     args = parser.parse_args()
     logs = Path("/tmp/bench-alora")
     logs.mkdir(exist_ok=True)
-    flags = ("--adapter-dir", str(cache_dir() / "test-adapters"), "--allow-adapter-updates")
+    flags = ("--adapter-dir", str(adapter_dir()), "--allow-adapter-updates")
     ours, address = start_llmserve(logs / "llmserve.log", (), flags, http_port=(port := free_port()))
     theirs = None
     try:
-        path = alora_file(address)
+        path = load_test_alora(pb_grpc.LLMServiceStub(grpc.insecure_channel(address)), QUESTION, INVOKE)
         theirs, their_url = start_llama_server(args.llama_server, default_model_path(), logs / "llama-server.log", False,
                                                ("--lora", str(path), "--lora-init-without-apply"))
         urls = {"llmserve": f"http://127.0.0.1:{port}", "llama-server": their_url}

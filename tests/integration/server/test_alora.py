@@ -5,17 +5,15 @@ weights, applies from the last occurrence of its invocation in a session's conte
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 
 import grpc
 import pytest
 import requests
 from llmserve.client import pb, session_config
-from llmserve.service.model.default_model import cache_dir, default_model_path
 from llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
+from harness.alora import adapter_dir, load_test_alora
 from harness.server import RunningServer, free_port, serving
-from tools.make_adapters import ADAPTERS, make_all
 
 QUESTION = "Question: which river flows through Paris?"
 INVOKE = " Answer:"
@@ -24,8 +22,7 @@ TOKENS = 16
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    directory = cache_dir() / "test-adapters"
-    make_all(directory, default_model_path(), ADAPTERS)
+    directory = adapter_dir()
     flags = ["-np", "4", "-c", "4096", "-t", "2", "--lora", f"strong={directory / 'strong.gguf'}",
              "--adapter-dir", str(directory), "--allow-adapter-updates"]
     with serving(flags, tmp_path_factory.mktemp("alora") / "server.log", http_port=free_port()) as running:
@@ -36,14 +33,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 def stub(server: RunningServer) -> pb_grpc.LLMServiceStub:
     """With `act` loaded: the strong adapter's weights as an aLoRA invoked by INVOKE's tokens."""
     stub = pb_grpc.LLMServiceStub(grpc.insecure_channel(server.address))
-    head = list(stub.Tokenize(pb.TokenizeRequest(text=QUESTION)).ids)
-    whole = list(stub.Tokenize(pb.TokenizeRequest(text=QUESTION + INVOKE)).ids)
-    assert whole[: len(head)] == head and len(whole) > len(head)
-    strong = next(spec for spec in ADAPTERS if spec.name == "strong")
-    spec = replace(strong, name=f"act-{'-'.join(map(str, whole[len(head):]))}", invocation_tokens=tuple(whole[len(head):]))
-    directory = cache_dir() / "test-adapters"
-    make_all(directory, default_model_path(), (spec,))
-    stub.LoadAdapter(pb.LoadAdapterRequest(name="act", path=f"{spec.name}.gguf"), timeout=60)
+    load_test_alora(stub, QUESTION, INVOKE)
     return stub
 
 
