@@ -11,7 +11,8 @@ servers alternating: one group alone (S streams under adapter 0) and all G group
 Per load: aggregate tokens/s (completion tokens over the load's wall time) and each
 group's gap p99 between streamed chunks. The ceiling one-adapter-set-per-decode allows is
 llama-batched-bench's S_TG at S sequences with adapter 0 applied. Also on llmserve: the
-time of a run-time LoadAdapter and the largest gap a running stream saw meanwhile.
+time of a run-time LoadAdapter and the largest gap a running stream saw meanwhile; on both,
+a long prompt under an adapter while base streams decode (their largest gap meanwhile).
 """
 
 from __future__ import annotations
@@ -99,6 +100,27 @@ def load_while_streaming(address: str, url: str, path: Path) -> tuple[float, flo
     return asyncio.run(run())
 
 
+def prompt_beside_base(url: str) -> tuple[float, float, float]:
+    """A ~820-token prompt under adapter 0 while 4 base streams decode: (its TTFT, the base's
+    largest gap while it prefilled, the base's gap p50 before it) in ms."""
+    async def run() -> tuple[float, float, float]:
+        async with aiohttp.ClientSession() as session:
+            base = [asyncio.create_task(_stream(session, url, {
+                "prompt": f"Count {i}:", "max_tokens": 150, "temperature": 0.8, "ignore_eos": True, "stream": True}))
+                for i in range(4)]
+            await asyncio.sleep(1.5)
+            t0 = time.monotonic()
+            prompt = " ".join(f"The river {i} runs past the mill and the old stone bridge." for i in range(55))
+            _, times = await _stream(session, url, {"prompt": prompt, "max_tokens": 4, "temperature": 0,
+                                                    "ignore_eos": True, "stream": True,
+                                                    "lora": [{"id": 0, "scale": 1.0}]})
+            streams = [t for _, t in await asyncio.gather(*base)]
+        during = [1000 * (b - a) for t in streams for a, b in zip(t, t[1:]) if b >= t0 and a <= times[0]]
+        before = [1000 * (b - a) for t in streams for a, b in zip(t, t[1:]) if b < t0]
+        return 1000 * (times[0] - t0), max(during, default=0.0), statistics.median(before)
+    return asyncio.run(run())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--llama-server", type=Path, default=DEFAULT_BUILD / "llama-server")
@@ -128,6 +150,9 @@ def main() -> None:
                     print(name, mode, rows[name][mode][-1], flush=True)
         print("load_while_streaming (ms: load, largest gap, gap p99 before):",
               load_while_streaming(address, urls["llmserve"], files[-1]))
+        for name, url in urls.items():
+            print(name, "prompt_beside_base (ms: its TTFT, the base's largest gap meanwhile, gap p50 before):",
+                  prompt_beside_base(url))
     finally:
         stop(ours)
         stop(theirs)

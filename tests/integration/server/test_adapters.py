@@ -56,7 +56,7 @@ def stub(server: RunningServer) -> pb_grpc.LLMServiceStub:
 
 
 def _turn(stub: pb_grpc.LLMServiceStub, prompt: str = PROMPT, **config: object) -> pb.GenerateTextResponse:
-    cfg = session_config(max_tokens=TOKENS, temperature=0, ignore_eos=True, **config)  # type: ignore[arg-type]
+    cfg = session_config(**{"max_tokens": TOKENS, "temperature": 0, "ignore_eos": True, **config})  # type: ignore[arg-type]
     return stub.GenerateText(pb.GenerateTextRequest(config=cfg, input=pb.Input(text=prompt)), timeout=120)
 
 
@@ -116,6 +116,33 @@ def test_a_prefix_cached_under_one_adapter_is_never_reused_under_another(stub: p
     assert again.samples[0].turn_end.usage.cached_tokens >= num_prompt - 1  # the same set reuses it
     assert other_scale.samples[0].turn_end.usage.cached_tokens == 0
     assert base.samples[0].turn_end.usage.cached_tokens == 0
+
+
+def _steps_over(port: int | None, num_tokens: int) -> float:
+    """Generation steps so far that carried more than `num_tokens` tokens (a bucket bound)."""
+    page = scrape(port)
+    return (page.counted("llmserve_batch_tokens_count", kind="generate")
+            - page.counted("llmserve_batch_tokens_bucket", kind="generate", le=f"{float(num_tokens)}"))
+
+
+def test_an_adapters_long_prompt_is_chunked_while_the_base_decodes(stub: pb_grpc.LLMServiceStub,
+                                                                  server: RunningServer) -> None:
+    """The base's streams decode while a ~700-token prompt arrives under an adapter: its
+    steps run apart from the base's, and its prompt goes in paced chunks (no step of more
+    than 256 tokens), not in one step that would stall the base's streams for its whole
+    prefill (docs/adapters.md, "Batched together, fairly")."""
+    before = _steps_over(server.metrics_port, 256)
+    prompt = " ".join(f"The river number {i} runs past the mill." for i in range(70))
+    config = session_config(max_tokens=400, temperature=0.8, ignore_eos=True)
+    base = [stub.GenerateText.future(pb.GenerateTextRequest(config=config, input=pb.Input(text=f"Count to {i}:")),
+                                     timeout=120) for i in range(2)]
+    time.sleep(1.0)  # the base's streams decode
+    long = _turn(stub, prompt, adapter="mild", max_tokens=4)
+    assert all(not f.done() for f in base), "the base's streams ended before the adapter's prompt came"
+    for f in base:
+        f.cancel()
+    assert 600 <= long.samples[0].turn_end.usage.prompt_tokens <= 1000
+    assert _steps_over(server.metrics_port, 256) == before
 
 
 def test_files_that_cannot_be_served_get_a_clear_status_and_the_server_goes_on(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+from llmserve.service.config import PrefillSettings
 from llmserve.service.domain.errors import FailureKind
 from llmserve.service.domain.events import SessionFailed, TurnEndEvent
 from llmserve.service.domain.requests import AdapterSet, adapter_set
@@ -15,17 +16,17 @@ from llmserve.service.domain.snapshots import SavedSession
 from llmserve.service.engine.commands import LoadAdapter, UnloadAdapter
 from llmserve.service.engine.executor.adapter_residency import AdapterResidency
 from llmserve.service.engine.executor.scheduler import SeqDemand
-from llmserve.service.engine.executor.step_rotation import StepRotation
+from llmserve.service.engine.executor.step_rotation import GroupTurn, StepRotation
 
-from .engine_harness import ListSink, assert_kv_mirrors_slots, make, params, run_until, steps, turn_ends
+from .engine_harness import SERVER_PREFILL, ListSink, assert_kv_mirrors_slots, make, params, run_until, steps, turn_ends
 from .fake_runner import BOS
 
 A: AdapterSet = (("a", 1.0),)
 B: AdapterSet = (("b", 0.5),)
 
 
-def _loaded(*names: str):  # type: ignore[no-untyped-def]
-    executor, runner = make(n_parallel=8)
+def _loaded(*names: str, prefill: PrefillSettings = SERVER_PREFILL):  # type: ignore[no-untyped-def]
+    executor, runner = make(n_parallel=8, prefill=prefill)
     results: list[object] = []
     for name in names:
         executor.adapter_command(LoadAdapter(name, f"/adapters/{name}", results.append))
@@ -130,15 +131,36 @@ def test_rotation_serves_every_set_within_its_bound() -> None:
     waits = {(): 0, A: 0, B: 0}
     longest = dict(waits)
     for _ in range(30):
-        chosen, picked = rotation.choose(demands)
-        assert {d.adapters for d in picked} == {chosen[0]}
-        rotation.record(chosen)
+        turn = rotation.choose(demands)
+        assert {d.adapters for d in turn.demands} == {turn.group[0]}
+        assert (turn.num_groups, turn.others_decode) == (3, True)
+        rotation.record(turn.group)
         for s in waits:
-            waits[s] = 0 if s == chosen[0] else waits[s] + 1
+            waits[s] = 0 if s == turn.group[0] else waits[s] + 1
             longest[s] = max(longest[s], waits[s])
     assert max(longest.values()) == 2
     one = [_demand(1, A), _demand(2, A)]
-    assert rotation.choose(one) == ((A, -1), one)  # one set: nothing filtered
+    assert rotation.choose(one) == GroupTurn((A, -1), one)  # one set: nothing filtered, nobody else decodes
+    prompt_only = SeqDemand(5, False, 40, adapters=B)
+    assert rotation.choose([prompt_only, SeqDemand(6, False, 40)]).others_decode is False  # nobody decodes
+
+
+def test_an_adapters_prompt_is_paced_while_other_sets_decode() -> None:
+    """A long prompt under an adapter while base sessions decode: each of its steps carries
+    at most the prefill budget (as a prompt beside decoding sessions of its own set would),
+    not the whole batch, which would stall the base's streams for its whole prefill."""
+    executor, runner = _loaded("a", prefill=PrefillSettings(prefill_budget=16))
+    base = [_open(executor, (), (BOS, 10 + i), max_tokens=120) for i in range(2)]
+    run_until(executor, lambda: all(s.token_ids() for s in base))
+    long = _open(executor, A, (BOS, *range(20, 220)), max_tokens=2)
+    chunks: list[int] = []
+    while not turn_ends(long)():
+        placed = len(runner.placed)
+        steps(executor, 1)
+        chunk = [cell for cell in runner.placed[placed:] if cell[2] == A]
+        chunks += [len(chunk)] if chunk else []
+    assert not any(turn_ends(s)() for s in base)  # the base decoded all along
+    assert max(chunks) <= 16 and sum(chunks) >= 200, chunks
 
 
 def test_beyond_max_loras_the_least_recently_named_idle_adapter_is_evicted() -> None:

@@ -162,3 +162,4 @@ def test_prefill_budget_caps_prompts_only_while_others_decode() -> None:
     for _ in range(40):
         auto.observe(0.035, 4, 0)  # a faster machine (or fewer streams): steps half as long
     assert 150 <= auto.budget() <= 165  # and the gap with them: (350 - 35) / 2 = 157
+    assert 65 <= auto.budget(num_groups=2) <= 75  # two groups' steps make a gap: (350 / 2 - 35) / 2 = 70

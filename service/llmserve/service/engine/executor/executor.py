@@ -229,9 +229,9 @@ class Executor:
         table.sample_ready()  # turns whose prompt is cached with its logits: no decode
         table.propose_drafts(time.monotonic() + DRAFT_FREE_STEPS * self._step_s)  # speculation: drafts for the generating sequences
         embed_sizes = [len(item.tokens) for item, _ in itertools.islice(self._embeds, self.scheduler.max_embed_seqs)]
-        budget = self.pacer.budget() if self.pacer is not None else None
-        group, demands = self.rotation.choose(table.demands())  # one adapter set's (or lone) sessions per decode
-        plan = self.scheduler.plan(demands, embed_sizes, budget, self.planner)
+        turn = self.rotation.choose(table.demands())  # one adapter set's (or lone) sessions per decode
+        budget = self.pacer.budget(turn.num_groups) if self.pacer is not None else None
+        plan = self.scheduler.plan(turn.demands, embed_sizes, budget, self.planner, turn.others_decode)
         self.planner = plan.next_state  # embedding/generation turns, since when each prompt waits
         if plan.is_empty:
             return False
@@ -239,11 +239,11 @@ class Executor:
         if plan.is_embedding:
             run_embeddings(self.runner, [self._embeds.popleft() for _ in range(plan.num_embed)], self.metrics)
         else:
-            self.runner.use_adapters(group[0])  # the context's LoRA adapters (llama.cpp keeps an unchanged set)
+            self.runner.use_adapters(turn.group[0])  # the context's LoRA adapters (llama.cpp keeps an unchanged set)
             self.generation.cut_stale_tails(plan, table.samples)  # prefilling slots' stale KV cut (or history requeued)
             output = self.generation.run(plan, table.samples)  # fill, decode, collect
             table.postprocess(output)  # record what entered the KV, sample, end turns
-            self.rotation.record(group)  # the next step goes to the next group with work
+            self.rotation.record(turn.group)  # the next step goes to the next group with work
         self._account(plan, embed_sizes, start, output)
         return True
 

@@ -97,17 +97,15 @@ class Scheduler:
         self.prefill_budget = prefill_budget
         self.per_slot_streams = per_slot_streams
         self.price_drafts = True  # grant only the draft rows that pay (worth_drafting); tests of the draft mechanics turn it off
-        self.max_draft_rows = max_draft_rows
-        self.n_batch = n_batch
-        self.n_ubatch = n_ubatch
-        self.max_embed_seqs = max_embed_seqs
+        self.max_draft_rows, self.n_batch, self.n_ubatch, self.max_embed_seqs = max_draft_rows, n_batch, n_ubatch, max_embed_seqs
 
     def plan(self, demands: Sequence[SeqDemand], embed_sizes: Sequence[int], prefill_budget: int | None = None,
-             state: PlannerState = PlannerState()) -> StepPlan:
+             state: PlannerState = PlannerState(), others_decode: bool = False) -> StepPlan:
         """Plan one step (reads only). `embed_sizes` are the token counts of queued embedding
         inputs; `prefill_budget`: this step's cap on prompt tokens while others decode (the
         pacer's; None: the scheduler's own); `state`: the last plan's `next_state` (a fresh
-        one for a first plan)."""
+        one for a first plan); `others_decode`: sessions not in `demands` decode too (another
+        group's, StepRotation), so prompts are paced even if none of these decode."""
         wants_generation = any(d.decode_token or d.num_prefill for d in demands)
         wants_embedding = bool(embed_sizes)
         if wants_embedding and (not wants_generation or not state.last_was_embedding):
@@ -116,7 +114,8 @@ class Scheduler:
         state = PlannerState(False, state.num_plans, state.prefill_since)
         if not wants_generation:
             return StepPlan(next_state=state)
-        return self._plan_generation(demands, self.prefill_budget if prefill_budget is None else prefill_budget, state)
+        return self._plan_generation(demands, self.prefill_budget if prefill_budget is None else prefill_budget,
+                                     state, others_decode)
 
     def _pack_embeddings(self, sizes: Sequence[int]) -> int:
         used = count = 0
@@ -128,20 +127,20 @@ class Scheduler:
         return max(count, 1)  # inputs are validated to fit one ubatch
 
     def _plan_generation(self, demands: Sequence[SeqDemand], prefill_budget: int | None,
-                         state: PlannerState) -> StepPlan:
+                         state: PlannerState, others_decode: bool) -> StepPlan:
         decode = tuple(d.key for d in demands if d.decode_token)
         drafts = self._grant_drafts([d for d in demands if d.decode_token and d.num_draft > 0], len(decode))
         if self.per_slot_streams:
             drafts = _drafts_kept_whole(drafts, demands)
         budget = self.n_batch - len(decode) - sum(n for _, n in drafts)
         waiting = [d for d in demands if d.num_prefill > 0]
-        paced = bool(decode) and prefill_budget is not None
+        paced = (bool(decode) or others_decode) and prefill_budget is not None
         outnumbered = paced and len(waiting) > len(decode)
         if paced:
             # A waiting prompt's share of a step is never less than a decoding stream's:
             # when prompts outnumber the decoding sequences (a burst of new requests) the
             # cap grows with the ratio, else one stream would hold a dozen prompts back.
-            scale = max(1.0, len(waiting) / len(decode))
+            scale = max(1.0, len(waiting) / len(decode)) if decode else 1.0
             budget = min(budget, int(prefill_budget * scale))  # type: ignore[operator]
         # Per-slot streams: each prompt chunk beyond the decode rows' ubatch is a ubatch of
         # its own, so a paced step carries at most two prompts (a burst: as many as fit).
@@ -287,11 +286,13 @@ class PrefillPacer:
             # latest cost counts in full when it is the higher: the bound holds as it rises.
             self.prefill_token_s = max(_ema(self.prefill_token_s, cost), cost)
 
-    def budget(self) -> int:
+    def budget(self, num_groups: int = 1) -> int:
+        """Prompt tokens for the next step; `num_groups` groups taking turns (StepRotation)
+        share the gap, so each step gets its share of it."""
         if self.decode_step_s is None or not self.prefill_token_s:
             return self.min_chunk_tokens
         max_itl_s = self.max_itl_s if self.max_itl_s is not None else self.AUTO_ITL_STEPS * self.decode_step_s
-        tokens = int((max_itl_s - self.decode_step_s) / self.prefill_token_s)
+        tokens = int((max_itl_s / num_groups - self.decode_step_s) / self.prefill_token_s)
         return max(self.min_chunk_tokens, min(tokens, self.max_chunk_tokens))
 
 
