@@ -12,7 +12,8 @@ Per load: aggregate tokens/s (completion tokens over the load's wall time) and e
 group's gap p99 between streamed chunks. The ceiling one-adapter-set-per-decode allows is
 llama-batched-bench's S_TG at S sequences with adapter 0 applied. Also on llmserve: the
 time of a run-time LoadAdapter and the largest gap a running stream saw meanwhile; on both,
-a long prompt under an adapter while base streams decode (their largest gap meanwhile).
+a long prompt under an adapter while base streams decode (their largest gap meanwhile), and
+8 streams under one adapter at one scale against 8 scales (8 sets).
 """
 
 from __future__ import annotations
@@ -121,6 +122,23 @@ def prompt_beside_base(url: str) -> tuple[float, float, float]:
     return asyncio.run(run())
 
 
+def distinct_scales(url: str, streams: int = 8) -> tuple[dict[str, float], dict[str, float]]:
+    """`streams` streams under adapter 0 at one scale, then each at a scale of its own (each
+    a set of its own): (tokens/s, gap p50, gap p99) of both loads."""
+    async def run(scales: list[float]) -> dict[str, float]:
+        bodies = [{"prompt": f"Story {i}: once upon a time", "max_tokens": 64, "temperature": 0.8,
+                   "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+                   "lora": [{"id": 0, "scale": scale}]} for i, scale in enumerate(scales)]
+        async with aiohttp.ClientSession() as session:
+            start = time.monotonic()
+            results = await asyncio.gather(*(_stream(session, url, body) for body in bodies))
+            wall = time.monotonic() - start
+        gaps = [1000 * (b - a) for _, t in results for a, b in zip(t, t[1:])]
+        return {"tokens_per_s": sum(n for n, _ in results) / wall, "gap_p50_ms": statistics.median(gaps),
+                "gap_p99_ms": statistics.quantiles(gaps, n=100)[98]}
+    return asyncio.run(run([1.0] * streams)), asyncio.run(run([0.5 + 0.1 * i for i in range(streams)]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--llama-server", type=Path, default=DEFAULT_BUILD / "llama-server")
@@ -153,6 +171,7 @@ def main() -> None:
         for name, url in urls.items():
             print(name, "prompt_beside_base (ms: its TTFT, the base's largest gap meanwhile, gap p50 before):",
                   prompt_beside_base(url))
+            print(name, "distinct_scales (8 streams under one scale, then 8 scales):", distinct_scales(url))
     finally:
         stop(ours)
         stop(theirs)
