@@ -148,6 +148,8 @@ def _parser() -> argparse.ArgumentParser:
                             "SCALE: a request's scale when it names none)")
     serve.add_argument("--lora-scaled", action="append", default=[], metavar="PATH:SCALE", help="llama-server's form")
     f.add("--max-loras", type=int, default=d.adapters.max_loras, help="LoRA adapters resident at once (LRU beyond)")
+    f.add("--max-loras-per-batch", type=int, default=d.adapters.max_loras_per_batch,
+          help="adapter sets (adapter and scale) running at once; sessions under a further one wait (SGLang's flag)")
     f.add("--adapter-dir", type=Path, help="run-time adapter loads read files under this directory only")
     f.switch("--allow-adapter-updates", help="serve LoadAdapter/UnloadAdapter and POST /v1/(un)load_lora_adapter")
     f.add("--session-dir", type=Path, help="save sessions with a session_id here, to restore them after a restart")
@@ -226,7 +228,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         adapters=AdapterSettings(
             tuple(spec for value in args.lora for spec in parse_lora(value))
             + tuple(spec for value in args.lora_scaled for spec in parse_lora(value, scaled=True)),
-            args.max_loras, args.adapter_dir, args.allow_adapter_updates),
+            args.max_loras, args.max_loras_per_batch, args.adapter_dir, args.allow_adapter_updates),
         session_dir=args.session_dir,
         session_dir_max_bytes=args.session_dir_max_bytes,
         store_kv=args.store_kv,

@@ -138,6 +138,7 @@ class AdapterSettings:
 
     lora: tuple[LoraSpec, ...] = ()
     max_loras: int = 8  # adapters resident at once (llama.cpp's memory); beyond it the least recently used idle one goes
+    max_loras_per_batch: int = 4  # adapter sets (adapter, scale) running at once; sessions under a further one wait
     adapter_dir: Path | None = None  # run-time loads read adapter files from under here only
     allow_adapter_updates: bool = False  # LoadAdapter / UnloadAdapter and vLLM's load/unload routes
 
@@ -148,8 +149,8 @@ class AdapterSettings:
         for spec in self.lora:
             if not spec.path.is_file():
                 raise ValueError(f"--lora {spec.name}={spec.path}: no such file")
-        if self.max_loras < 1:  # --lora beyond it: loaded when first named (adapter_residency.py)
-            raise ValueError(f"--max-loras {self.max_loras}: at least 1")
+        if min(self.max_loras, self.max_loras_per_batch) < 1:  # --lora beyond --max-loras: loaded when first named
+            raise ValueError(f"--max-loras {self.max_loras}, --max-loras-per-batch {self.max_loras_per_batch}: at least 1")
         if self.allow_adapter_updates and (self.adapter_dir is None or not self.adapter_dir.is_dir()):
             raise ValueError("--allow-adapter-updates loads adapters from --adapter-dir: give an existing directory")
 

@@ -44,7 +44,7 @@ def adapter_dir() -> Path:
 def server(adapter_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     flags = ["-np", "8", "-c", "8192", "-t", "2", "--lora", f"strong={adapter_dir / 'strong.gguf'}",
              "--lora", f"mild={adapter_dir / 'mild.gguf'}:1.0", "--adapter-dir", str(adapter_dir),
-             "--allow-adapter-updates"]
+             "--allow-adapter-updates", "--max-loras-per-batch", "2"]
     with serving(flags, tmp_path_factory.mktemp("adapters") / "server.log", http_port=free_port(),
                  metrics=True) as running:
         yield running
@@ -143,6 +143,23 @@ def test_an_adapters_long_prompt_is_chunked_while_the_base_decodes(stub: pb_grpc
         f.cancel()
     assert 600 <= long.samples[0].turn_end.usage.prompt_tokens <= 1000
     assert _steps_over(server.metrics_port, 256) == before
+
+
+def test_a_set_beyond_max_loras_per_batch_waits_for_a_running_one(stub: pb_grpc.LLMServiceStub) -> None:
+    """--max-loras-per-batch 2 and slots to spare: `mild` at two scales run (two sets); a
+    call under a third scale waits in the queue until one of them is done, then runs."""
+    def start(scale: float, max_tokens: int) -> grpc.Future:
+        config = session_config(max_tokens=max_tokens, temperature=0.8, ignore_eos=True, adapter="mild",
+                                adapter_scale=scale)
+        return stub.GenerateText.future(pb.GenerateTextRequest(config=config, input=pb.Input(text=PROMPT)), timeout=120)
+
+    running = [start(1.0, 48), start(0.5, 48)]
+    time.sleep(0.3)
+    third = start(2.0, 4).result()
+    firsts = [f.result() for f in running]
+    queued = third.samples[0].turn_end.timings.queue_ms
+    assert len(_ids(third)) == 4 and all(len(_ids(r)) == 48 for r in firsts)
+    assert queued >= 300 and all(r.samples[0].turn_end.timings.queue_ms < queued / 4 for r in firsts), queued
 
 
 def test_files_that_cannot_be_served_get_a_clear_status_and_the_server_goes_on(

@@ -163,6 +163,35 @@ def test_an_adapters_prompt_is_paced_while_other_sets_decode() -> None:
     assert max(chunks) <= 16 and sum(chunks) >= 200, chunks
 
 
+def test_sets_beyond_max_loras_per_batch_wait_and_none_starves() -> None:
+    """--max-loras-per-batch 2: one adapter at three scales (three sets) and the base. The
+    third set's session waits until one of the first two has nothing left to run, so no
+    step ever runs beside more than two sets; a later session of a running set queued
+    behind it waits too (else a busy set could hold the bound forever); the base goes on;
+    every session ends its turn."""
+    executor, _ = _loaded("a")
+    executor.table.admission.max_sets = 2
+    sets = [(("a", 1.0),), (("a", 0.5),), (("a", 0.25),)]
+    first = [_open(executor, s, (BOS, 10 + i), max_tokens=4) for i, s in enumerate(sets)]
+    base = _open(executor, (), (BOS, 20), max_tokens=4)
+    late = _open(executor, sets[0], (BOS, 30), max_tokens=4)
+    sinks = (*first, base, late)
+    running: list[set[AdapterSet]] = []
+    seated: dict[int, int] = {}  # session key (1-5, in open order) -> the step it got a slot
+    for step in range(200):
+        executor.drain(block=False)
+        if all(turn_ends(s)() for s in sinks):
+            break
+        executor.step()
+        running.append(executor.table.admission.running_sets())
+        seated.update({k: step for k, s in executor.table.sessions.items() if s.main.slot is not None and k not in seated})
+    assert all(not s.of(SessionFailed) and len(s.token_ids()) == 4 for s in sinks)
+    assert max(len(r) for r in running) == 2
+    assert seated[1] == seated[2] == seated[4] == 0  # two sets and the base at once
+    assert seated[3] > 0  # the third set waited
+    assert seated[5] >= seated[3]  # the running set's later session did not pass it
+
+
 def test_beyond_max_loras_the_least_recently_named_idle_adapter_is_evicted() -> None:
     """--max-loras 2 with three adapters: a third load evicts the idle one named longest ago,
     which loads again when a session names it; never more than two resident."""

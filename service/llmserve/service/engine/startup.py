@@ -58,6 +58,7 @@ def executor_config(config: ServerConfig, max_embed_seqs: int) -> ExecutorConfig
         context_shift=config.context_shift,
         lora_names=tuple(spec.name for spec in config.adapters.lora),
         max_loras=config.adapters.max_loras,
+        max_loras_per_batch=config.adapters.max_loras_per_batch,
     )
 
 

@@ -24,6 +24,14 @@ serves each sample as it is (issue 39: an unread n = 4 stream held all 4 slots f
 (its slot may have kept it); a session preempted before its turn forked forks when its
 prompt ends, from the reserved slots it gets back. Nobody is preempted when all the
 candidates' slots together would not seat the waiting session.
+
+Adapter sets: every distinct (adapter, scale) decodes in steps of its own (step_rotation.py),
+so each set with work adds a step to every stream's gap. At most `max_sets` sets other than
+the base run at once (`--max-loras-per-batch`, SGLang's flag): a session under a further
+set waits until a running set has no session with work left, and while it waits no
+session under an adapter queued behind it is admitted, the running sets' included, so
+they drain and it cannot starve; the base's sessions go on being admitted. A session idle
+between turns does not count; its next turn may add its set back beyond the bound.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from collections import deque
 import structlog
 
 from ...domain.errors import FailureKind
+from ...domain.requests import AdapterSet
 from ...metrics import Metrics
 from . import alora
 from .allocator import SlotAllocator
@@ -64,8 +73,10 @@ def _idle(s: Session) -> bool:
 class Admission:
     def __init__(
         self, allocator: SlotAllocator, kv: SlotKV, sessions: dict[int, Session], waiting: deque[Session], metrics: Metrics,
+        max_sets: int = 4,
     ) -> None:
         self.metrics = metrics
+        self.max_sets = max_sets
         self.allocator = allocator
         self.kv = kv
         self.sessions = sessions
@@ -78,9 +89,16 @@ class Admission:
         FIFO; paused sessions give up their slots to them. `accept_later(session)` hands a
         restored session the input it received while waiting. True if a session got a slot."""
         admitted = False
+        running = self.running_sets()
+        held = False  # a session under a set beyond the bound waits: no adapter session behind it passes it
         for session in sorted(self.waiting, key=lambda s: (-s.params.priority, s.key)):
             if session.paused or (session.restore is None and not session.main.pending):
                 continue  # nothing to run, or nobody reads it
+            adapters = session.params.adapters
+            if adapters and (held or (adapters not in running and len(running) >= self.max_sets)):
+                held = True
+                continue
+            running |= {adapters} if adapters else set()
             need = session.params.num_samples
             if self.allocator.num_idle < need and not self._preempt_for(need):
                 break
@@ -100,6 +118,11 @@ class Admission:
                 session.reserved = [self.allocator.allocate((), kv_adapters) for _ in range(need - 1)]
             admitted = True
         return admitted
+
+    def running_sets(self) -> set[AdapterSet]:
+        """The adapter sets (not the base) of sessions on slots with work: a turn or input to run."""
+        return {s.params.adapters for s in self.sessions.values()
+                if s.params.adapters and s.main.slot is not None and not _idle(s)}
 
     def _preempt_for(self, need: int) -> bool:
         """Free slots until `need` are idle: those of paused streams (the longest paused

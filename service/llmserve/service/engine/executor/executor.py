@@ -65,6 +65,7 @@ class ExecutorConfig:
     context_shift: ContextShiftSettings = ContextShiftSettings()  # off by default
     lora_names: tuple[str, ...] = ()  # the LoRA adapters the runner loaded at start
     max_loras: int = 8  # resident at once (adapter_residency.py)
+    max_loras_per_batch: int = 4  # adapter sets running at once (admission.py)
 
 
 class Executor:
@@ -72,9 +73,7 @@ class Executor:
         self, runner: Runner, config: ExecutorConfig, metrics: Metrics | None = None, store: SessionStore | None = None
     ) -> None:
         """`store`: where named sessions are saved when they end."""
-        self.metrics = metrics or Metrics()
-        self.runner = runner
-        self.config = config
+        self.metrics, self.runner, self.config = metrics or Metrics(), runner, config
         self.profile = StepProfile()
         self._keys = itertools.count(1)
         per_slot_streams = not config.kv_cache.kv_unified
@@ -86,7 +85,8 @@ class Executor:
         spec = config.speculation
         verifier = DraftVerifier(runner, picker, spec, self.metrics) if spec.enabled else None
         residency = AdapterResidency(runner, config.lora_names, config.max_loras)
-        self.table = SessionTable(runner, allocator, kv, picker, self._keys, store, verifier, residency)
+        self.table = SessionTable(runner, allocator, kv, picker, self._keys, store, verifier, residency,
+                                  config.max_loras_per_batch)
         self.generation = GenerationStep(runner, kv, order_by_seq_id=per_slot_streams, n_ubatch=config.n_ubatch)
         max_draft_rows = spec.spec_max_rows if spec.enabled else 0
         fixed_budget = config.prefill.prefill_budget or None  # 0: paced, a budget per step from the PrefillPacer

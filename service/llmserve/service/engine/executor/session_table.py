@@ -39,15 +39,15 @@ log = structlog.get_logger("llmserve.sessions")
 class SessionTable:
     def __init__(self, runner: Runner, allocator: SlotAllocator, kv: SlotKV, picker: TokenPicker, keys: Iterator[int],
                  store: SessionStore | None, verifier: DraftVerifier | None = None,
-                 adapters: AdapterResidency | None = None) -> None:
-        """`verifier`: speculative decoding (None: off); `adapters`: the LoRA adapters loaded."""
+                 adapters: AdapterResidency | None = None, max_sets: int = 4) -> None:
+        """`verifier`: drafts (None: off); `adapters`: the LoRA adapters loaded; `max_sets`: see admission.py."""
         self.runner, self.verifier, self.store, self.allocator, self.kv = runner, verifier, store, allocator, kv
         self.adapters, self.picker, self.keys = adapters or AdapterResidency(runner), picker, keys
         self.n_ctx_per_slot = allocator.n_ctx_per_slot
         self.sessions: dict[int, Session] = {}
         self.samples: dict[int, Sample[Session]] = {}  # every session's samples: the main one has the session's key
         self.waiting: deque[Session] = deque()
-        self.admission = Admission(allocator, kv, self.sessions, self.waiting, picker.metrics)
+        self.admission = Admission(allocator, kv, self.sessions, self.waiting, picker.metrics, max_sets)
         self._eog = tuple(runner.meta.eog_token_ids)
 
     # ------------------------------------------------------------ commands
