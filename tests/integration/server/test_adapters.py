@@ -55,9 +55,13 @@ def stub(server: RunningServer) -> pb_grpc.LLMServiceStub:
     return pb_grpc.LLMServiceStub(grpc.insecure_channel(server.address))
 
 
-def _turn(stub: pb_grpc.LLMServiceStub, prompt: str = PROMPT, **config: object) -> pb.GenerateTextResponse:
+def _start(stub: pb_grpc.LLMServiceStub, prompt: str = PROMPT, **config: object) -> grpc.Future:
     cfg = session_config(**{"max_tokens": TOKENS, "temperature": 0, "ignore_eos": True, **config})  # type: ignore[arg-type]
-    return stub.GenerateText(pb.GenerateTextRequest(config=cfg, input=pb.Input(text=prompt)), timeout=120)
+    return stub.GenerateText.future(pb.GenerateTextRequest(config=cfg, input=pb.Input(text=prompt)), timeout=120)
+
+
+def _turn(stub: pb_grpc.LLMServiceStub, prompt: str = PROMPT, **config: object) -> pb.GenerateTextResponse:
+    return _start(stub, prompt, **config).result()
 
 
 def _ids(reply: pb.GenerateTextResponse) -> list[int]:
@@ -98,10 +102,9 @@ def test_interleaved_adapters_give_what_each_gives_alone(stub: pb_grpc.LLMServic
     sets = [{}, {"adapter": "mild"}, {"adapter": "mild", "adapter_scale": 4.0}]
     alone = [_turn(stub, "Write a short story about a cat.", top_logprobs=2, **s) for s in sets]
     assert len({tuple(_ids(r)) for r in alone}) == 3
-    with concurrent.futures.ThreadPoolExecutor(9) as pool:
-        futures = [(i, pool.submit(_turn, stub, "Write a short story about a cat.", top_logprobs=2, **s))
-                   for i, s in enumerate(sets) for _ in range(3)]
-        together = [(i, f.result()) for i, f in futures]
+    futures = [(i, _start(stub, "Write a short story about a cat.", top_logprobs=2, **s))
+               for i, s in enumerate(sets) for _ in range(3)]
+    together = [(i, f.result()) for i, f in futures]
     for i, reply in together:
         assert len(_ids(reply)) == TOKENS and _agrees(alone[i], reply), (sets[i], _ids(alone[i]), _ids(reply))
 
@@ -133,9 +136,7 @@ def test_an_adapters_long_prompt_is_chunked_while_the_base_decodes(stub: pb_grpc
     prefill (docs/adapters.md, "Batched together, fairly")."""
     before = _steps_over(server.metrics_port, 256)
     prompt = " ".join(f"The river number {i} runs past the mill." for i in range(70))
-    config = session_config(max_tokens=400, temperature=0.8, ignore_eos=True)
-    base = [stub.GenerateText.future(pb.GenerateTextRequest(config=config, input=pb.Input(text=f"Count to {i}:")),
-                                     timeout=120) for i in range(2)]
+    base = [_start(stub, f"Count to {i}:", max_tokens=400, temperature=0.8) for i in range(2)]
     time.sleep(1.0)  # the base's streams decode
     long = _turn(stub, prompt, adapter="mild", max_tokens=4)
     assert all(not f.done() for f in base), "the base's streams ended before the adapter's prompt came"
@@ -148,14 +149,9 @@ def test_an_adapters_long_prompt_is_chunked_while_the_base_decodes(stub: pb_grpc
 def test_a_set_beyond_max_loras_per_batch_waits_for_a_running_one(stub: pb_grpc.LLMServiceStub) -> None:
     """--max-loras-per-batch 2 and slots to spare: `mild` at two scales run (two sets); a
     call under a third scale waits in the queue until one of them is done, then runs."""
-    def start(scale: float, max_tokens: int) -> grpc.Future:
-        config = session_config(max_tokens=max_tokens, temperature=0.8, ignore_eos=True, adapter="mild",
-                                adapter_scale=scale)
-        return stub.GenerateText.future(pb.GenerateTextRequest(config=config, input=pb.Input(text=PROMPT)), timeout=120)
-
-    running = [start(1.0, 48), start(0.5, 48)]
+    running = [_start(stub, adapter="mild", adapter_scale=scale, max_tokens=48, temperature=0.8) for scale in (1.0, 0.5)]
     time.sleep(0.3)
-    third = start(2.0, 4).result()
+    third = _turn(stub, adapter="mild", adapter_scale=2.0, max_tokens=4, temperature=0.8)
     firsts = [f.result() for f in running]
     queued = third.samples[0].turn_end.timings.queue_ms
     assert len(_ids(third)) == 4 and all(len(_ids(r)) == 48 for r in firsts)
