@@ -18,7 +18,17 @@ from llmserve.service.engine.executor.adapter_residency import AdapterResidency
 from llmserve.service.engine.executor.scheduler import SeqDemand
 from llmserve.service.engine.executor.step_rotation import GroupTurn, StepRotation
 
-from .engine_harness import SERVER_PREFILL, ListSink, assert_kv_mirrors_slots, make, params, run_until, steps, turn_ends
+from .engine_harness import (
+    SERVER_PREFILL,
+    ListSink,
+    ReaderSink,
+    assert_kv_mirrors_slots,
+    make,
+    params,
+    run_until,
+    steps,
+    turn_ends,
+)
 from .fake_runner import BOS
 
 A: AdapterSet = (("a", 1.0),)
@@ -190,6 +200,21 @@ def test_sets_beyond_max_loras_per_batch_wait_and_none_starves() -> None:
     assert seated[1] == seated[2] == seated[4] == 0  # two sets and the base at once
     assert seated[3] > 0  # the third set waited
     assert seated[5] >= seated[3]  # the running set's later session did not pass it
+
+
+def test_a_stream_nobody_reads_does_not_hold_its_set_against_others() -> None:
+    """--max-loras-per-batch 1: a session under one set whose client stopped reading takes
+    no steps, so a session under another set is seated beside it and runs."""
+    executor, _ = _loaded("a")
+    executor.table.admission.max_sets = 1
+    unread = ReaderSink()
+    key = executor.open_session(replace(params(max_tokens=50), adapters=(("a", 1.0),)), unread)
+    executor.add_input(key, (BOS, 10), True)
+    run_until(executor, lambda: len(unread.token_ids()) >= 2)
+    unread.stop_reading()
+    other = _open(executor, (("a", 0.5),), (BOS, 11), max_tokens=4)
+    run_until(executor, turn_ends(other), max_steps=100)
+    assert len(other.token_ids()) == 4 and not other.of(SessionFailed)
 
 
 def test_beyond_max_loras_the_least_recently_named_idle_adapter_is_evicted() -> None:

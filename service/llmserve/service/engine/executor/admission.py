@@ -28,7 +28,8 @@ candidates' slots together would not seat the waiting session.
 Adapter sets: every distinct (adapter, scale) decodes in steps of its own (step_rotation.py),
 so each set with work adds a step to every stream's gap. At most `max_sets` sets other than
 the base run at once (`--max-loras-per-batch`, SGLang's flag): a session under a further
-set waits until a running set has no session with work left, and while it waits no
+set waits until a running set has no session with work left (a stream whose client
+stopped reading takes no steps and does not count), and while it waits no
 session under an adapter queued behind it is admitted, the running sets' included, so
 they drain and it cannot starve; the base's sessions go on being admitted. A session idle
 between turns does not count; its next turn may add its set back beyond the bound.
@@ -120,9 +121,10 @@ class Admission:
         return admitted
 
     def running_sets(self) -> set[AdapterSet]:
-        """The adapter sets (not the base) of sessions on slots with work: a turn or input to run."""
+        """The adapter sets (not the base) of sessions on slots that can run: a turn or input to
+        run and a client that reads (a paused stream takes no steps, and must not hold a set)."""
         return {s.params.adapters for s in self.sessions.values()
-                if s.params.adapters and s.main.slot is not None and not _idle(s)}
+                if s.params.adapters and s.main.slot is not None and not s.paused and not _idle(s)}
 
     def _preempt_for(self, need: int) -> bool:
         """Free slots until `need` are idle: those of paused streams (the longest paused
