@@ -145,7 +145,7 @@ class Metrics:
         )
         self.kv_used = Gauge("llmserve_kv_cells_used_ratio", "KV cells holding tokens / generation cells", registry=r)
         self.models: dict[str, Metrics] = {}  # further models' (add_model), by name
-        self.max_loras = 0  # --max-loras (the Engine sets it): the lora_requests_info gauge's max_lora label
+        self.max_loras = 0  # adapters that can run at once (the Engine sets it): the lora_requests_info gauge's max_lora
         self.lora_info = Gauge("llmserve_lora_requests_info", "LoRA adapters of running and waiting sessions, as "
                                "vLLM's vllm:lora_requests_info (the inference gateway's lora-affinity scorer reads "
                                "it); the value is when it was set", ["running_lora_adapters", "waiting_lora_adapters",

@@ -98,7 +98,7 @@ class Engine:
         self.adapters = adapter_registry(config, runner, lambda command: self._executor.adapter_command(command))
         self._executor = Executor(runner, executor_config(config, runner.config.max_embed_seqs), metrics, self._store)
         self.adapters.resident = lambda: {name for name, _, _ in self._executor.snapshot.adapter_sessions}
-        metrics.max_loras = config.adapters.max_loras
+        metrics.max_loras = min(config.adapters.max_loras, config.adapters.max_loras_per_batch)  # GIE: how many can run
         self.named_sessions = SessionClaims(self._store)  # one stream per session id (claim, release)
         self.stored_kv = StoredKV(self._store, config.store_kv)  # stored turns' KV, for their continuations
         self.session_gate = SessionGate(config.n_parallel, config.max_queue, metrics.sessions.set)  # both surfaces' admission
