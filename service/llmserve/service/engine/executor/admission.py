@@ -74,7 +74,7 @@ def _idle(s: Session) -> bool:
 class Admission:
     def __init__(
         self, allocator: SlotAllocator, kv: SlotKV, sessions: dict[int, Session], waiting: deque[Session], metrics: Metrics,
-        max_sets: int = 4,
+        max_sets: int,
     ) -> None:
         self.metrics = metrics
         self.max_sets = max_sets
@@ -89,6 +89,8 @@ class Admission:
         """Give free slots to waiting sessions that can run: higher priority first, then
         FIFO; paused sessions give up their slots to them. `accept_later(session)` hands a
         restored session the input it received while waiting. True if a session got a slot."""
+        if not self.waiting:  # every step asks: nothing to read then
+            return False
         admitted = False
         running = self.running_sets()
         held = False  # a session under a set beyond the bound waits: no adapter session behind it passes it
@@ -99,7 +101,8 @@ class Admission:
             if adapters and (held or (adapters not in running and len(running) >= self.max_sets)):
                 held = True
                 continue
-            running |= {adapters} if adapters else set()
+            if adapters:
+                running.add(adapters)
             need = session.params.num_samples
             if self.allocator.num_idle < need and not self._preempt_for(need):
                 break

@@ -86,7 +86,7 @@ class Executor:
         verifier = DraftVerifier(runner, picker, spec, self.metrics) if spec.enabled else None
         residency = AdapterResidency(runner, config.lora_names, config.max_loras)
         self.table = SessionTable(runner, allocator, kv, picker, self._keys, store, verifier, residency,
-                                  config.max_loras_per_batch)
+                                  max_sets=config.max_loras_per_batch)
         self.generation = GenerationStep(runner, kv, order_by_seq_id=per_slot_streams, n_ubatch=config.n_ubatch)
         max_draft_rows = spec.spec_max_rows if spec.enabled else 0
         fixed_budget = config.prefill.prefill_budget or None  # 0: paced, a budget per step from the PrefillPacer

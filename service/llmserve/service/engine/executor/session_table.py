@@ -39,7 +39,7 @@ log = structlog.get_logger("llmserve.sessions")
 class SessionTable:
     def __init__(self, runner: Runner, allocator: SlotAllocator, kv: SlotKV, picker: TokenPicker, keys: Iterator[int],
                  store: SessionStore | None, verifier: DraftVerifier | None = None,
-                 adapters: AdapterResidency | None = None, max_sets: int = 4) -> None:
+                 adapters: AdapterResidency | None = None, *, max_sets: int) -> None:
         """`verifier`: drafts (None: off); `adapters`: the LoRA adapters loaded; `max_sets`: see admission.py."""
         self.runner, self.verifier, self.store, self.allocator, self.kv = runner, verifier, store, allocator, kv
         self.adapters, self.picker, self.keys = adapters or AdapterResidency(runner), picker, keys
