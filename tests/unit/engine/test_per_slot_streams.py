@@ -175,8 +175,11 @@ def test_a_far_cached_head_is_copied_into_the_slot_next_to_the_busy_ones() -> No
     sinks = [ListSink() for _ in range(4)]
     keys = [executor.open_session(params(max_tokens=40 if i == 1 else 2, ignore_eos=True), sink)
             for i, sink in enumerate(sinks)]
-    for i, key in enumerate(keys):
-        executor.add_input(key, (*HEAD, 60 + i) if i == 3 else (BOS, 70 + i, 71 + i), True)
+    for i, key in enumerate(keys[:3]):
+        executor.add_input(key, (BOS, 70 + i, 71 + i), True)
+    executor.drain(block=False)
+    executor.step()  # the head comes a step later: not seated by length beside the others
+    executor.add_input(keys[3], (*HEAD, 63), True)
     run_until(executor, lambda: all(turn_ends(sinks[i])() for i in (0, 2, 3)))
     seq_ids = {key: executor.table.sessions[key].main.slot.seq_id for key in keys}
     assert sorted(seq_ids.values()) == [0, 1, 2, 3] and seq_ids[keys[3]] == 3  # the head sits in slot 3
@@ -234,3 +237,32 @@ def test_without_the_rule_that_draft_loses_a_window_cell() -> None:
         assert "attends to cells already dropped" in str(exc)
     else:
         raise AssertionError("the split draft kept its window: the scenario no longer tests the rule")
+
+
+def burst(seat: bool) -> tuple[int, list[list[int]], list[int]]:
+    """Six prompts of 12 and 6 tokens, alternately, arriving before one step on an idle server:
+    that step's ubatches, each session's reply and the slots they ended on."""
+    executor, runner = make(n_parallel=6, speculation=SpeculationSettings(spec_type="none"))
+    if not seat:
+        executor.generation.seat_by_length = lambda plan, samples: None  # type: ignore[method-assign]
+    sinks = [ListSink() for _ in range(6)]
+    keys = [executor.open_session(params(max_tokens=4), sink) for sink in sinks]
+    for i, key in enumerate(keys):
+        executor.add_input(key, (BOS, *range(100 + 20 * i, 100 + 20 * i + (11 if i % 2 == 0 else 5))), True)
+    executor.drain(block=False)
+    executor.step()
+    ubatches = executor.profile.ubatches
+    slots = [executor.table.samples[key].slot.seq_id for key in keys]  # type: ignore[union-attr]
+    run_until(executor, lambda: all(turn_ends(sink)() for sink in sinks))
+    assert_kv_mirrors_slots(executor, runner)
+    return ubatches, [sink.token_ids() for sink in sinks], slots
+
+
+def test_a_burst_of_prompts_takes_sequence_ids_by_length_so_its_step_is_fewer_ubatches() -> None:
+    # split_equal: 12, 6, 12, 6, 12, 6 on ids 0..5 is 6 x 6 tokens, then 0, 2 and 4 one ubatch
+    # each; in length order (12, 12, 12, 6, 6, 6) the rest of 0..2 is one.
+    seated, replies, slots = burst(True)
+    scattered, replies_scattered, slots_scattered = burst(False)
+    assert (seated, scattered) == (2, 4)
+    assert sorted(slots[0::2]) == [0, 1, 2] and slots_scattered == [0, 1, 2, 3, 4, 5]
+    assert replies == replies_scattered  # each reply is its own prompt's, on whichever slot

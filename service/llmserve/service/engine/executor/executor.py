@@ -241,6 +241,7 @@ class Executor:
         else:
             self.runner.use_adapters(turn.group[0])  # the context's LoRA adapters (llama.cpp keeps an unchanged set)
             self.generation.cut_stale_tails(plan, table.samples)  # prefilling slots' stale KV cut (or history requeued)
+            self.generation.seat_by_length(plan, table.samples)  # prompts in empty slots: ids by length (fewer ubatches)
             output = self.generation.run(plan, table.samples)  # fill, decode, collect
             table.postprocess(output)  # record what entered the KV, sample, end turns
             self.rotation.record(turn.group)  # the next step goes to the next group with work

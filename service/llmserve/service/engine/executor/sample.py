@@ -38,8 +38,7 @@ class Sample(Generic[SessionT]):
         drafting state (None: none); `canonical_chunk`: deterministic, its KV computed in these chunks
         (canonical_chunks.py)."""
         self.key, self.session, self.index, self.params, self.sink = key, session, index, params, sink
-        self.n_ctx_per_slot, self.canonical_chunk = n_ctx_per_slot, canonical_chunk  # n_ctx: KV cells it may hold
-        self.t_open = t_open  # when its session opened
+        self.n_ctx_per_slot, self.canonical_chunk, self.t_open = n_ctx_per_slot, canonical_chunk, t_open  # t_open: its session's
         self.prompt_logits: np.ndarray | None = None  # last evaluated row, for prompt logprobs
         self.ready_logits: np.ndarray | None = None  # saved logits to sample the turn's first token from
         self.t_last_token, self.queue_ms, self.t_slot = 0.0, 0.0, 0.0  # t_slot: when the slot was attached
@@ -61,10 +60,9 @@ class Sample(Generic[SessionT]):
         speculation = SeqSpeculation(self.speculation.settings) if self.speculation is not None else None
         forked = Sample(key, self.session, index, params, self.sink, self.n_ctx_per_slot, self.t_open, sampler,
                         speculation, self.canonical_chunk)
-        forked.slot, forked.alora_from = slot, self.alora_from
+        forked.slot, forked.alora_from, forked.queue_ms, forked.t_slot = slot, self.alora_from, self.queue_ms, self.t_slot
         sampler.accept(slot.tokens)
         forked.turn = self.turn.fork()
-        forked.queue_ms, forked.t_slot = self.queue_ms, self.t_slot
         return forked
 
     @property
@@ -209,6 +207,10 @@ class Sample(Generic[SessionT]):
         self.slot = None
         return slot
 
+    def move_to(self, slot: Slot) -> None:
+        """Its prompt starts in another empty slot than the one it took (`GenerationStep.seat_by_length`)."""
+        self.slot = slot
+
     def reattach(self, slot: Slot) -> int:
         """After preemption, `slot`: confirm what it caches of the history but a token to decode
         for the logits the turn samples from next. Returns how many tokens it caches."""
@@ -275,8 +277,7 @@ class Sample(Generic[SessionT]):
         """Send the rest of the text and the turn end (`final`: the last of the turn's
         samples to end); get ready for the next turn."""
         turn = self.turn
-        assert turn is not None
-        # A stop sequence's held text is cut; its held ids still go out.
+        assert turn is not None  # a stop sequence's held text is cut below; its held ids still go out
         self.emit_tokens("" if finish.reason == FinishReason.STOP_SEQUENCE else turn.text.flush())
         t_slot = None if self.slot is None else self.t_slot  # None: ended waiting for a slot
         self.sink.put(turn.end_event(finish, self.index, self.params.sampling.seed, final, self.t_open, t_slot,
