@@ -1,8 +1,8 @@
-"""Drafting and verifying speculative tokens for one sequence (see speculation.py).
+"""Drafting and verifying speculative tokens for one sample (see speculation.py).
 
 `propose` fills `Sample.draft` before a step (`SessionTable.propose_drafts`);
 `demand` reads it; after the step `verify` samples the
-decode row and each granted draft row in order with the sequence's sampler, through the
+decode row and each granted draft row in order with the sample's sampler, through the
 same `TokenPicker` as any token (stop rules, logprobs, grammar), keeps the draft
 tokens the sampler picks, stops at the first it does not, and cuts the rejected
 rows from the KV before anything else can release the slot.
@@ -25,7 +25,7 @@ class DraftVerifier:
     def __init__(self, runner: Runner, picker: TokenPicker, settings: SpeculationSettings, metrics: Metrics) -> None:
         self.runner = runner
         self.picker = picker
-        self.settings = settings  # each sequence's SeqSpeculation drafts by these
+        self.settings = settings  # each sample's SeqSpeculation drafts by these
         self.metrics = metrics
 
     def propose(self, s: Sample) -> int:
@@ -43,7 +43,7 @@ class DraftVerifier:
         return len(s.draft)
 
     def demand(self, s: Sample) -> SeqDemand:
-        """A generating sequence's row demand, with the draft `propose` made for it. It is
+        """A generating sample's row demand, with the draft `propose` made for it. It is
         window-at-risk when long enough that its sliding window reaches back past cells a
         split draft could free (see scheduler._drafts_kept_whole)."""
         assert s.slot is not None

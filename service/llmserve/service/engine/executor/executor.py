@@ -227,7 +227,7 @@ class Executor:
         if table.admit():  # waiting sessions get free (or preempted) slots
             self._publish()  # slots taken before the first token streams out
         table.sample_ready()  # turns whose prompt is cached with its logits: no decode
-        table.propose_drafts(time.monotonic() + DRAFT_FREE_STEPS * self._step_s)  # speculation: drafts for the generating sequences
+        table.propose_drafts(time.monotonic() + DRAFT_FREE_STEPS * self._step_s)  # speculation: drafts for the generating samples
         embed_sizes = [len(item.tokens) for item, _ in itertools.islice(self._embeds, self.scheduler.max_embed_seqs)]
         turn = self.rotation.choose(table.demands())  # one adapter set's (or lone) sessions per decode
         budget = self.pacer.budget(turn.num_groups) if self.pacer is not None else None

@@ -1,7 +1,7 @@
 """One generation step: fill the batch from the plan, decode, and collect what went in
 and which rows are to be sampled.
 
-Rows: a decode token (and any draft tokens) per generating sequence, a prompt chunk
+Rows: a decode token (and any draft tokens) per generating sample, a prompt chunk
 per prefilling one; in sequence-id order with one KV stream per slot, else decode
 rows first; logits are requested only for rows that are sampled (or when prompt logprobs are
 asked). Before the fill, `cut_stale_tails` cuts what each prefilling slot caches past its
@@ -71,19 +71,19 @@ class StepProfile:
 
 @dataclass(frozen=True)
 class BatchEntry:
-    """One sequence's rows in the step's batch."""
+    """One sample's rows in the step's batch."""
 
     sample: Sample
     tokens: list[int]  # what enters the KV: the decode token, or a prompt chunk
     first: int  # the batch row of tokens[0]
     sample_row: int | None  # the row its next token is sampled from (None: none this step)
-    is_decode: bool  # a generating sequence's decode row (else a prompt chunk)
+    is_decode: bool  # a generating sample's decode row (else a prompt chunk)
     draft: tuple[int, ...] = ()  # draft tokens in rows first+1.. (to verify; not yet in the slot)
 
 
 @dataclass(frozen=True)
 class ReadyRow:
-    """A sequence whose next token can be sampled from `logits`."""
+    """A sample whose next token can be sampled from `logits`."""
 
     sample: Sample
     logits: np.ndarray

@@ -1,17 +1,17 @@
 """Step scheduler: decides what one `llama_decode` call contains (pure decisions).
 
-Per generation step: one decode token for every generating sequence first (so
-streams never stall behind long prompts), then draft rows for the sequences that
-speculate (`max_draft_rows` shared fairly while at most `MAX_DRAFTING_SEQS` sequences
+Per generation step: one decode token for every generating sample first (so
+streams never stall behind long prompts), then draft rows for the samples that
+speculate (`max_draft_rows` shared fairly while at most `MAX_DRAFTING_SEQS` samples
 decode, none with more: under batching verify rows cost real compute; with 3-4 decoding, all
 or none and of one length, with 2 of one length when both draft), then prompt chunks until `n_batch`
 tokens: the prompt that has waited longest gets at least an equal share of the budget
 (no prompt starves), the rest goes to the prompts closest to done (shortest remaining
 first: a short chat turn is not queued behind a long document, and long prompts finish
-one after another instead of all together at the end, as equal shares made them). While any sequence
+one after another instead of all together at the end, as equal shares made them). While any sample
 decodes, prompt chunks are capped at `prefill_budget` tokens per step so that a long
 prompt cannot stall every stream (vLLM's chunked prefill), times waiting prompts /
-decoding sequences when the prompts outnumber them (a burst of new requests); with
+decoding samples when the prompts outnumber them (a burst of new requests); with
 nothing decoding a prompt gets all of `n_batch`. The executor may pass each step a budget of its
 own (`PrefillPacer`: as many prompt tokens as keep a step within `--max-itl-ms`). Embedding inputs run in steps of
 their own (never mixed with generation in one decode): several inputs packed into
@@ -31,7 +31,7 @@ from ...domain.requests import AdapterSet
 from ..runner_api import StepCosts
 from .draft_pricing import best_draft_length, worth_drafting
 
-MAX_DRAFTING_SEQS = 4  # more sequences decoding than this: no drafts (measured: verify rows then cost more than they save)
+MAX_DRAFTING_SEQS = 4  # more samples decoding than this: no drafts (measured: verify rows then cost more than they save)
 MIN_ACCEPTANCE_BUSY = 0.85  # with 3-4 decoding only drafts that nearly always land pay for their rows (measured)
 MAX_PROMPTS_WHILE_DECODING = 2  # per-slot streams: prompts one step carries beside decode rows
 
@@ -87,7 +87,7 @@ class Scheduler:
         self, n_batch: int, n_ubatch: int, max_embed_seqs: int, prefill_budget: int | None = None,
         max_draft_rows: int = 0, per_slot_streams: bool = False, costs: StepCosts | None = None,
     ) -> None:
-        """`prefill_budget`: prompt tokens per step while sequences decode (None: no cap).
+        """`prefill_budget`: prompt tokens per step while samples decode (None: no cap).
         `per_slot_streams`: one KV stream per slot (rows go in sequence-id order, see
         `_drafts_kept_whole`). `costs`: the runner's, which price drafts (needed with
         `max_draft_rows`)."""
@@ -138,7 +138,7 @@ class Scheduler:
         outnumbered = paced and len(waiting) > len(decode)
         if paced:
             # A waiting prompt's share of a step is never less than a decoding stream's:
-            # when prompts outnumber the decoding sequences (a burst of new requests) the
+            # when prompts outnumber the decoding samples (a burst of new requests) the
             # cap grows with the ratio, else one stream would hold a dozen prompts back.
             scale = max(1.0, len(waiting) / len(decode)) if decode else 1.0
             budget = min(budget, int(prefill_budget * scale))  # type: ignore[operator]
@@ -170,7 +170,7 @@ class Scheduler:
         budget = min(rows, self.n_ubatch - num_decoding)
         one_ubatch = num_decoding != 2 or self.per_slot_streams  # unified, 2 decoding: fair shares instead
         if self.price_drafts and wanting and len(wanting) == num_decoding and one_ubatch:
-            # Every decoding sequence drafts (a lone stream, or all 2-4): equal lengths keep
+            # Every decoding sample drafts (a lone stream, or all 2-4): equal lengths keep
             # their rows in one ubatch (split_equal), so no draft pays for an extra one. Up to
             # 3 decoding the rows are priced by step_cost (a multiple of four is cheap; 2: a
             # 1-token draft each makes 4 rows, ~1.3x the step of 2); with 4 any length is whole

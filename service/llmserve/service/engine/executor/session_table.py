@@ -125,7 +125,7 @@ class SessionTable:
         ]
 
     def propose_drafts(self, no_drafts_after: float) -> None:
-        """Speculation: each generating sequence drafts the tokens it hopes the step accepts;
+        """Speculation: each generating sample drafts the tokens it hopes the step accepts;
         none whose call's deadline is before `no_drafts_after` (draft steps are the slow ones)."""
         if self.verifier is not None:
             for s in self.samples.values():

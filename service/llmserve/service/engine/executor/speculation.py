@@ -1,10 +1,10 @@
-"""Speculative decoding with n-gram drafts (prompt-lookup decoding), per sequence.
+"""Speculative decoding with n-gram drafts (prompt-lookup decoding), per sample.
 
-A generating sequence whose last `spec_ngram_size_n` tokens (its sampled next token
+A generating sample whose last `spec_ngram_size_n` tokens (its sampled next token
 included) occurred earlier in its own prompt or output proposes the tokens that
 followed them as a draft. The draft rides the same `llama_decode` as every other
-sequence's rows (`GenerationStep`), each draft row with logits; the session table
-then samples row by row with the sequence's own sampler and keeps each draft token
+sample's rows (`GenerationStep`), each draft row with logits; the session table
+then samples row by row with the sample's own sampler and keeps each draft token
 the sampler picks, stopping at the first it does not (`SessionTable._verify`).
 Sampling the row and comparing is llama.cpp's rule (common_sampler_sample_and_accept_n):
 with a draft that is a fixed guess it leaves every token's distribution unchanged,
@@ -12,12 +12,12 @@ and greedy output is the non-speculative output up to the float rounding of rows
 computed in a batch (a near tie can flip). Rejected rows are cut from the KV
 with `llama_memory_seq_rm`.
 
-Adaptive: a sequence's draft length doubles after a fully accepted draft and drops
+Adaptive: a sample's draft length doubles after a fully accepted draft and drops
 to what was accepted (+1, at least `MIN_PROPOSAL`) otherwise; after `max_misses` drafts in a row with
 nothing accepted it rests for `rest_tokens` tokens. The scheduler grants draft rows
-within a per-step budget that shrinks as more sequences decode, since under batching
+within a per-step budget that shrinks as more samples decode, since under batching
 verify rows cost real compute. A lone stream's drafts are priced by `DraftOdds`, the
-per-token chance that a draft token lands once those before it did (a new sequence
+per-token chance that a draft token lands once those before it did (a new sample
 starts from the same odds: what it drafts depends on its own tokens only, so a fixed seed
 repeats run to run, batch shapes and their float rounding included); in busy steps, where a draft costs a ubatch of
 its own, by the accepted share of its recent drafts. Pure Python.
@@ -29,9 +29,9 @@ from collections.abc import Sequence
 
 from ...config import SpeculationSettings
 
-MAX_MISSES = 3  # drafts in a row with nothing accepted before a sequence rests
+MAX_MISSES = 3  # drafts in a row with nothing accepted before a sample rests
 REST_TOKENS = 32  # tokens it then generates without drafting
-START_ODDS = 0.8  # a new sequence's per-token draft odds (the same for every sequence)
+START_ODDS = 0.8  # a new sample's per-token draft odds (the same for every sample)
 # The shortest draft proposed after a miss: with its decode row four rows, the shortest a lone
 # stream's step pays for (the runner's step costs, model/step_costs.py); shorter proposals
 # were never granted, so never grew.
@@ -39,7 +39,7 @@ MIN_PROPOSAL = 3
 
 
 class NgramIndex:
-    """Where each n-gram of a sequence's tokens ended (the latest `MAX_CANDIDATES` times;
+    """Where each n-gram of a sample's tokens ended (the latest `MAX_CANDIDATES` times;
     incremental, rebuilt when the history is cut or rewritten)."""
 
     MAX_CANDIDATES = 8  # occurrences of one n-gram compared by how far back they match
@@ -114,7 +114,7 @@ class DraftOdds:
 
 
 class SeqSpeculation:
-    """One sequence's drafting state. Nothing in it comes from other sequences: an earlier
+    """One sample's drafting state. Nothing in it comes from other samples: an earlier
     call's drafts would change this one's batch shapes, and with them its float rounding."""
 
     def __init__(self, settings: SpeculationSettings, max_misses: int = MAX_MISSES, rest_tokens: int = REST_TOKENS) -> None:

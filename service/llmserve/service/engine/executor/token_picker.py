@@ -1,4 +1,4 @@
-"""Picking a sequence's next token, and deciding whether its turn ends there.
+"""Picking a sample's next token, and deciding whether its turn ends there.
 
 For each ready row: logprobs (if asked, from the raw logits), bans that keep the
 turn going until `min_tokens`, the sampler chain, then the stopping rules (EOG,
