@@ -34,30 +34,9 @@ from llmserve.service.model.default_model import cache_dir, default_model_path
 from tools.make_adapters import make_all
 
 from .adapters import BENCH_ADAPTERS
+from .raw_llama import decode_rows, load_default_model, server_context
 
 PROMPT_TOKENS = 32
-_QUIET = llama_cpp.llama_log_callback(lambda *_: None)  # kept alive: llama.cpp calls it later
-
-
-def _context(model: llama_cpp.llama_model_p, slots: int, n_ctx: int) -> llama_cpp.llama_context_p:
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = n_ctx, 2048, 512, slots
-    params.n_threads = params.n_threads_batch = 2
-    params.kv_unified = False
-    params.no_perf = True
-    return llama_cpp.llama_init_from_model(model, params)
-
-
-def _decode(ctx: llama_cpp.llama_context_p, batch: llama_cpp.llama_batch,
-            rows: list[tuple[int, int, int]]) -> None:
-    """Decode (seq, position, token) rows, logits for each sequence's last row."""
-    batch.n_tokens = len(rows)
-    for i, (seq, pos, token) in enumerate(rows):
-        batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, 1
-        batch.seq_id[i][0] = seq
-        batch.logits[i] = i == len(rows) - 1 or rows[i + 1][0] != seq
-    if llama_cpp.llama_decode(ctx, batch) != 0:
-        raise RuntimeError(f"llama_decode failed at rows {rows[:2]}")
 
 
 def _use(ctx: llama_cpp.llama_context_p, adapter: llama_cpp.llama_adapter_lora_p) -> None:
@@ -76,7 +55,7 @@ def _timed_steps(plan: list[tuple[llama_cpp.llama_context_p, llama_cpp.llama_ada
         positions[id(ctx)] += 1
         start = time.perf_counter()
         _use(ctx, adapter)
-        _decode(ctx, batch, [(s, pos, 1000 + s) for s in range(streams)])
+        decode_rows(ctx, batch, [(s, pos, 1000 + s) for s in range(streams)])
         times.append(1000 * (time.perf_counter() - start))
     return statistics.median(times)
 
@@ -84,7 +63,7 @@ def _timed_steps(plan: list[tuple[llama_cpp.llama_context_p, llama_cpp.llama_ada
 def _prefill(ctx: llama_cpp.llama_context_p, adapter: llama_cpp.llama_adapter_lora_p, streams: int,
              batch: llama_cpp.llama_batch) -> None:
     _use(ctx, adapter)
-    _decode(ctx, batch, [(s, p, 2 if p == 0 else 300 + p + s) for s in range(streams) for p in range(PROMPT_TOKENS)])
+    decode_rows(ctx, batch, [(s, p, 2 if p == 0 else 300 + p + s) for s in range(streams) for p in range(PROMPT_TOKENS)])
 
 
 def _rss_mib() -> float:
@@ -99,16 +78,13 @@ def main() -> None:
     parser.add_argument("--ctx", type=int, default=16384)
     args = parser.parse_args()
     files = list(make_all(cache_dir() / "bench-adapters", default_model_path(), BENCH_ADAPTERS).values())
-    llama_cpp.llama_backend_init()
-    llama_cpp.llama_log_set(_QUIET, ctypes.c_void_p(0))
-    model = llama_cpp.llama_model_load_from_file(str(default_model_path()).encode(),
-                                                 llama_cpp.llama_model_default_params())
+    model = load_default_model()
     a, b = (llama_cpp.llama_adapter_lora_init(model, str(path).encode()) for path in files[1:3])  # rank 8 both
     batch = llama_cpp.llama_batch_init(2048, 0, 1)
-    first = _context(model, args.slots, args.ctx)
+    first = server_context(model, args.slots, args.ctx)
     _prefill(first, a, args.streams, batch)
     rss_one = _rss_mib()
-    second = _context(model, args.slots, args.ctx)
+    second = server_context(model, args.slots, args.ctx)
     _prefill(second, b, args.streams, batch)
     rss_two = _rss_mib()
     rows = {}

@@ -23,42 +23,27 @@ import statistics
 import time
 
 import llama_cpp
-from llmserve.service.model.default_model import default_model_path
 
-SLOTS, N_CTX, N_BATCH = 16, 16384, 2048
+from .raw_llama import decode_rows, load_default_model, server_context
 
-
-def _context() -> tuple[llama_cpp.llama_context_p, llama_cpp.llama_batch]:
-    llama_cpp.llama_backend_init()
-    model = llama_cpp.llama_model_load_from_file(str(default_model_path()).encode(), llama_cpp.llama_model_default_params())
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = N_CTX, N_BATCH, 512, SLOTS
-    params.n_threads = params.n_threads_batch = 2
-    params.kv_unified = False
-    return llama_cpp.llama_init_from_model(model, params), llama_cpp.llama_batch_init(N_BATCH, 0, 1)
+SLOTS, N_CTX = 16, 16384
 
 
-def _decode(ctx: llama_cpp.llama_context_p, batch: llama_cpp.llama_batch, rows: list[tuple[int, int, int]]) -> float:
-    """`rows`: (sequence id, first position, tokens), logits on each row's last token; ms."""
-    n = 0
-    for seq, start, num_tokens in rows:
-        for pos in range(start, start + num_tokens):
-            batch.token[n], batch.pos[n], batch.n_seq_id[n] = 1000 + (pos * 7 + seq) % 5000, pos, 1
-            batch.seq_id[n][0], batch.logits[n] = seq, pos == start + num_tokens - 1
-            n += 1
-    batch.n_tokens = n
-    t0 = time.perf_counter()
-    if llama_cpp.llama_decode(ctx, batch) != 0:
-        raise RuntimeError("llama_decode failed")
-    return (time.perf_counter() - t0) * 1000
+def _prompt(seq: int, start: int, num_tokens: int) -> list[tuple[int, int, int]]:
+    return [(seq, pos, 1000 + (pos * 7 + seq) % 5000) for pos in range(start, start + num_tokens)]
 
 
 def burst_ms(ctx: llama_cpp.llama_context_p, batch: llama_cpp.llama_batch, lengths: list[int]) -> float:
+    """Id 0 prefills 17 tokens, then decodes one beside a prompt of each of `lengths` on ids
+    1, 2, ...: that decode's ms."""
     memory = llama_cpp.llama_get_memory(ctx)
     for seq in range(SLOTS):
         llama_cpp.llama_memory_seq_rm(memory, seq, 0, -1)
-    _decode(ctx, batch, [(0, 0, 17)])
-    return _decode(ctx, batch, [(0, 17, 1), *((seq + 1, 0, n) for seq, n in enumerate(lengths))])
+    decode_rows(ctx, batch, _prompt(0, 0, 17))
+    rows = _prompt(0, 17, 1) + [row for seq, n in enumerate(lengths) for row in _prompt(seq + 1, 0, n)]
+    start = time.perf_counter()
+    decode_rows(ctx, batch, rows)
+    return (time.perf_counter() - start) * 1000
 
 
 def main() -> None:
@@ -66,7 +51,7 @@ def main() -> None:
     parser.add_argument("--bursts", type=int, default=8)
     parser.add_argument("--concurrency", default="4,8,16")
     args = parser.parse_args()
-    ctx, batch = _context()
+    ctx, batch = server_context(load_default_model(), SLOTS, N_CTX), llama_cpp.llama_batch_init(2048, 0, 1)
     rng = random.Random(0)
     for c in (int(x) for x in args.concurrency.split(",")):
         ms: dict[str, list[float]] = {"scattered": [], "by length": []}

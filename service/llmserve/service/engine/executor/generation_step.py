@@ -6,8 +6,9 @@ per prefilling one; in sequence-id order with one KV stream per slot, else decod
 rows first; logits are requested only for rows that are sampled (or when prompt logprobs are
 asked). Before the fill, `cut_stale_tails` cuts what each prefilling slot caches past its
 history (where that cut fails, the KV is dropped and the history queued to prefill again),
-then `seat_by_length` orders the prompts that start in empty slots by length. `run` changes no sample: it returns a `StepOutput` (with its timings, which the executor
-adds to its `StepProfile`) and the session table applies it (`SessionTable.postprocess`:
+then `seat_by_length` orders the prompts that start in empty slots by length. `run`
+changes no sample: it returns a `StepOutput` (with its timings, which the executor adds to
+its `StepProfile`) and the session table applies it (`SessionTable.postprocess`:
 slots record what entered the KV, prompt tokens feed the sampler, prompt logprobs go out,
 ready rows are sampled).
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import structlog
 
+from ...domain.requests import AdapterSet
 from ..runner_api import Runner
 from .sample import Sample
 from .scheduler import StepPlan
@@ -140,7 +142,7 @@ class GenerationStep:
         adapter set; aLoRA and deterministic samples keep theirs."""
         if not self.order_by_seq_id:
             return
-        fresh: dict[object, list[tuple[int, Sample]]] = {}
+        fresh: dict[AdapterSet, list[tuple[int, Sample]]] = {}
         for key, num_tokens in plan.prefill:
             s = samples[key]
             if s.slot is not None and not s.slot.tokens and not s.params.alora_invocation and s.canonical_chunk is None:

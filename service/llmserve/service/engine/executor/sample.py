@@ -38,7 +38,8 @@ class Sample(Generic[SessionT]):
         drafting state (None: none); `canonical_chunk`: deterministic, its KV computed in these chunks
         (canonical_chunks.py)."""
         self.key, self.session, self.index, self.params, self.sink = key, session, index, params, sink
-        self.n_ctx_per_slot, self.canonical_chunk, self.t_open = n_ctx_per_slot, canonical_chunk, t_open  # t_open: its session's
+        self.n_ctx_per_slot, self.canonical_chunk = n_ctx_per_slot, canonical_chunk  # n_ctx: KV cells it may hold
+        self.t_open = t_open  # when its session opened
         self.prompt_logits: np.ndarray | None = None  # last evaluated row, for prompt logprobs
         self.ready_logits: np.ndarray | None = None  # saved logits to sample the turn's first token from
         self.t_last_token, self.queue_ms, self.t_slot = 0.0, 0.0, 0.0  # t_slot: when the slot was attached
@@ -48,8 +49,7 @@ class Sample(Generic[SessionT]):
         self.pending: list[int] = []  # input not yet in the KV
         self.next_token: int | None = None  # sampled, waits to be decoded
         self.turn: Turn | None = None
-        self.turn_input = 0  # tokens the client sent for the upcoming turn
-        self.turn_cached = 0  # of the upcoming turn's history, tokens already in the KV
+        self.turn_input, self.turn_cached = 0, 0  # the upcoming turn's input tokens; of its history, those in the KV
         self.num_accepted_ahead = 0  # leading pending tokens the sampler already accepted
         self.overflowed = False  # the upcoming turn's input does not fit the context
         self.alora_from: int | None = None  # an aLoRA's: where its adapter applies from (alora.py)
@@ -60,7 +60,8 @@ class Sample(Generic[SessionT]):
         speculation = SeqSpeculation(self.speculation.settings) if self.speculation is not None else None
         forked = Sample(key, self.session, index, params, self.sink, self.n_ctx_per_slot, self.t_open, sampler,
                         speculation, self.canonical_chunk)
-        forked.slot, forked.alora_from, forked.queue_ms, forked.t_slot = slot, self.alora_from, self.queue_ms, self.t_slot
+        forked.slot, forked.alora_from = slot, self.alora_from
+        forked.queue_ms, forked.t_slot = self.queue_ms, self.t_slot
         sampler.accept(slot.tokens)
         forked.turn = self.turn.fork()
         return forked
@@ -122,8 +123,7 @@ class Sample(Generic[SessionT]):
         self.queue_ms = (self.t_slot - self.t_open) * 1000.0
 
     def prefill_again(self, history: list[int]) -> bool:
-        """The slot's KV was dropped (see `SlotKV.trim_stale_tail`): `history` is
-        prefilled again and no longer counts as cached. False if `history` is empty."""
+        """The slot's KV was dropped (`SlotKV.trim_stale_tail`): `history` prefills again; False if empty."""
         if not history:
             return False
         self.pending[:0] = history
