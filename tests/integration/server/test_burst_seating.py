@@ -1,12 +1,14 @@
-"""A burst of prompts takes sequence ids by length (issue 41 §3, `GenerationStep.seat_by_length`).
+"""A burst of prompts takes sequence ids by length (issue 41 §3, `GenerationStep.seat_by_length`)
+and, when it finishes, leaves the decode rows to the next step (`engine/executor/prompts_first.py`).
 
 With one KV stream per slot llama.cpp splits a batch into ubatches of consecutive sequence
 ids with equal tokens each: prompts whose lengths alternate over the ids make a ubatch for
-each longer one's rest, in length order one for all of them. The real server and model:
-six prompts of 12 and 6 tokens, alternately, arrive while a long prompt prefills, so they
-join one step beside its first decode row (5 ubatches scattered, 3 seated); each burst
-reply agrees with the same prompt computed alone, from scratch (prompt logprobs reuse no
-prefix), within the tolerance of tests/greedy.py: a slot traded with the wrong KV would not.
+each longer one's rest, in length order one for all of them, and a decode row beside them
+one more. The real server and model: six prompts of 12 and 6 tokens, alternately, arrive
+while a long prompt prefills, so they share one step (54 tokens) while its first decode row
+waits: 2 ubatches (4 scattered; 3 with the decode row); each burst reply agrees with the
+same prompt computed alone, from scratch (prompt logprobs reuse no prefix), within the
+tolerance of tests/greedy.py: a slot traded with the wrong KV would not.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ TEXTS = [f"{head}, and then the story went on for a long while without anyone no
     "The old lighthouse keeper counted ships", "Seven green parrots argued about breakfast",
     "A quiet river winds through the valley", "Tomorrow the committee reviews the budget",
     "Bright copper kettles hum on the stove", "Every winter the northern lakes freeze")]
-BUCKETS = ("2.0", "3.0", "+Inf")
+BUCKETS = ("1.0", "2.0", "+Inf")  # llmserve_step_ubatches
+TOKEN_BUCKETS = ("8.0", "32.0", "64.0")  # llmserve_batch_tokens: decode steps hold 7, the burst 54
 
 
 def _buckets(port: int | None) -> dict[str, float]:
-    return {le: counted(port, "llmserve_step_ubatches_bucket", le=le) for le in BUCKETS}
+    return {le: counted(port, "llmserve_step_ubatches_bucket", le=le) for le in BUCKETS} | {
+        f"tokens {le}": counted(port, "llmserve_batch_tokens_bucket", kind="generate", le=le) for le in TOKEN_BUCKETS}
 
 
 def _wait_running(port: int | None, n: int, timeout: float = 30) -> None:
@@ -57,8 +61,10 @@ def test_a_burst_of_prompts_is_seated_by_length_in_one_step(tmp_path: Path) -> N
             long.result()
         after = _buckets(server.metrics_port)
         alone = [client.generate(p, max_tokens=4, temperature=0, top_logprobs=4, prompt_logprobs=True) for p in prompts]
-    steps = {le: after[le] - before[le] for le in BUCKETS}  # generation steps of at most `le` ubatches
-    assert steps["3.0"] == steps["+Inf"], f"a step of more than 3 ubatches: {steps}"
-    assert steps["2.0"] < steps["+Inf"], f"the burst did not share one step: {steps}"
+    steps = {le: after[le] - before[le] for le in before}  # generation steps of at most `le` ubatches (tokens)
+    assert steps["tokens 64.0"] - steps["tokens 32.0"] == 1 and steps["tokens 32.0"] == steps["tokens 8.0"], \
+        f"the burst did not share one step: {steps}"
+    assert steps["2.0"] == steps["+Inf"], f"a step of more than 2 ubatches: {steps}"
+    assert steps["1.0"] < steps["2.0"], f"no step of 2 ubatches: {steps}"
     for burst_reply, alone_reply in zip(replies, alone):
         parting(burst_reply.logprobs, alone_reply.logprobs)

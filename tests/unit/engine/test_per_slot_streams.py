@@ -12,7 +12,7 @@ from llmserve.service.config import PrefillSettings, SpeculationSettings
 from llmserve.service.domain.events import TurnEndEvent
 from llmserve.service.engine.executor.allocator import SlotAllocator, min_scattered_reuse
 from llmserve.service.engine.executor.executor import Executor
-from llmserve.service.engine.executor.scheduler import Scheduler, SeqDemand, StepPlan
+from llmserve.service.engine.executor.scheduler import PlannerState, Scheduler, SeqDemand, StepPlan
 
 from .engine_harness import ListSink, assert_kv_mirrors_slots, make, one_turn, params, run_until, turn_ends
 from .fake_runner import BOS, FakeRunner, split_equal
@@ -62,14 +62,18 @@ def test_a_granted_draft_never_starts_a_later_ubatch_past_its_first_draft_row(ra
         assert all(a <= positions[seq] + 1 for a in starts), (plan, starts)
 
 
+DUE = PlannerState(decode_held=True)
+
+
 def test_a_neighbours_prompt_holds_a_long_sequences_draft_back_but_not_a_far_ones() -> None:
-    # 7 draft rows: with the decode row a multiple of four (step_costs), all of a lone stream's
+    # 7 draft rows: with the decode row a multiple of four (step_costs), all of a lone stream's;
+    # the decode rows are due (held back the step before: prompts_first.py), so they go now
     scheduler = Scheduler(512, 512, 4, prefill_budget=None, max_draft_rows=16, per_slot_streams=True, costs=FakeRunner.costs)
-    near = scheduler.plan([SeqDemand(1, True, 0, 7, seq_id=3, window_at_risk=True, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=4)], [])
+    near = scheduler.plan([SeqDemand(1, True, 0, 7, seq_id=3, window_at_risk=True, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=4)], [], state=DUE)
     assert near.drafts == () and near.prefill == ((2, 100),)  # the prompt goes on, the draft waits
-    short = scheduler.plan([SeqDemand(1, True, 0, 7, seq_id=3, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=4)], [])
+    short = scheduler.plan([SeqDemand(1, True, 0, 7, seq_id=3, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=4)], [], state=DUE)
     assert short.drafts == ((1, 7),)  # a sequence shorter than the window loses no cell
-    far = scheduler.plan([SeqDemand(1, True, 0, 7, seq_id=3, window_at_risk=True, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=5)], [])
+    far = scheduler.plan([SeqDemand(1, True, 0, 7, seq_id=3, window_at_risk=True, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=5)], [], state=DUE)
     assert far.drafts == ((1, 7),)
     unified = Scheduler(512, 512, 4, prefill_budget=None, max_draft_rows=16, costs=FakeRunner.costs)
     assert unified.plan([SeqDemand(1, True, 0, 7, seq_id=3, window_at_risk=True, draft_acceptance=0.99, draft_odds=0.99), SeqDemand(2, False, 100, seq_id=4)],

@@ -1,35 +1,36 @@
 """Step scheduler: decides what one `llama_decode` call contains (pure decisions).
 
-Per generation step: one decode token for every generating sample first (so
-streams never stall behind long prompts), then draft rows for the samples that
-speculate (`max_draft_rows` shared fairly while at most `MAX_DRAFTING_SEQS` samples
-decode, none with more: under batching verify rows cost real compute; with 3-4 decoding, all
-or none and of one length, with 2 of one length when both draft), then prompt chunks until `n_batch`
-tokens: the prompt that has waited longest gets at least an equal share of the budget
-(no prompt starves), the rest goes to the prompts closest to done (shortest remaining
-first: a short chat turn is not queued behind a long document, and long prompts finish
-one after another instead of all together at the end, as equal shares made them). While any sample
-decodes, prompt chunks are capped at `prefill_budget` tokens per step so that a long
-prompt cannot stall every stream (vLLM's chunked prefill), times waiting prompts /
-decoding samples when the prompts outnumber them (a burst of new requests); with
-nothing decoding a prompt gets all of `n_batch`. The executor may pass each step a budget of its
-own (`PrefillPacer`: as many prompt tokens as keep a step within `--max-itl-ms`). Embedding inputs run in steps of
-their own (never mixed with generation in one decode): several inputs packed into
-one ubatch, alternating fairly with generation steps when both are waiting.
+Per generation step: one decode token for every generating sample first (so streams never
+stall behind long prompts; with per-slot streams a step that finishes short prompts may
+leave them to the next, prompts_first.py), then draft rows for the samples that speculate
+(`max_draft_rows` shared fairly while at most `MAX_DRAFTING_SEQS` samples decode, none
+with more: under batching verify rows cost real compute; with 3-4 decoding, all or none
+and of one length, with 2 of one length when both draft), then prompt chunks until
+`n_batch` tokens: the prompt that has waited longest gets at least an equal share of the
+budget (no prompt starves), the rest goes to the prompts closest to done (shortest
+remaining first: a short chat turn is not queued behind a long document, and long prompts
+finish one after another instead of all together at the end). While any sample decodes,
+prompt chunks are capped at `prefill_budget` tokens per step so that a long prompt cannot
+stall every stream (vLLM's chunked prefill), times waiting prompts / decoding samples when
+the prompts outnumber them (a burst); with nothing decoding a prompt gets all of
+`n_batch`. The executor may pass a budget per step (`PrefillPacer`: as many prompt tokens
+as keep a step within `--max-itl-ms`). Embedding inputs run in steps of their own: several
+packed into one ubatch, alternating fairly with generation steps when both wait.
 
-The executor feeds it `SeqDemand`s and the sizes of the queued embedding inputs;
-tests feed it the same from a fake runner. `plan` is a pure function of them and of the
+The executor feeds it `SeqDemand`s and the sizes of the queued embedding inputs; tests
+feed it the same from a fake runner. `plan` is a pure function of them and of the
 `PlannerState` the last plan left (`StepPlan.next_state`), which the caller keeps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...domain.requests import AdapterSet
 from ..runner_api import StepCosts
 from .draft_pricing import best_draft_length, worth_drafting
+from .prompts_first import decode_rows_wait
 
 MAX_DRAFTING_SEQS = 4  # more samples decoding than this: no drafts (measured: verify rows then cost more than they save)
 MIN_ACCEPTANCE_BUSY = 0.85  # with 3-4 decoding only drafts that nearly always land pay for their rows (measured)
@@ -59,6 +60,7 @@ class PlannerState:
     last_was_embedding: bool = False  # embedding and generation steps alternate while both wait
     num_plans: int = 0  # plans of generation steps so far
     prefill_since: Mapping[int, int] = field(default_factory=dict)  # key -> the plan its waiting prompt showed up in
+    decode_held: bool = False  # the last plan left its decode rows to this one (prompts_first.py)
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,8 @@ class Scheduler:
         wants_embedding = bool(embed_sizes)
         if wants_embedding and (not wants_generation or not state.last_was_embedding):
             num_embed = self._pack_embeddings(embed_sizes)
-            return StepPlan(num_embed=num_embed, next_state=PlannerState(True, state.num_plans, state.prefill_since))
-        state = PlannerState(False, state.num_plans, state.prefill_since)
+            return StepPlan(num_embed=num_embed, next_state=replace(state, last_was_embedding=True))
+        state = replace(state, last_was_embedding=False)
         if not wants_generation:
             return StepPlan(next_state=state)
         return self._plan_generation(demands, self.prefill_budget if prefill_budget is None else prefill_budget,
@@ -137,46 +139,44 @@ class Scheduler:
         paced = (bool(decode) or others_decode) and prefill_budget is not None
         outnumbered = paced and len(waiting) > len(decode)
         if paced:
-            # A waiting prompt's share of a step is never less than a decoding stream's:
-            # when prompts outnumber the decoding samples (a burst of new requests) the
-            # cap grows with the ratio, else one stream would hold a dozen prompts back.
+            # A waiting prompt's share of a step is never less than a decoding stream's: when prompts outnumber
+            # the decoding samples (a burst) the cap grows with the ratio, else one stream holds a dozen back.
             scale = max(1.0, len(waiting) / len(decode)) if decode else 1.0
             budget = min(budget, int(prefill_budget * scale))  # type: ignore[operator]
-        # Per-slot streams: each prompt chunk beyond the decode rows' ubatch is a ubatch of
-        # its own, so a paced step carries at most two prompts (a burst: as many as fit).
+        # Per-slot streams: each chunk past the decode rows' ubatch is a ubatch: at most two (a burst: all).
         max_prompts = MAX_PROMPTS_WHILE_DECODING if paced and not outnumbered and self.per_slot_streams else None
         num_plans = state.num_plans + 1
         since = {d.key: state.prefill_since.get(d.key, num_plans) for d in waiting}
         prefill = _share_prefill(waiting, since, budget, max_prompts)
+        held = self.per_slot_streams and self.costs is not None and not state.decode_held and decode_rows_wait(
+            {d.key: (d.seq_id, d.num_prefill) for d in demands}, decode, drafts, prefill, self.costs, self.n_ubatch)
+        decode, drafts = ((), []) if held else (decode, drafts)  # prompts first: decode rows next step (prompts_first.py)
         return StepPlan(decode=decode, prefill=tuple(prefill), drafts=tuple(drafts),
-                        next_state=PlannerState(state.last_was_embedding, num_plans, since))
+                        next_state=PlannerState(state.last_was_embedding, num_plans, since, held))
 
     def _grant_drafts(self, wanting: list[SeqDemand], num_decoding: int) -> list[tuple[int, int]]:
-        # Unified cache: decode and draft rows lead the batch and stay in its first ubatch:
-        # llama.cpp then places them all against the pre-step positions, so no cell a
-        # rejected draft's sequence still needs can leave the sliding window (see
-        # SlotKV.holds_window). Per-slot streams: see _drafts_kept_whole.
+        # Unified cache: decode and draft rows lead the batch and stay in its first ubatch: llama.cpp then places
+        # them all against the pre-step positions, so no cell a rejected draft's sequence still needs can leave
+        # the sliding window (see SlotKV.holds_window). Per-slot streams: see _drafts_kept_whole.
         costs = self.costs
         if costs is None:  # no drafts (max_draft_rows 0)
             return []
         rows = self.max_draft_rows if num_decoding <= MAX_DRAFTING_SEQS else 0
         if num_decoding > 2:
             wanting = [d for d in wanting if d.draft_acceptance >= MIN_ACCEPTANCE_BUSY]
-            # All or none: drafts that speed up some streams make every step of the others
-            # slower, and a closed loop's throughput waits for the slowest (plain c=4 lost
-            # 13% when only looping streams drafted); streams that all copy draft together.
+            # All or none: drafts that speed up some streams make every step of the others slower, and a closed
+            # loop's throughput waits for the slowest (plain c=4 lost 13% when only looping streams drafted).
             if len(wanting) < num_decoding:
                 return []
         budget = min(rows, self.n_ubatch - num_decoding)
         one_ubatch = num_decoding != 2 or self.per_slot_streams  # unified, 2 decoding: fair shares instead
         if self.price_drafts and wanting and len(wanting) == num_decoding and one_ubatch:
-            # Every decoding sample drafts (a lone stream, or all 2-4): equal lengths keep
-            # their rows in one ubatch (split_equal), so no draft pays for an extra one. Up to
-            # 3 decoding the rows are priced by step_cost (a multiple of four is cheap; 2: a
-            # 1-token draft each makes 4 rows, ~1.3x the step of 2); with 4 any length is whole
-            # groups of four, and the linear pricing measured better there (extractive c=4,
-            # 8 rounds: step_cost's shorter drafts 0.95x). A lone stream prices by per-token
-            # odds (measured on medians: c=1 extractive +14%, plain +22% over the share).
+            # Every decoding sample drafts (a lone stream, or all 2-4): equal lengths keep their rows in one
+            # ubatch (split_equal), so no draft pays for an extra one. Up to 3 decoding the rows are priced by
+            # step_cost (a multiple of four is cheap; 2: a 1-token draft each makes 4 rows, ~1.3x the step of 2);
+            # with 4 any length is whole groups of four, and the linear pricing measured better there (extractive
+            # c=4, 8 rounds: step_cost's shorter drafts 0.95x). A lone stream prices by per-token odds (measured
+            # on medians: c=1 extractive +14%, plain +22% over the share).
             cap = budget // num_decoding
             if num_decoding % 4:
                 k = min(best_draft_length(costs, d.draft_odds if num_decoding == 1 else d.draft_acceptance,

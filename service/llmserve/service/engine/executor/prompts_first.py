@@ -1,0 +1,44 @@
+"""Prompts first: a step that finishes prompts may leave its decode rows to the next step.
+
+With one KV stream per slot llama.cpp splits a batch into ubatches of consecutive sequence
+ids with equal tokens each (`StepCosts.num_ubatches`), and every ubatch is a pass over every
+weight. Decode rows are one token each, so beside prompt chunks they cost a ubatch of their
+own (or cut the adjacent prompts' first tokens into one): a burst of three 20-token prompts
+beside one decode row is four ubatches, without it three. The decode rows' next token then
+comes after this shorter step and the next one (where they run beside the new samples' first
+decode rows, usually one ubatch) instead of after this longer step: about the same time, and
+the prompts' first tokens come a ubatch sooner. Never twice in a row, and only when every
+prompt chunk of the step is its prompt's last (counted as the rows are filled: in sequence-id
+order, before `GenerationStep.seat_by_length` trades empty slots, which only merges ubatches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ..runner_api import StepCosts
+
+# Only a step of at most this many ubatches leaves its decode rows: in a larger burst the one
+# saved is a small share of the step, and the held streams fall in step with the burst, so
+# their callers' next requests arrive as one larger burst too (measured on the pool workload
+# at 16 callers: slower first tokens when any step could, none at this bound).
+MAX_STEP_UBATCHES = 5
+
+
+def decode_rows_wait(
+    slots: Mapping[int, tuple[int, int]], decode: Sequence[int], drafts: Sequence[tuple[int, int]],
+    prefill: Sequence[tuple[int, int]], costs: StepCosts, n_ubatch: int,
+) -> bool:
+    """True when the step's prompt chunks (`prefill`: key, tokens; each its prompt's last)
+    run in fewer ubatches without the decode and draft rows than with them, in a step of at
+    most `MAX_STEP_UBATCHES`. `slots`: key -> (sequence id, prompt tokens ready) of the
+    step's sessions."""
+    if not decode or not prefill:
+        return False
+    if any(num_tokens < slots[key][1] for key, num_tokens in prefill):
+        return False  # a prompt goes on next step: its chunks would hold the decode rows back again
+    granted = dict(drafts)
+    prompt_rows = [(slots[key][0], num_tokens) for key, num_tokens in prefill]
+    decode_rows = [(slots[key][0], 1 + granted.get(key, 0)) for key in decode]
+    num_with = costs.num_ubatches(sorted(decode_rows + prompt_rows), n_ubatch, True)
+    return num_with <= MAX_STEP_UBATCHES and costs.num_ubatches(sorted(prompt_rows), n_ubatch, True) < num_with
