@@ -31,13 +31,17 @@ def test_a_step_that_finishes_a_burst_leaves_the_decode_row_to_the_next_which_ru
     assert scheduler.plan(BURST, [], state=second.next_state).decode == ()
 
 
-def test_the_decode_rows_go_when_they_save_no_ubatch_a_prompt_goes_on_the_step_is_large_or_the_cache_is_one_buffer() -> None:
+def test_the_decode_rows_go_when_they_save_no_ubatch_a_prompt_goes_on_or_waits_the_step_is_large_or_one_buffer() -> None:
     one_token = [SeqDemand(1, True, 0, seq_id=0), SeqDemand(2, False, 1, seq_id=1)]
     assert per_slot().plan(one_token, []).decode == (1,)  # the prompt's token shares the decode rows' ubatch
     goes_on = per_slot(prefill_budget=64).plan([SeqDemand(1, True, 0, seq_id=0), SeqDemand(2, False, 300, seq_id=1)], [])
     assert goes_on.decode == (1,) and goes_on.prefill == ((2, 64),)  # not its prompt's last chunk
     unified = Scheduler(512, 512, 4, prefill_budget=None, costs=FakeRunner.costs)
     assert unified.plan(BURST, []).decode == (1,)  # one KV buffer: one ubatch either way
+    three_waiting = [*(SeqDemand(1 + i, True, 0, seq_id=i) for i in range(3)),
+                     *(SeqDemand(4 + i, False, 5, seq_id=3 + i) for i in range(3))]
+    paced = per_slot(prefill_budget=64).plan(three_waiting, [])  # two prompts a step beside decode rows
+    assert len(paced.prefill) == 2 and paced.decode == (1, 2, 3)  # the third waits: the decode rows go now
     large = [SeqDemand(1, True, 0, seq_id=0), *(SeqDemand(2 + i, False, 20 - i, seq_id=1 + i) for i in range(MAX_STEP_UBATCHES))]
     assert per_slot().plan(large, []).decode == (1,)  # a burst of more ubatches: its decode rows go
     assert per_slot().plan(large[:MAX_STEP_UBATCHES], []).decode == ()  # one fewer prompt: they wait

@@ -7,9 +7,11 @@ own (or cut the adjacent prompts' first tokens into one): a burst of three 20-to
 beside one decode row is four ubatches, without it three. The decode rows' next token then
 comes after this shorter step and the next one (where they run beside the new samples' first
 decode rows, usually one ubatch) instead of after this longer step: about the same time, and
-the prompts' first tokens come a ubatch sooner. Never twice in a row, and only when every
-prompt chunk of the step is its prompt's last (counted as the rows are filled: in sequence-id
-order, before `GenerationStep.seat_by_length` trades empty slots, which only merges ubatches).
+the prompts' first tokens come a ubatch sooner. Never twice in a row, and only when the step
+finishes every prompt that is waiting: a prompt left for the next step would make that step
+long too, and the held rows would wait for both (a long prompt's last chunk while another
+arrives, as in the mixed load). Ubatches are counted as the rows are filled, in sequence-id
+order, before `GenerationStep.seat_by_length` trades empty slots (which only merges them).
 """
 
 from __future__ import annotations
@@ -29,14 +31,15 @@ def decode_rows_wait(
     slots: Mapping[int, tuple[int, int]], decode: Sequence[int], drafts: Sequence[tuple[int, int]],
     prefill: Sequence[tuple[int, int]], costs: StepCosts, n_ubatch: int,
 ) -> bool:
-    """True when the step's prompt chunks (`prefill`: key, tokens; each its prompt's last)
+    """True when the step's prompt chunks (`prefill`: key, tokens; every waiting prompt's last)
     run in fewer ubatches without the decode and draft rows than with them, in a step of at
-    most `MAX_STEP_UBATCHES`. `slots`: key -> (sequence id, prompt tokens ready) of the
-    step's sessions."""
+    most `MAX_STEP_UBATCHES`. `slots`: key -> (sequence id, prompt tokens ready) of every
+    session the step could serve."""
     if not decode or not prefill:
         return False
-    if any(num_tokens < slots[key][1] for key, num_tokens in prefill):
-        return False  # a prompt goes on next step: its chunks would hold the decode rows back again
+    chunks = dict(prefill)
+    if any(ready > chunks.get(key, 0) for key, (_, ready) in slots.items()):
+        return False  # a prompt goes on, or waits, next step: the held rows would wait beside it too
     granted = dict(drafts)
     prompt_rows = [(slots[key][0], num_tokens) for key, num_tokens in prefill]
     decode_rows = [(slots[key][0], 1 + granted.get(key, 0)) for key in decode]
