@@ -1,8 +1,8 @@
 """Step scheduler: decides what one `llama_decode` call contains (pure decisions).
 
 Per generation step: one decode token for every generating sample first (so streams never
-stall behind long prompts; with per-slot streams a step that finishes short prompts may
-leave them to the next, prompts_first.py), then draft rows for the samples that speculate
+stall behind long prompts; with per-slot streams a step that finishes every waiting prompt
+may leave them to the next, prompts_first.py), then draft rows for the samples that speculate
 (`max_draft_rows` shared fairly while at most `MAX_DRAFTING_SEQS` samples decode, none
 with more: under batching verify rows cost real compute; with 3-4 decoding, all or none
 and of one length, with 2 of one length when both draft), then prompt chunks until
