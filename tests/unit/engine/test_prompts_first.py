@@ -47,6 +47,16 @@ def test_the_decode_rows_go_when_they_save_no_ubatch_a_prompt_goes_on_or_waits_t
     assert per_slot().plan(large[:MAX_STEP_UBATCHES], []).decode == ()  # one fewer prompt: they wait
 
 
+def test_the_ubatches_are_counted_on_the_prompts_as_they_will_be_seated() -> None:
+    # Eight prompts of 20 and 22 tokens alternating over ids 1-8 beside a decode row: in their slots
+    # 6 ubatches with the row (over the bound), seated by length 3 with it and 2 without.
+    def burst(tradable: bool) -> list[SeqDemand]:
+        return [SeqDemand(0, True, 0, seq_id=0),
+                *(SeqDemand(1 + i, False, (20, 22)[i % 2], seq_id=1 + i, reseatable=tradable) for i in range(8))]
+    assert per_slot().plan(burst(True), []).decode == ()  # empty slots: seat_by_length will order them
+    assert per_slot().plan(burst(False), []).decode == (0,)  # cached history: they stay where they are
+
+
 def burst_beside_a_stream(monkeypatch: pytest.MonkeyPatch, prompts_first: bool) -> tuple[int, int, list[list[int]]]:
     """A stream decoding, then three prompts of 12, 10 and 11 tokens at once: the burst step's
     ubatches, the stream's tokens after it, and every reply."""

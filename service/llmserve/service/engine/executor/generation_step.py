@@ -115,6 +115,14 @@ def _by_seq_id(rows: list[tuple[int, int]], samples: dict[int, Sample]) -> list[
     return sorted(rows, key=lambda row: samples[row[0]].slot.seq_id)  # type: ignore[union-attr]
 
 
+def may_trade_slot(s: Sample) -> bool:
+    """A prompt that starts in a slot holding none of its history (empty once the step cuts the
+    stale tail) may trade it for another such slot (`seat_by_length`): not aLoRA (its KV is the
+    base's) and not deterministic (its chunks are fixed from its slot)."""
+    return (s.slot is not None and s.slot.num_confirmed == 0 and not s.params.alora_invocation
+            and s.canonical_chunk is None)
+
+
 class GenerationStep:
     def __init__(self, runner: Runner, kv: SlotKV, order_by_seq_id: bool = False, n_ubatch: int = 512) -> None:
         """`order_by_seq_id`: rows in sequence-id order (one KV stream per slot); else decode
@@ -145,7 +153,7 @@ class GenerationStep:
         fresh: dict[AdapterSet, list[tuple[int, Sample]]] = {}
         for key, num_tokens in plan.prefill:
             s = samples[key]
-            if s.slot is not None and not s.slot.tokens and not s.params.alora_invocation and s.canonical_chunk is None:
+            if may_trade_slot(s):
                 fresh.setdefault(s.slot.adapters, []).append((num_tokens, s))
         for group in fresh.values():
             slots = sorted((s.slot for _, s in group), key=lambda slot: slot.seq_id)  # type: ignore[union-attr]

@@ -10,8 +10,9 @@ decode rows, usually one ubatch) instead of after this longer step: about the sa
 the prompts' first tokens come a ubatch sooner. Never twice in a row, and only when the step
 finishes every prompt that is waiting: a prompt left for the next step would make that step
 long too, and the held rows would wait for both (a long prompt's last chunk while another
-arrives, as in the mixed load). Ubatches are counted as the rows are filled, in sequence-id
-order, before `GenerationStep.seat_by_length` trades empty slots (which only merges them).
+arrives, as in the mixed load). Ubatches are counted on the rows as the step will run them:
+the prompts in empty slots seated by length (`GenerationStep.seat_by_length`), the rest in
+their slots.
 """
 
 from __future__ import annotations
@@ -28,20 +29,29 @@ MAX_STEP_UBATCHES = 5
 
 
 def decode_rows_wait(
-    slots: Mapping[int, tuple[int, int]], decode: Sequence[int], drafts: Sequence[tuple[int, int]],
+    slots: Mapping[int, tuple[int, int, bool]], decode: Sequence[int], drafts: Sequence[tuple[int, int]],
     prefill: Sequence[tuple[int, int]], costs: StepCosts, n_ubatch: int,
 ) -> bool:
     """True when the step's prompt chunks (`prefill`: key, tokens; every waiting prompt's last)
     run in fewer ubatches without the decode and draft rows than with them, in a step of at
-    most `MAX_STEP_UBATCHES`. `slots`: key -> (sequence id, prompt tokens ready) of every
-    session the step could serve."""
+    most `MAX_STEP_UBATCHES`. `slots`: key -> (sequence id, prompt tokens ready, whether its
+    prompt starts in an empty slot it may trade) of every session the step could serve."""
     if not decode or not prefill:
         return False
     chunks = dict(prefill)
-    if any(ready > chunks.get(key, 0) for key, (_, ready) in slots.items()):
+    if any(ready > chunks.get(key, 0) for key, (_, ready, _) in slots.items()):
         return False  # a prompt goes on, or waits, next step: the held rows would wait beside it too
     granted = dict(drafts)
-    prompt_rows = [(slots[key][0], num_tokens) for key, num_tokens in prefill]
+    prompt_rows = seated([(slots[key][0], slots[key][2], num_tokens) for key, num_tokens in prefill])
     decode_rows = [(slots[key][0], 1 + granted.get(key, 0)) for key in decode]
     num_with = costs.num_ubatches(sorted(decode_rows + prompt_rows), n_ubatch, True)
     return num_with <= MAX_STEP_UBATCHES and costs.num_ubatches(sorted(prompt_rows), n_ubatch, True) < num_with
+
+
+def seated(prompt_rows: Sequence[tuple[int, bool, int]]) -> list[tuple[int, int]]:
+    """(sequence id, tokens) of prompt chunks (sequence id, may trade its slot, tokens) as
+    `GenerationStep.seat_by_length` leaves them: the tradable ones' slots go longest chunk
+    first to the lowest id (a step runs under one adapter set, step_rotation.py: one group)."""
+    ids = sorted(seq_id for seq_id, tradable, _ in prompt_rows if tradable)
+    lengths = sorted((n for _, tradable, n in prompt_rows if tradable), reverse=True)
+    return [(seq_id, n) for seq_id, tradable, n in prompt_rows if not tradable] + list(zip(ids, lengths))

@@ -17,9 +17,8 @@ the prompts outnumber them (a burst); with nothing decoding a prompt gets all of
 as keep a step within `--max-itl-ms`). Embedding inputs run in steps of their own: several
 packed into one ubatch, alternating fairly with generation steps when both wait.
 
-The executor feeds it `SeqDemand`s and the sizes of the queued embedding inputs; tests
-feed it the same from a fake runner. `plan` is a pure function of them and of the
-`PlannerState` the last plan left (`StepPlan.next_state`), which the caller keeps.
+The executor (tests: a fake runner) feeds it `SeqDemand`s and the queued embedding inputs' sizes;
+`plan` is a pure function of them and of the `PlannerState` the last plan left (`StepPlan.next_state`).
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ class SeqDemand:
     draft_odds: float = 0.5  # its per-token draft odds lately (SeqSpeculation.odds)
     adapters: AdapterSet = ()  # the LoRA adapters it decodes under: one decode runs one set (StepRotation)
     alone: bool = False  # deterministic: its rows share no decode (canonical_chunks.py, StepRotation)
+    reseatable: bool = False  # its prompt starts in an empty slot it may trade (GenerationStep.seat_by_length)
 
 
 @dataclass(frozen=True)
@@ -89,10 +89,9 @@ class Scheduler:
         self, n_batch: int, n_ubatch: int, max_embed_seqs: int, prefill_budget: int | None = None,
         max_draft_rows: int = 0, per_slot_streams: bool = False, costs: StepCosts | None = None,
     ) -> None:
-        """`prefill_budget`: prompt tokens per step while samples decode (None: no cap).
-        `per_slot_streams`: one KV stream per slot (rows go in sequence-id order, see
-        `_drafts_kept_whole`). `costs`: the runner's, which price drafts (needed with
-        `max_draft_rows`)."""
+        """`prefill_budget`: prompt tokens per step while samples decode (None: no cap). `per_slot_streams`:
+        one KV stream per slot (rows go in sequence-id order, see `_drafts_kept_whole`). `costs`: the
+        runner's, which price drafts (needed with `max_draft_rows`)."""
         if max_draft_rows and costs is None:
             raise ValueError("drafts are priced by the runner's step costs")
         self.costs = costs
@@ -149,7 +148,8 @@ class Scheduler:
         since = {d.key: state.prefill_since.get(d.key, num_plans) for d in waiting}
         prefill = _share_prefill(waiting, since, budget, max_prompts)
         held = self.per_slot_streams and self.costs is not None and not state.decode_held and decode_rows_wait(
-            {d.key: (d.seq_id, d.num_prefill) for d in demands}, decode, drafts, prefill, self.costs, self.n_ubatch)
+            {d.key: (d.seq_id, d.num_prefill, d.reseatable) for d in demands}, decode, drafts, prefill, self.costs,
+            self.n_ubatch)
         decode, drafts = ((), []) if held else (decode, drafts)  # prompts first: decode rows next step (prompts_first.py)
         return StepPlan(decode=decode, prefill=tuple(prefill), drafts=tuple(drafts),
                         next_state=PlannerState(state.last_was_embedding, num_plans, since, held))

@@ -23,7 +23,7 @@ from .adapter_residency import AdapterResidency, AdapterUnavailable
 from .admission import Admission
 from .allocator import Slot, SlotAllocator
 from .draft_verifier import DraftVerifier
-from .generation_step import StepOutput
+from .generation_step import StepOutput, may_trade_slot
 from .logprobs import score_prompt_chunk
 from .sample import Sample
 from .scheduler import SeqDemand
@@ -118,10 +118,10 @@ class SessionTable:
     def demands(self) -> list[SeqDemand]:
         """What each sample with a slot could put in the next decode (reads only)."""
         return [
-            self.verifier.demand(s) if self.verifier and s.generating else SeqDemand(s.key, s.generating, s.num_prefill_ready, 0, s.slot.seq_id,
-                                                             adapters=alora.adapters_now(s), alone=s.canonical_chunk is not None)
-            for s in self.samples.values()
-            if s.slot is not None and not s.session.paused
+            self.verifier.demand(s) if self.verifier and s.generating else SeqDemand(
+                s.key, s.generating, s.num_prefill_ready, 0, s.slot.seq_id, adapters=alora.adapters_now(s),
+                alone=s.canonical_chunk is not None, reseatable=may_trade_slot(s))
+            for s in self.samples.values() if s.slot is not None and not s.session.paused
         ]
 
     def propose_drafts(self, no_drafts_after: float) -> None:
