@@ -11,8 +11,8 @@ the prompts' first tokens come a ubatch sooner. Never twice in a row, and only w
 finishes every prompt that is waiting: a prompt left for the next step would make that step
 long too, and the held rows would wait for both (a long prompt's last chunk while another
 arrives, as in the mixed load). Ubatches are counted on the rows as the step will run them:
-the prompts in empty slots seated by length (`GenerationStep.seat_by_length`), the rest in
-their slots.
+the prompts whose slots hold none of their history seated by length
+(`GenerationStep.seat_by_length`), the rest in their slots.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def decode_rows_wait(
 ) -> bool:
     """True when the step's prompt chunks (`prefill`: key, tokens; every waiting prompt's last)
     run in fewer ubatches without the decode and draft rows than with them, in a step of at
-    most `MAX_STEP_UBATCHES`. `slots`: key -> (sequence id, prompt tokens ready, whether its
-    prompt starts in an empty slot it may trade) of every session the step could serve."""
+    most `MAX_STEP_UBATCHES`. `slots`: key -> (sequence id, prompt tokens ready, whether
+    `seat_by_length` may trade its slot) of every session the step could serve."""
     if not decode or not prefill:
         return False
     chunks = dict(prefill)

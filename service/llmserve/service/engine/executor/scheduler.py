@@ -50,7 +50,7 @@ class SeqDemand:
     draft_odds: float = 0.5  # its per-token draft odds lately (SeqSpeculation.odds)
     adapters: AdapterSet = ()  # the LoRA adapters it decodes under: one decode runs one set (StepRotation)
     alone: bool = False  # deterministic: its rows share no decode (canonical_chunks.py, StepRotation)
-    reseatable: bool = False  # its prompt starts in an empty slot it may trade (GenerationStep.seat_by_length)
+    reseatable: bool = False  # its slot holds none of its history: seat_by_length may trade it (may_trade_slot)
 
 
 @dataclass(frozen=True)
