@@ -1,11 +1,10 @@
 """Server configuration: what `llmserve serve` was asked for, and what it derives.
 
-Settings that travel below the transport come as one frozen object per concern
-(`SpeculationSettings`, `PrefillSettings`, `KVCacheSettings`, `ContextShiftSettings`,
-`AdapterSettings`, `ModelSettings`). Each field is named after its flag (`--draft-max` -> `draft_max`); the CLI builds the
-object from those names and every layer hands it down unchanged to the code that
-reads it, so a new flag is its field here, its `add` line in cli.py, its consumer
-and its test.
+Settings that travel below the transport come as one frozen object per concern (`SpeculationSettings`,
+`PrefillSettings`, `KVCacheSettings`, `ContextShiftSettings`, `AdapterSettings`, `ModelSettings`). Each field is
+named after its flag (`--draft-max` -> `draft_max`); the CLI builds the object from those names and every layer
+hands it down unchanged to the code that reads it, so a new flag is its field here, its `add` line in
+serve_flags.py, its consumer and its test.
 """
 
 from __future__ import annotations
@@ -17,8 +16,7 @@ from .model_settings import ModelSettings
 
 TOOL_FORMATS = ("auto", "generic", "hermes", "llama3", "mistral", "mistral-args")  # engine/chat/tool_formats.py
 CACHE_TYPES = {  # name -> ggml_type id (ggml.h)
-    "f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "iq4_nl": 20,
-}
+    "f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "iq4_nl": 20}
 UNQUANTIZED = {"f32", "f16", "bf16"}
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 DEFAULT_PARALLEL = 4  # llama-server's auto value (with a unified KV cache)
@@ -48,10 +46,9 @@ class PrefillSettings:
     executor, which gives the Scheduler a fixed budget or runs a PrefillPacer."""
 
     prefill_budget: int = 0  # prompt tokens per step while sequences decode (0: paced, see PrefillPacer)
-    # Paced: the longest gap a decoding stream should see while prompts prefill. None:
-    # PrefillPacer.AUTO_ITL_STEPS decode steps, so the gap and the prompts' share of the
-    # machine keep their proportions on any hardware (docs/benchmarks.md, "The prefill
-    # pacer's knob"); a number of ms is an absolute bound instead.
+    # Paced: the longest gap a decoding stream should see while prompts prefill. None: PrefillPacer.AUTO_ITL_STEPS
+    # decode steps, so the gap and the prompts' share of the machine keep their proportions on any hardware
+    # (docs/benchmarks.md, "The prefill pacer's knob"); a number of ms is an absolute bound instead.
     max_itl_ms: float | None = None
 
 
@@ -71,10 +68,9 @@ class KVCacheSettings:
     cache_type_v: str = "f16"
     flash_attn: str = "auto"
     kv_unified: bool = False  # one KV buffer for all slots (llama-server's -kvu); off: one stream per slot
-    # A cell for every position in the sliding-window layers (llama-server's --swa-full).
-    # Off, as in llama-server: those layers keep n_swa + n_ubatch cells per stream (60 MiB
-    # less at -np 4 -c 8192 for gemma 3); a trimmed prefix that lost window cells is
-    # prefilled again (SlotKV.holds_window), as it can be with the full cache too.
+    # A cell for every position in the sliding-window layers (llama-server's --swa-full). Off, as in llama-server:
+    # those layers keep n_swa + n_ubatch cells per stream (60 MiB less at -np 4 -c 8192 for gemma 3); a trimmed
+    # prefix that lost window cells is prefilled again (SlotKV.holds_window), as it can be with the full cache too.
     swa_full: bool = False
 
     def validate(self) -> None:
@@ -85,16 +81,13 @@ class KVCacheSettings:
         if self.flash_attn not in FLASH_ATTN:
             raise ValueError(f"--flash-attn {self.flash_attn}: expected on, off or auto")
         if self.cache_type_v not in UNQUANTIZED and self.flash_attn == "off":
-            raise ValueError(
-                f"a quantized V cache (--cache-type-v {self.cache_type_v}) needs flash attention: "
-                "use --flash-attn on or auto, or an f16 V cache"
-            )
+            raise ValueError(f"a quantized V cache (--cache-type-v {self.cache_type_v}) needs flash attention: "
+                             "use --flash-attn on or auto, or an f16 V cache")
 
 
 @dataclass(frozen=True)
 class ContextShiftSettings:
-    """What a sequence does at its slot's context limit: read by the engine (whether the
-    model can shift, the Limits it reports) and the executor's TokenPicker."""
+    """What a sample does at its slot's context limit: read by the engine (can the model shift, its Limits), the TokenPicker."""
 
     context_shift: bool = False  # drop the oldest tokens (after `keep`) and go on; off: the turn ends
     keep: int = 0  # tokens kept at the start on a shift (BOS always kept)
@@ -238,6 +231,28 @@ class ServerConfig:
         return self.n_ctx // self.n_parallel
 
     def validate(self) -> None:
+        """Raise ValueError naming the flag of a setting that cannot run."""
+        self._validate_shape()
+        self._validate_serving()
+        self.http.validate()
+        self.kv_cache.validate()
+        if self.deterministic and self.kv_cache.kv_unified:
+            raise ValueError("--deterministic needs one KV stream per slot (the default): with --kv-unified a "
+                             "session's cells sit among the others' and its output moves with theirs")
+        self.adapters.validate()
+        self.models.validate(self.alias or (self.model_path.stem if self.model_path else None),
+                             tuple(spec.name for spec in self.adapters.lora))
+        for model in (m for m in self.models.extra if m.n_ctx or m.n_parallel):  # its own -c/-np: the same rules
+            try:
+                replace(self, **model.shape(self.n_ctx, self.n_parallel), models=ModelSettings()).validate()
+            except ValueError as exc:
+                raise ValueError(f"--model {model.name}=...: {exc}") from None
+        if self.store_kv and self.session_dir is None:
+            raise ValueError("--store-kv saves stored responses' KV under --session-dir: give one")
+        if self.context_shift.keep < 0 or self.context_shift.keep >= self.n_ctx_per_slot // 2:
+            raise ValueError(f"--keep must be in [0, {self.n_ctx_per_slot // 2}) (half a slot's context)")
+
+    def _validate_shape(self) -> None:
         if self.n_parallel < 1:
             raise ValueError("--parallel must be at least 1")
         if self.n_ubatch < 1 or self.n_batch < 1:
@@ -263,6 +278,8 @@ class ServerConfig:
             raise ValueError("--draft-max, --draft-min, --prefill-budget must be >= 0, --spec-ngram-size-n >= 1")
         if prefill.max_itl_ms is not None and prefill.max_itl_ms <= 0:
             raise ValueError("--max-itl-ms must be > 0")
+
+    def _validate_serving(self) -> None:
         if min(self.watchdog_timeout_s, self.reader_timeout_s, self.drain_delay_s, self.shutdown_grace_s) < 0:
             raise ValueError("--watchdog-timeout, --reader-timeout, --drain-delay and --shutdown-grace must be >= 0")
         if min(self.keepalive_time_s, self.keepalive_timeout_s, self.keepalive_min_time_s) <= 0 or min(
@@ -270,7 +287,6 @@ class ServerConfig:
             raise ValueError("--keepalive-* must be positive, --max-connection-age(-grace) >= 0")
         if self.http_port is not None and (not 0 < self.http_port < 65536 or self.http_port == self.port):
             raise ValueError(f"--http-port {self.http_port}: expected a port in 1..65535 other than --port")
-        self.http.validate()
         if self.max_queue < 0 or self.n_predict < -1 or self.n_predict == 0:
             raise ValueError("--max-queue must be >= 0, --n-predict -1 (none) or positive")
         if self.max_input_tokens is not None and self.max_input_tokens < 1:
@@ -282,19 +298,3 @@ class ServerConfig:
                 raise ValueError(f"{flag} {path}: no such file")
         if self.embedding_model_path is not None and not self.embeddings:
             raise ValueError("--embedding-model serves Embed: it needs embeddings on")
-        self.kv_cache.validate()
-        if self.deterministic and self.kv_cache.kv_unified:
-            raise ValueError("--deterministic needs one KV stream per slot (the default): with --kv-unified a "
-                             "session's cells sit among the others' and its output moves with theirs")
-        self.adapters.validate()
-        self.models.validate(self.alias or (self.model_path.stem if self.model_path else None),
-                             tuple(spec.name for spec in self.adapters.lora))
-        for model in (m for m in self.models.extra if m.n_ctx or m.n_parallel):  # its own -c/-np: the same rules
-            try:
-                replace(self, **model.shape(self.n_ctx, self.n_parallel), models=ModelSettings()).validate()
-            except ValueError as exc:
-                raise ValueError(f"--model {model.name}=...: {exc}") from None
-        if self.store_kv and self.session_dir is None:
-            raise ValueError("--store-kv saves stored responses' KV under --session-dir: give one")
-        if self.context_shift.keep < 0 or self.context_shift.keep >= self.n_ctx_per_slot // 2:
-            raise ValueError(f"--keep must be in [0, {self.n_ctx_per_slot // 2}) (half a slot's context)")

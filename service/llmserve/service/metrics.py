@@ -56,6 +56,21 @@ class Metrics:
         self.generated_tokens = Counter("llmserve_generated_tokens", "Tokens sampled", registry=r)
         self.embeddings = Counter("llmserve_embeddings", "Embedding inputs computed", registry=r)
         self.embedding_tokens = Counter("llmserve_embedding_tokens", "Tokens of embedding inputs", registry=r)
+        self._add_turn_metrics(r)
+        self._add_http_metrics(r)
+        self._add_rpc_metrics(r)
+        self._add_executor_metrics(r)
+        self._add_cache_metrics(r)
+        self._add_load_metrics(r)
+        self.models: dict[str, Metrics] = {}  # further models' (add_model), by name
+        self.max_loras = 0  # adapters that can run at once (the Engine sets it): the lora_requests_info gauge's max_lora
+        for histogram in (self.ttft, self.itl, self.queue_time, self.turn_duration, self.turn_prompt_tokens,
+                          self.turn_generated_tokens):
+            for name in SURFACES:  # exported at zero from the start, so that dashboards find both
+                histogram.labels(name)
+
+    def _add_turn_metrics(self, r: CollectorRegistry) -> None:
+        """Per turn, labelled by the surface that served it."""
         surface = ["surface"]
         self.ttft = Histogram(
             "llmserve_time_to_first_token_seconds", "End of input to first token", surface,
@@ -75,6 +90,12 @@ class Metrics:
             "llmserve_turn_generated_tokens", "Tokens sampled per turn (each sample)", surface,
             buckets=_REQUEST_TOKEN_BUCKETS, registry=r,
         )
+        self.itl = Histogram(
+            "llmserve_inter_token_latency_seconds", "Time between a session's tokens", surface,
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+
+    def _add_http_metrics(self, r: CollectorRegistry) -> None:
         self.http_requests = Counter(
             "llmserve_http_requests", "Finished HTTP requests by route template (unknown paths: other), method and "
             "status code", ["route", "method", "status"], registry=r,
@@ -89,6 +110,9 @@ class Metrics:
             "llmserve_http_request_duration_seconds", "HTTP request start to end (a stream's last byte)", ["route"],
             buckets=_REQUEST_BUCKETS, registry=r,
         )
+
+    def _add_rpc_metrics(self, r: CollectorRegistry) -> None:
+        """The go-grpc-prometheus names (transport/rpc_metrics.py)."""
         self.rpc_started = Counter(
             "grpc_server_started", "RPCs started", ["grpc_type", "grpc_service", "grpc_method"], registry=r
         )
@@ -100,10 +124,9 @@ class Metrics:
             "grpc_server_handling_seconds", "RPC start to end", ["grpc_type", "grpc_service", "grpc_method"],
             buckets=_REQUEST_BUCKETS, registry=r,
         )
-        self.itl = Histogram(
-            "llmserve_inter_token_latency_seconds", "Time between a session's tokens", surface,
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )
+
+    def _add_executor_metrics(self, r: CollectorRegistry) -> None:
+        """Steps, slots and sessions, as the executor sees them (both surfaces)."""
         self.step_duration = Histogram(
             "llmserve_step_duration_seconds", "Executor step (one llama_decode) duration", ["kind"],
             buckets=_LATENCY_BUCKETS, registry=r,
@@ -128,6 +151,14 @@ class Metrics:
         )
         self.context_shifts = Counter("llmserve_context_shifts", "Context shifts (oldest tokens dropped)", registry=r)
         self.slot_tokens = Gauge("llmserve_slot_kv_tokens", "Tokens in the KV per slot", ["slot"], registry=r)
+        self.kv_used = Gauge("llmserve_kv_cells_used_ratio", "KV cells holding tokens / generation cells", registry=r)
+        self.spec_draft_tokens = Counter("llmserve_spec_draft_tokens", "Speculative draft tokens verified", registry=r)
+        self.spec_accepted_tokens = Counter(
+            "llmserve_spec_accepted_tokens", "Speculative draft tokens accepted", registry=r
+        )
+
+    def _add_cache_metrics(self, r: CollectorRegistry) -> None:
+        """Saved sessions and compiled constraints."""
         self.session_cache = Counter(
             "llmserve_session_cache", "Saved-session lookups and writes", ["result"], registry=r
         )
@@ -139,13 +170,9 @@ class Metrics:
         self.session_dir_ok = Gauge(
             "llmserve_session_dir_ok", "1 while --session-dir works, 0 after it failed until a save works", registry=r
         )
-        self.spec_draft_tokens = Counter("llmserve_spec_draft_tokens", "Speculative draft tokens verified", registry=r)
-        self.spec_accepted_tokens = Counter(
-            "llmserve_spec_accepted_tokens", "Speculative draft tokens accepted", registry=r
-        )
-        self.kv_used = Gauge("llmserve_kv_cells_used_ratio", "KV cells holding tokens / generation cells", registry=r)
-        self.models: dict[str, Metrics] = {}  # further models' (add_model), by name
-        self.max_loras = 0  # adapters that can run at once (the Engine sets it): the lora_requests_info gauge's max_lora
+
+    def _add_load_metrics(self, r: CollectorRegistry) -> None:
+        """What the inference gateway and ORCA read (docs/observability.md)."""
         self.lora_info = Gauge("llmserve_lora_requests_info", "LoRA adapters of running and waiting sessions, as "
                                "vLLM's vllm:lora_requests_info (the inference gateway's lora-affinity scorer reads "
                                "it); the value is when it was set", ["running_lora_adapters", "waiting_lora_adapters",
@@ -156,10 +183,6 @@ class Metrics:
                                  "ORCA reports it (domain/load.py; sampled every 0.1 s)", registry=r)
         self.slot_wait = Gauge("llmserve_slot_wait_seconds", "Until a call arriving now would get a slot, as the "
                                "turns in progress' limits tell (domain/load.py; sampled every 0.1 s)", registry=r)
-        for histogram in (self.ttft, self.itl, self.queue_time, self.turn_duration, self.turn_prompt_tokens,
-                          self.turn_generated_tokens):
-            for name in SURFACES:  # exported at zero from the start, so that dashboards find both
-                histogram.labels(name)
 
     def observe_step(self, kind: str, elapsed_s: float, num_tokens: int, num_ubatches: int) -> None:
         """One executor step: its time and tokens; a generation step's ubatches too."""

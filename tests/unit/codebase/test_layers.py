@@ -5,7 +5,8 @@ config/domain/metrics/logs/tracing/turn_record; load_report, above the engine fa
 ORCA report both transport wings send), the two transport wings (gRPC's transport, OpenAI's http) never
 import each other, engine, model and http never touch grpc or the generated stubs, the client never imports the service or the benchmarks, no import
 circles, bench imports no test module, no file over 300 lines outside generated code (service, client,
-bench, harness, tools, tests, and the example clients in Go, C++, Java and TypeScript)."""
+bench, harness, tools, tests, and the example clients in Go, C++, Java and TypeScript), no function in the
+service over 50 lines (its def line to its last)."""
 
 from __future__ import annotations
 
@@ -160,3 +161,19 @@ def test_files_stay_short() -> None:
     long = [f"{p.relative_to(ROOT)}: {len(p.read_text().splitlines())}" for p in sources
             if len(p.read_text().splitlines()) > 300]
     assert not long, long
+
+
+MAX_FUNCTION_LINES = 50
+
+
+def _long_functions(source: str) -> list[str]:
+    """Functions (and methods) of `source` over MAX_FUNCTION_LINES, from the def line to the last."""
+    spans = [(node.name, (node.end_lineno or node.lineno) - node.lineno + 1) for node in ast.walk(ast.parse(source))
+             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
+    return [f"{name}: {num_lines}" for name, num_lines in spans if num_lines > MAX_FUNCTION_LINES]
+
+
+def test_service_functions_stay_short() -> None:
+    long = [f"{p.relative_to(ROOT)} {name}" for p in _service_files() for name in _long_functions(p.read_text())]
+    assert not long, long
+    assert _long_functions("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES) == [f"f: {MAX_FUNCTION_LINES + 1}"]

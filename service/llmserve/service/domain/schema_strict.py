@@ -1,21 +1,18 @@
 """OpenAI's `strict` for a JSON schema: refuse, naming the keyword and its JSON pointer,
 what the grammar converter would drop, so that a schema is never silently loosened.
 
-The converter (llama-cpp-python's SchemaConverter, as model/grammar_sources.py runs it)
-reads each node one way, the first that applies, and enforces only that way's keywords:
-`$ref` (nothing beside it); `anyOf` or `oneOf` (oneOf as anyOf); a list `type` (any
-value of each type, nothing beside); `const` or `enum` (the values as listed);
-`properties` or `additionalProperties` not true (an object: `required`, and
-`additionalProperties` absent means false); `allOf` (one object with every part's
-`properties`, all required); `items` or `prefixItems` (with `minItems`, `maxItems`);
-`pattern`; `format` date, time, date-time or uuid; `type: string` with `minLength` or
+The converter (llama-cpp-python's SchemaConverter, as model/grammar_sources.py runs it) reads each node one way, the
+first that applies, and enforces only that way's keywords: `$ref` (nothing beside it); `anyOf` or `oneOf` (oneOf as
+anyOf); a list `type` (any value of each type, nothing beside); `const` or `enum` (the values as listed);
+`properties` or `additionalProperties` not true (an object: `required`, and `additionalProperties` absent means
+false); `allOf` (one object with every part's `properties`, all required); `items` or `prefixItems` (with
+`minItems`, `maxItems`); `pattern`; `format` date, time, date-time or uuid; `type: string` with `minLength` or
 `maxLength`; `type: object` or nothing (any object); one other `type` (any value of it).
 
-A keyword is refused when it asserts something (not an annotation or an unknown word:
-validators ignore those too), the node's way drops it, and it applies to what that way
-writes (`maxLength` beside an object is moot); so is a `pattern` that could write raw
-what a JSON string must escape (schema_pattern.py). The walk follows what the converter
-visits, each `$ref` target once, so recursive schemas end.
+A keyword is refused when it asserts something (not an annotation or an unknown word: validators ignore those too),
+the node's way drops it, and it applies to what that way writes (`maxLength` beside an object is moot); so is a
+`pattern` that could write raw what a JSON string must escape (schema_pattern.py). The walk follows what the
+converter visits, each `$ref` target once, so recursive schemas end.
 """
 
 from __future__ import annotations
@@ -51,9 +48,8 @@ class _Dropped(Exception):
 
 
 def check_strict(schema: Any, field: str) -> None:
-    """InvalidRequest naming `field`, the first keyword (by its JSON pointer) that the
-    converter would not enforce, and why. A schema the converter cannot read at all is
-    left to it (it refuses it when compiling)."""
+    """InvalidRequest naming `field`, the first keyword (by its JSON pointer) that the converter would not enforce,
+    and why. A schema the converter cannot read at all is left to it (it refuses it when compiling)."""
     try:
         _walk(schema)
     except _Dropped as dropped:
@@ -116,22 +112,26 @@ def _leftovers(node: dict[str, Any], path: str, consumed: set[str], types: froze
         raise _Dropped(path, key, why)
 
 
+def _alternatives(node: dict[str, Any], path: str, root: Any) -> list[tuple[Any, str]]:
+    """oneOf or anyOf (the converter reads oneOf when it has any, else anyOf)."""
+    key = "oneOf" if node.get("oneOf") else "anyOf"
+    options = node.get(key)
+    if not isinstance(options, list):
+        return []
+    if not options:
+        raise _Dropped(path, key, "is empty (the converter would write nothing)")
+    if key == "oneOf" and not _apart(options, root):
+        raise _Dropped(path, key, "is read as anyOf: more than one alternative could match; use anyOf, or "
+                                  "alternatives told apart by type or by a required const property")
+    _leftovers(node, path, {key}, _JSON_TYPES, f"beside {key} (the converter reads only the alternatives)")
+    return [(option, f"{path}/{key}/{i}") for i, option in enumerate(options)]
+
+
 def _children(node: dict[str, Any], path: str, root: Any) -> list[tuple[Any, str]]:
-    """The subschemas the converter visits under `node`, after refusing what it drops there
-    (the same order of ways as the converter's `visit`)."""
+    """The subschemas the converter visits under `node`, after refusing what it drops (as the converter's `visit`)."""
     kind = node.get("type")
     if "oneOf" in node or "anyOf" in node:
-        key = "oneOf" if node.get("oneOf") else "anyOf"  # the converter: oneOf or anyOf
-        options = node.get(key)
-        if not isinstance(options, list):
-            return []
-        if not options:
-            raise _Dropped(path, key, "is empty (the converter would write nothing)")
-        if key == "oneOf" and not _apart(options, root):
-            raise _Dropped(path, key, "is read as anyOf: more than one alternative could match; use anyOf, or "
-                                      "alternatives told apart by type or by a required const property")
-        _leftovers(node, path, {key}, _JSON_TYPES, f"beside {key} (the converter reads only the alternatives)")
-        return [(option, f"{path}/{key}/{i}") for i, option in enumerate(options)]
+        return _alternatives(node, path, root)
     if isinstance(kind, list):
         if not kind or not all(isinstance(t, str) and t in _JSON_TYPES for t in kind):
             raise _Dropped(path, "type", "must be JSON types, at least one")
@@ -278,8 +278,8 @@ def _array(node: dict[str, Any], path: str) -> list[tuple[Any, str]]:
 
 
 def _apart(options: list[Any], root: Any) -> bool:
-    """Whether no value can match two of oneOf's alternatives: each pair differs in its
-    single type, or in the const of a property both require."""
+    """Whether no value can match two of oneOf's alternatives: each pair differs in its single type, or in the const
+    of a property both require."""
     shapes: list[tuple[str | None, dict[str, str]]] = []
     for option in options if len(options) <= _MAX_ONE_OF else [None]:  # too many to compare: not proven
         try:

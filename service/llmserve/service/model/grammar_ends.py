@@ -101,70 +101,85 @@ def _ends(nodes: list[_Node], span: range, ends: list[bool], ending: set[str], s
 def _read(gbnf: str) -> tuple[list[_Node], dict[str, range], dict[str, set[str]]]:
     """The nodes, each rule's nodes (its top node last), and the rules each rule names.
     Node 0 is the one that always ends: a text, or anything under `?`, `*` or `{0,n}`."""
-    nodes: list[_Node] = [("term", None)]
-    rules: dict[str, range] = {}
-    refs: dict[str, set[str]] = {}
+    reader, position = _Reader(), 0
+    for match in _TOKEN.finditer(gbnf):
+        if match.start() != position:
+            break
+        position = match.end()
+        if match.lastgroup == "defines":
+            reader.define(match["name"])
+        elif match.lastgroup != "skip":
+            reader.token(match)
+    if position != len(gbnf):
+        raise ValueError(f"unexpected {gbnf[position:position + 20]!r} in the grammar")
+    reader.finish()
+    return reader.nodes, reader.rules, reader.refs
 
-    def add(node: _Node) -> int:
-        nodes.append(node)
-        return len(nodes) - 1
 
-    def close(alternatives: list[list[int]]) -> int:
+class _Reader:
+    """`_read`'s state: the nodes so far, the rule being read and its open groups."""
+
+    def __init__(self) -> None:
+        self.nodes: list[_Node] = [("term", None)]
+        self.rules: dict[str, range] = {}
+        self.refs: dict[str, set[str]] = {}
+        self.name, self.start = "", 1
+        self.frames: list[list[list[int]]] = []  # open groups, each a list of alternatives
+
+    def add(self, node: _Node) -> int:
+        self.nodes.append(node)
+        return len(self.nodes) - 1
+
+    def close(self, alternatives: list[list[int]]) -> int:
         sequences = [[i for i in sequence if i] for sequence in alternatives]  # what always ends drops out
         if any(not sequence for sequence in sequences):
             return 0
         if len(sequences) == 1 and len(sequences[0]) == 1:
             return sequences[0][0]
-        return add(("alt", [sequence[0] if len(sequence) == 1 else add(("seq", sequence)) for sequence in sequences]))
+        return self.add(("alt", [sequence[0] if len(sequence) == 1 else self.add(("seq", sequence))
+                                 for sequence in sequences]))
 
-    name, start, position = "", 1, 0
-    frames: list[list[list[int]]] = []  # open groups, each a list of alternatives
-    for match in _TOKEN.finditer(gbnf):
-        if match.start() != position:
-            break
-        position = match.end()
-        kind = match.lastgroup
-        if kind == "skip":
-            continue
-        if kind == "defines":
-            if len(frames) > 1:
-                raise ValueError(f"rule {match['name']} starts inside a group")
-            if name:
-                rules[name] = _span(start, close(frames[0]))
-            name, frames, start = match["name"], [[[]]], len(nodes)
-            refs.setdefault(name, set())
-            continue
-        if not frames:
+    def define(self, name: str) -> None:
+        """`name ::=`: the rule before it ends."""
+        if len(self.frames) > 1:
+            raise ValueError(f"rule {name} starts inside a group")
+        if self.name:
+            self.rules[self.name] = _span(self.start, self.close(self.frames[0]))
+        self.name, self.frames, self.start = name, [[[]]], len(self.nodes)
+        self.refs.setdefault(name, set())
+
+    def token(self, match: re.Match[str]) -> None:
+        """A text, a rule's name, a group's bracket, `|` or a repetition."""
+        if not self.frames:
             raise ValueError("the grammar does not start with a rule")
-        sequence = frames[-1][-1]
-        text = match.group()
+        kind, text, sequence = match.lastgroup, match.group(), self.frames[-1][-1]
         if kind == "term":
             sequence.append(0)
         elif kind == "name":
-            sequence.append(add(("ref", text)))
-            refs[name].add(text)
+            sequence.append(self.add(("ref", text)))
+            self.refs[self.name].add(text)
         elif text == "(":
-            frames.append([[]])
+            self.frames.append([[]])
         elif text == ")":
-            if len(frames) < 2:
+            if len(self.frames) < 2:
                 raise ValueError("unbalanced ) in the grammar")
-            group = close(frames.pop())
-            frames[-1][-1].append(group)
+            group = self.close(self.frames.pop())
+            self.frames[-1][-1].append(group)
         elif text == "|":
-            frames[-1].append([])
+            self.frames[-1].append([])
         elif not sequence:
             raise ValueError("a repetition follows nothing in the grammar")
         elif text in ("*", "?") or (kind == "repeat" and int(match["low"]) == 0):
             sequence[-1] = 0
         elif sequence[-1]:
-            sequence[-1] = add(("plus", sequence[-1]))
-    if position != len(gbnf):
-        raise ValueError(f"unexpected {gbnf[position:position + 20]!r} in the grammar")
-    if name:
-        if len(frames) > 1:
-            raise ValueError("unbalanced ( in the grammar")
-        rules[name] = _span(start, close(frames[0]))
-    return nodes, rules, refs
+            sequence[-1] = self.add(("plus", sequence[-1]))
+
+    def finish(self) -> None:
+        """The end of the grammar: the last rule ends."""
+        if self.name:
+            if len(self.frames) > 1:
+                raise ValueError("unbalanced ( in the grammar")
+            self.rules[self.name] = _span(self.start, self.close(self.frames[0]))
 
 
 def _span(start: int, top: int) -> range:

@@ -95,22 +95,27 @@ def model_info(engine: Engine, max_queue: int, models: list[str]) -> pb.ModelInf
         num_sessions_waiting=snap.num_waiting,
         max_queue=max_queue,
         adapters=adapter_infos(engine),
-        features=pb.Features(
-            samplers=engine.samplers,
-            max_top_logprobs=MAX_TOP_LOGPROBS,
-            prompt_logprobs=True,
-            grammar=True,
-            json_schema=True,
-            regex=True,
-            choice=True,
-            json_object=True,
-            strict=True,  # Constraint.strict: domain/schema_strict.py
-            tools=engine.chat_template is not None,  # tools need chat messages
-            chat=engine.chat_template is not None,
-            chat_template_source=engine.chat_template.origin if engine.chat_template else "",
-            max_samples=engine.limits.max_samples,
-        ),
+        features=_features(engine),
         embedding_model=_embedding_model_info(engine.embedding_model),
+    )
+
+
+def _features(engine: Engine) -> pb.Features:
+    """What `engine` serves beyond plain generation."""
+    return pb.Features(
+        samplers=engine.samplers,
+        max_top_logprobs=MAX_TOP_LOGPROBS,
+        prompt_logprobs=True,
+        grammar=True,
+        json_schema=True,
+        regex=True,
+        choice=True,
+        json_object=True,
+        strict=True,  # Constraint.strict: domain/schema_strict.py
+        tools=engine.chat_template is not None,  # tools need chat messages
+        chat=engine.chat_template is not None,
+        chat_template_source=engine.chat_template.origin if engine.chat_template else "",
+        max_samples=engine.limits.max_samples,
     )
 
 
